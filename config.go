@@ -1,0 +1,436 @@
+package fkmat
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Join types.
+const (
+	JoinInner = "inner"
+	JoinLeft  = "left"
+)
+
+// Config is the user's join definition: connections, slot and the joins it
+// maintains (SPEC "Join definition"). Load it with LoadConfig or ParseConfig,
+// then apply flag/env overrides, then call Validate.
+type Config struct {
+	Source      string       `yaml:"source"`
+	Target      string       `yaml:"target"`
+	Redis       string       `yaml:"redis"`
+	Slot        string       `yaml:"slot"`
+	Publication string       `yaml:"publication"`
+	Joins       []JoinConfig `yaml:"joins"`
+}
+
+// JoinConfig defines one foreign-key join.
+type JoinConfig struct {
+	Name   string       `yaml:"name"`
+	Type   string       `yaml:"type"`
+	Left   LeftConfig   `yaml:"left"`
+	Right  RightConfig  `yaml:"right"`
+	Target TargetConfig `yaml:"target"`
+}
+
+// LeftConfig is the referencing side (orders).
+type LeftConfig struct {
+	Table      TableName   `yaml:"table"`
+	Key        []string    `yaml:"key"`
+	ForeignKey []string    `yaml:"foreign_key"`
+	Columns    []ColumnRef `yaml:"columns"`
+}
+
+// RightConfig is the referenced side (customers).
+type RightConfig struct {
+	Table   TableName   `yaml:"table"`
+	Key     []string    `yaml:"key"`
+	Columns []ColumnRef `yaml:"columns"`
+}
+
+// TargetConfig names the materialized table.
+type TargetConfig struct {
+	Table TableName `yaml:"table"`
+}
+
+// TableName is a schema-qualified table name. In the file it is written
+// `table`, `schema.table`, or with double quotes for names that contain dots,
+// quotes or spaces: `"My Schema"."Order ""Lines"""`. Names are exact (no case
+// folding).
+type TableName struct {
+	Schema string
+	Name   string
+}
+
+// String renders the name for messages (schema.table, quoted only where needed).
+func (t TableName) String() string {
+	return quoteIfNeeded(t.Schema) + "." + quoteIfNeeded(t.Name)
+}
+
+// IsZero reports whether no table was given.
+func (t TableName) IsZero() bool { return t.Name == "" }
+
+// UnmarshalYAML parses `schema.table`.
+func (t *TableName) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return fmt.Errorf("line %d: table must be a string like public.orders", n.Line)
+	}
+	parsed, err := ParseTableName(s)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*t = parsed
+	return nil
+}
+
+// ParseTableName parses `table` or `schema.table` (default schema public).
+func ParseTableName(s string) (TableName, error) {
+	parts, err := splitIdentifiers(strings.TrimSpace(s), '.')
+	if err != nil {
+		return TableName{}, fmt.Errorf("table %q: %w", s, err)
+	}
+	switch len(parts) {
+	case 1:
+		return TableName{Schema: "public", Name: parts[0]}, nil
+	case 2:
+		return TableName{Schema: parts[0], Name: parts[1]}, nil
+	default:
+		return TableName{}, fmt.Errorf("table %q: write it as schema.table (quote names containing dots)", s)
+	}
+}
+
+// ColumnRef is one `columns` item: a source column and its output name.
+type ColumnRef struct {
+	Name  string
+	Alias string // output column name; equals Name when no AS was given
+}
+
+var asSeparator = regexp.MustCompile(`(?i)\s+as\s+`)
+
+// UnmarshalYAML parses `col` or `col AS alias`.
+func (c *ColumnRef) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return fmt.Errorf("line %d: a column must be a string like \"name\" or \"name AS alias\"", n.Line)
+	}
+	parsed, err := ParseColumnRef(s)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*c = parsed
+	return nil
+}
+
+// ParseColumnRef parses `col` or `col AS alias`; either side may be a
+// double-quoted identifier.
+func ParseColumnRef(s string) (ColumnRef, error) {
+	s = strings.TrimSpace(s)
+	nameText, aliasText := s, ""
+	// Find " AS " outside double quotes.
+	for _, loc := range asSeparator.FindAllStringIndex(s, -1) {
+		if strings.Count(s[:loc[0]], `"`)%2 == 0 {
+			nameText, aliasText = s[:loc[0]], s[loc[1]:]
+			break
+		}
+	}
+	name, err := oneIdentifier(nameText)
+	if err != nil {
+		return ColumnRef{}, fmt.Errorf("column %q: %w", s, err)
+	}
+	alias := name
+	if aliasText != "" {
+		if alias, err = oneIdentifier(aliasText); err != nil {
+			return ColumnRef{}, fmt.Errorf("column %q: alias: %w", s, err)
+		}
+	}
+	return ColumnRef{Name: name, Alias: alias}, nil
+}
+
+// String renders the reference as written in the file.
+func (c ColumnRef) String() string {
+	if c.Alias == c.Name {
+		return quoteIfNeeded(c.Name)
+	}
+	return quoteIfNeeded(c.Name) + " AS " + quoteIfNeeded(c.Alias)
+}
+
+func oneIdentifier(s string) (string, error) {
+	parts, err := splitIdentifiers(strings.TrimSpace(s), 0)
+	if err != nil {
+		return "", err
+	}
+	if len(parts) != 1 {
+		return "", errors.New("expected one name")
+	}
+	return parts[0], nil
+}
+
+// splitIdentifiers splits s on sep (0 = no splitting) outside double quotes,
+// unquoting quoted parts ("" is a literal quote). Empty parts are errors.
+func splitIdentifiers(s string, sep byte) ([]string, error) {
+	var parts []string
+	var cur strings.Builder
+	quoted, wasQuoted := false, false
+	flush := func() error {
+		if cur.Len() == 0 && !wasQuoted {
+			return errors.New("empty name")
+		}
+		if cur.Len() == 0 {
+			return errors.New(`empty quoted name ""`)
+		}
+		parts = append(parts, cur.String())
+		cur.Reset()
+		wasQuoted = false
+		return nil
+	}
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		switch {
+		case quoted && ch == '"' && i+1 < len(s) && s[i+1] == '"':
+			cur.WriteByte('"')
+			i++
+		case quoted && ch == '"':
+			quoted = false
+		case quoted:
+			cur.WriteByte(ch)
+		case ch == '"':
+			if cur.Len() > 0 {
+				return nil, errors.New("a quote must start the name")
+			}
+			quoted, wasQuoted = true, true
+		case sep != 0 && ch == sep:
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		default:
+			if wasQuoted {
+				return nil, errors.New("text after a closing quote")
+			}
+			cur.WriteByte(ch)
+		}
+	}
+	if quoted {
+		return nil, errors.New("unterminated double quote")
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	return parts, nil
+}
+
+var plainIdent = regexp.MustCompile(`^[a-z_][a-z0-9_$]*$`)
+
+func quoteIfNeeded(s string) string {
+	if plainIdent.MatchString(s) {
+		return s
+	}
+	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+}
+
+// LoadConfig reads and parses a configuration file.
+func LoadConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &ConfigError{Problems: []string{fmt.Sprintf("read config file: %v", err)}}
+	}
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		var ce *ConfigError
+		if errors.As(err, &ce) {
+			for i := range ce.Problems {
+				ce.Problems[i] = path + ": " + ce.Problems[i]
+			}
+		}
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// ParseConfig parses YAML; unknown keys are errors (a typo must not be
+// silently ignored).
+func ParseConfig(data []byte) (*Config, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var cfg Config
+	if err := dec.Decode(&cfg); err != nil {
+		return nil, &ConfigError{Problems: []string{"malformed YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}}
+	}
+	return &cfg, nil
+}
+
+// ConfigError lists every problem found in a configuration, each naming its
+// fix. Commands exit with code 2 on it.
+type ConfigError struct {
+	Problems []string
+}
+
+func (e *ConfigError) Error() string {
+	if len(e.Problems) == 1 {
+		return "configuration: " + e.Problems[0]
+	}
+	return "configuration has " + fmt.Sprint(len(e.Problems)) + " problems:\n  - " + strings.Join(e.Problems, "\n  - ")
+}
+
+var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// ApplyDefaults fills in what the file may omit: target = source, slot
+// fkmat_<first join name>, publication = slot, join type lower-cased.
+func (c *Config) ApplyDefaults() {
+	if c.Target == "" {
+		c.Target = c.Source
+	}
+	if c.Slot == "" && len(c.Joins) > 0 {
+		c.Slot = "fkmat_" + strings.Trim(nonSlot.ReplaceAllString(strings.ToLower(c.Joins[0].Name), "_"), "_")
+		if len(c.Slot) > 63 {
+			c.Slot = c.Slot[:63]
+		}
+	}
+	if c.Publication == "" {
+		c.Publication = c.Slot
+	}
+	for i := range c.Joins {
+		c.Joins[i].Type = strings.ToLower(strings.TrimSpace(c.Joins[i].Type))
+	}
+}
+
+var nonSlot = regexp.MustCompile(`[^a-z0-9_]+`)
+
+// Validate checks what can be checked without a database and reports every
+// problem at once as a *ConfigError. Catalog checks (tables, columns, types,
+// keys) happen in Resolve.
+func (c *Config) Validate() error {
+	var p []string
+	add := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
+	if c.Source == "" {
+		add("no source database: set `source:` in the file, FKMAT_SOURCE_URL, or --source")
+	}
+	for _, u := range []struct{ what, val, scheme string }{
+		{"source", c.Source, "postgres"}, {"target", c.Target, "postgres"}, {"redis", c.Redis, "redis"},
+	} {
+		if u.val != "" {
+			if err := checkURL(u.val, u.scheme); err != nil {
+				add("%s URL %s: %v", u.what, RedactURL(u.val), err)
+			}
+		}
+	}
+	if c.Redis == "" {
+		add("no Redis: set `redis:` in the file, FKMAT_REDIS_URL, or --redis (e.g. redis://localhost:6379/0)")
+	}
+	if !slotName.MatchString(c.Slot) {
+		add("slot %q: use 1-63 lowercase letters, digits or underscores", c.Slot)
+	}
+	if c.Publication == "" {
+		add("publication name is empty")
+	}
+	if len(c.Joins) == 0 {
+		add("no joins: add at least one entry under `joins:`")
+	}
+	names := map[string]bool{}
+	targets := map[TableName]string{}
+	for i, j := range c.Joins {
+		where := fmt.Sprintf("joins[%d]", i)
+		if j.Name != "" {
+			where = fmt.Sprintf("join %q", j.Name)
+		}
+		if j.Name == "" {
+			add("%s: set `name:`", where)
+		} else if names[j.Name] {
+			add("%s: duplicate join name; give each join a unique name", where)
+		}
+		names[j.Name] = true
+		if j.Type != JoinInner && j.Type != JoinLeft {
+			add("%s: type %q is not a join type; use `type: inner` or `type: left`", where, j.Type)
+		}
+		if j.Left.Table.IsZero() {
+			add("%s: set left.table", where)
+		}
+		if j.Right.Table.IsZero() {
+			add("%s: set right.table", where)
+		}
+		if j.Target.Table.IsZero() {
+			add("%s: set target.table", where)
+		} else if other, dup := targets[j.Target.Table]; dup {
+			add("%s: target table %s is also the target of join %q; use one target per join", where, j.Target.Table, other)
+		} else {
+			targets[j.Target.Table] = j.Name
+		}
+		if !j.Target.Table.IsZero() && (j.Target.Table == j.Left.Table || j.Target.Table == j.Right.Table) {
+			add("%s: target.table %s is a source table; choose another target", where, j.Target.Table)
+		}
+		if len(j.Left.ForeignKey) == 0 {
+			add("%s: set left.foreign_key (the left columns that reference right.key)", where)
+		}
+		if len(j.Right.Key) > 0 && len(j.Left.ForeignKey) > 0 && len(j.Right.Key) != len(j.Left.ForeignKey) {
+			add("%s: left.foreign_key has %d columns but right.key has %d; they must match in number and order",
+				where, len(j.Left.ForeignKey), len(j.Right.Key))
+		}
+		for _, d := range duplicates(j.Left.Key) {
+			add("%s: left.key lists %q twice", where, d)
+		}
+		for _, d := range duplicates(j.Left.ForeignKey) {
+			add("%s: left.foreign_key lists %q twice", where, d)
+		}
+		for _, d := range duplicates(j.Right.Key) {
+			add("%s: right.key lists %q twice", where, d)
+		}
+	}
+	if len(p) > 0 {
+		return &ConfigError{Problems: p}
+	}
+	return nil
+}
+
+func duplicates(names []string) []string {
+	seen := map[string]bool{}
+	var d []string
+	for _, n := range names {
+		if seen[n] {
+			d = append(d, n)
+		}
+		seen[n] = true
+	}
+	return d
+}
+
+func checkURL(raw, scheme string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return errors.New("not a URL")
+	}
+	switch scheme {
+	case "postgres":
+		if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+			return errors.New("must start with postgres://")
+		}
+	case "redis":
+		if u.Scheme != "redis" && u.Scheme != "rediss" {
+			return errors.New("must start with redis:// or rediss://")
+		}
+	}
+	return nil
+}
+
+// RedactURL replaces the password of a URL (and a password= query parameter)
+// with "xxxxx", for logs and errors.
+func RedactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	q := u.Query()
+	if q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
+}

@@ -1,0 +1,219 @@
+package join
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+)
+
+// Engine maintains one join. It is not safe for concurrent use: the daemon
+// applies one batch at a time, in commit order.
+type Engine struct {
+	spec      Spec
+	store     StateReader
+	stats     Stats
+	nullRight []Value
+	// reorder, when set (by tests), permutes each segment's response queue
+	// before it is resolved, to show that the order does not matter.
+	reorder func([]Response)
+}
+
+// NewEngine returns an engine for spec reading state from store.
+func NewEngine(spec Spec, store StateReader) (*Engine, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, fmt.Errorf("new join engine: %w", err)
+	}
+	if spec.PageSize == 0 {
+		spec.PageSize = DefaultPageSize
+	}
+	spec.PK, spec.FK, spec.RightKey = slices.Clone(spec.PK), slices.Clone(spec.FK), slices.Clone(spec.RightKey)
+	nulls := make([]Value, spec.RightValues)
+	for i := range nulls {
+		nulls[i] = NullValue()
+	}
+	return &Engine{spec: spec, store: store, nullRight: nulls}, nil
+}
+
+// Spec returns the engine's spec, defaults filled.
+func (e *Engine) Spec() Spec { return e.spec }
+
+// Stats returns the engine's cumulative counters.
+func (e *Engine) Stats() Stats { return e.stats }
+
+// segment is the resolver's and the subscription side's per-segment state. A
+// segment is a batch, or the part of it between two truncates.
+type segment struct {
+	queue      []Response
+	pending    map[Key]*pending
+	rightStart map[Key]*RightState
+	dirty      map[Key]struct{}
+}
+
+func newSegment() segment {
+	return segment{pending: map[Key]*pending{}, rightStart: map[Key]*RightState{}, dirty: map[Key]struct{}{}}
+}
+
+// batch is the state of one Apply call.
+type batch struct {
+	e      *Engine
+	ov     *overlay
+	seg    segment
+	prop   InstructionKind
+	emit   func(context.Context, Output) error
+	instrs []Instruction
+}
+
+// Apply applies changes, whole source transactions in commit order, and
+// returns the net state change to persist with the batch's checkpoint. The
+// effect on the target is passed to emit, in order, as one or more Outputs
+// (none when nothing changes); the caller applies all of a batch's Outputs
+// in one target transaction. Apply takes ownership of the changes' values.
+// On error nothing of the batch may be persisted.
+func (e *Engine) Apply(ctx context.Context, changes []Change, emit func(context.Context, Output) error) (Mutations, error) {
+	if err := e.checkChanges(changes); err != nil {
+		return Mutations{}, fmt.Errorf("apply %s batch: %w", e.spec.Name, err)
+	}
+	b := &batch{e: e, ov: newOverlay(e.store, &e.spec), seg: newSegment(), prop: propagateKind(e.spec.Type), emit: emit}
+	keys, err := b.prefetch(ctx, changes)
+	if err != nil {
+		return Mutations{}, fmt.Errorf("apply %s batch: %w", e.spec.Name, err)
+	}
+	for i, c := range changes {
+		if err := b.apply(ctx, c, keys[i]); err != nil {
+			return Mutations{}, fmt.Errorf("apply %s batch: change %d (%s): %w", e.spec.Name, i, c.Kind, err)
+		}
+	}
+	if err := b.endSegment(ctx); err != nil {
+		return Mutations{}, fmt.Errorf("apply %s batch: %w", e.spec.Name, err)
+	}
+	return b.ov.mutations(), nil
+}
+
+// checkChanges validates the shape of every change against the spec.
+func (e *Engine) checkChanges(changes []Change) error {
+	s := &e.spec
+	for i, c := range changes {
+		var ok bool
+		switch c.Kind {
+		case LeftUpsert:
+			ok = len(c.Left.PK) == len(s.PK) && len(c.Left.FK) == len(s.FK) && len(c.Left.Values) == s.LeftValues
+		case LeftDelete:
+			ok = len(c.Left.PK) == len(s.PK)
+		case RightUpsert:
+			ok = len(c.Right.Key) == len(s.RightKey) && len(c.Right.Values) == s.RightValues
+		case RightDelete:
+			ok = len(c.Right.Key) == len(s.RightKey)
+		case LeftTruncate, RightTruncate:
+			ok = true
+		}
+		if !ok {
+			return fmt.Errorf("change %d (%s) does not match the join's columns", i, c.Kind)
+		}
+	}
+	return nil
+}
+
+// prefetch encodes each change's key and reads the state the batch needs in
+// two rounds: the left rows, then the right rows of the new foreign keys, of
+// the stored rows' old foreign keys and of the right changes.
+func (b *batch) prefetch(ctx context.Context, changes []Change) ([]Key, error) {
+	keys := make([]Key, len(changes))
+	left, right := map[Key]struct{}{}, map[Key]struct{}{}
+	for i, c := range changes {
+		var err error
+		switch c.Kind {
+		case LeftUpsert, LeftDelete:
+			if keys[i], err = EncodeKey(b.e.spec.PK, c.Left.PK); err != nil {
+				return nil, fmt.Errorf("change %d: encode left key: %w", i, err)
+			}
+			left[keys[i]] = struct{}{}
+			if c.Kind == LeftUpsert && !hasNull(c.Left.FK) && !hasToast(c.Left.FK) {
+				fk, err := EncodeKey(b.e.spec.FK, c.Left.FK)
+				if err != nil {
+					return nil, fmt.Errorf("change %d: encode foreign key: %w", i, err)
+				}
+				right[fk] = struct{}{}
+			}
+		case RightUpsert, RightDelete:
+			if keys[i], err = EncodeKey(b.e.spec.RightKey, c.Right.Key); err != nil {
+				return nil, fmt.Errorf("change %d: encode right key: %w", i, err)
+			}
+			right[keys[i]] = struct{}{}
+		}
+	}
+	if err := b.ov.loadLeft(ctx, slices.Sorted(maps.Keys(left))); err != nil {
+		return nil, err
+	}
+	for _, e := range b.ov.storeLeft {
+		if e != nil && e.fk != "" {
+			right[e.fk] = struct{}{}
+		}
+	}
+	return keys, b.ov.loadRight(ctx, slices.Sorted(maps.Keys(right)))
+}
+
+// apply runs one change through the stages; k is its encoded key.
+func (b *batch) apply(ctx context.Context, c Change, k Key) error {
+	switch c.Kind {
+	case LeftUpsert:
+		return b.leftUpsert(ctx, k, c.Left)
+	case LeftDelete:
+		return b.leftDelete(ctx, k)
+	case RightUpsert:
+		return b.rightUpsert(ctx, k, c.Right)
+	case RightDelete:
+		return b.rightDelete(ctx, k)
+	case LeftTruncate, RightTruncate:
+		return b.truncate(ctx, c.Kind)
+	}
+	return fmt.Errorf("unknown change kind %d", c.Kind)
+}
+
+// endSegment resolves the segment's queued responses, fans out its dirty
+// right keys once each, and emits the output of its touched left keys.
+func (b *batch) endSegment(ctx context.Context) error {
+	if err := b.resolveQueue(ctx); err != nil {
+		return err
+	}
+	for _, fk := range slices.Sorted(maps.Keys(b.seg.dirty)) {
+		if err := b.fanOut(ctx, fk); err != nil {
+			return fmt.Errorf("fan out right key: %w", err)
+		}
+	}
+	if err := b.flushPending(ctx); err != nil {
+		return err
+	}
+	b.seg = newSegment()
+	return nil
+}
+
+// truncate ends the segment, emits the truncate's effect on the target and
+// clears the state of the truncated side; what follows is a new segment.
+func (b *batch) truncate(ctx context.Context, kind ChangeKind) error {
+	if err := b.endSegment(ctx); err != nil {
+		return err
+	}
+	out := Output{Truncate: true}
+	if kind == LeftTruncate {
+		b.ov.clearLeft()
+	} else {
+		// Subscriptions stay: the left rows still reference their keys.
+		b.ov.clearRight()
+		if b.e.spec.Type == Left {
+			out = Output{NullRight: true}
+		}
+	}
+	return b.emitOutput(ctx, out)
+}
+
+// emitOutput passes out to the caller unless it is empty.
+func (b *batch) emitOutput(ctx context.Context, out Output) error {
+	if out.empty() {
+		return nil
+	}
+	if err := b.emit(ctx, out); err != nil {
+		return fmt.Errorf("emit output: %w", err)
+	}
+	return nil
+}

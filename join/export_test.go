@@ -1,0 +1,5 @@
+package join
+
+// SetReorder makes e permute each segment's response queue with f before
+// resolving it, simulating out-of-order (pipelined) stages.
+func SetReorder(e *Engine, f func([]Response)) { e.reorder = f }

@@ -1,0 +1,121 @@
+package jointest
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/fkmat/fkmat/join"
+)
+
+// Target is an in-memory target table. Its Apply is strict: an upsert equal
+// to the existing row, a delete of an absent row, or a second write of one
+// row in one batch segment is an error (no redundant writes).
+type Target struct {
+	spec    join.Spec
+	Rows    map[join.Key]join.Row
+	written map[join.Key]bool
+}
+
+// NewTarget returns an empty target for spec.
+func NewTarget(spec join.Spec) *Target {
+	return &Target{spec: spec, Rows: map[join.Key]join.Row{}, written: map[join.Key]bool{}}
+}
+
+// Begin starts a new batch.
+func (t *Target) Begin() { t.written = map[join.Key]bool{} }
+
+// Apply applies one output of a batch.
+func (t *Target) Apply(o join.Output) error {
+	if o.Truncate {
+		t.Rows = map[join.Key]join.Row{}
+		t.Begin()
+	}
+	if o.NullRight {
+		for k, row := range t.Rows {
+			row = slices.Clone(row)
+			for i := len(row) - t.spec.RightValues; i < len(row); i++ {
+				row[i] = join.NullValue()
+			}
+			t.Rows[k] = row
+		}
+		t.Begin()
+	}
+	for _, pk := range o.Deletes {
+		k, err := t.write(pk)
+		if err != nil {
+			return err
+		}
+		if _, ok := t.Rows[k]; !ok {
+			return fmt.Errorf("delete of absent row %v", pk)
+		}
+		delete(t.Rows, k)
+	}
+	for _, row := range o.Upserts {
+		if err := t.upsert(row); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *Target) upsert(row join.Row) error {
+	if len(row) != len(t.spec.PK)+t.spec.LeftValues+t.spec.RightValues {
+		return fmt.Errorf("upsert of a row with %d columns", len(row))
+	}
+	for _, v := range row {
+		if v.Toast {
+			return fmt.Errorf("upsert of a row with a TOAST marker: %v", row)
+		}
+	}
+	k, err := t.write(row[:len(t.spec.PK)])
+	if err != nil {
+		return err
+	}
+	if old, ok := t.Rows[k]; ok && join.ValuesEqual(old, row) {
+		return fmt.Errorf("redundant upsert of unchanged row %v", row)
+	}
+	t.Rows[k] = row
+	return nil
+}
+
+// write records a write of the row with key pk and returns its key.
+func (t *Target) write(pk []join.Value) (join.Key, error) {
+	k, err := join.EncodeKey(t.spec.PK, pk)
+	if err != nil {
+		return "", fmt.Errorf("encode target key: %w", err)
+	}
+	if t.written[k] {
+		return "", fmt.Errorf("row %v written twice in one batch", pk)
+	}
+	t.written[k] = true
+	return k, nil
+}
+
+// Diff returns an error describing how the target differs from want.
+func (t *Target) Diff(want map[join.Key]join.Row) error {
+	var missing, extra, differ int
+	var example string
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		got, ok := t.Rows[k]
+		switch {
+		case !ok:
+			missing++
+			example = fmt.Sprintf("missing %v", want[k])
+		case !join.ValuesEqual(got, want[k]):
+			differ++
+			example = fmt.Sprintf("got %v, want %v", got, want[k])
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(t.Rows)) {
+		if _, ok := want[k]; !ok {
+			extra++
+			example = fmt.Sprintf("extra %v", t.Rows[k])
+		}
+	}
+	if missing+extra+differ == 0 {
+		return nil
+	}
+	return fmt.Errorf("target differs from the join: %d missing, %d extra, %d different; e.g. %s",
+		missing, extra, differ, example)
+}

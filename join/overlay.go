@@ -1,0 +1,254 @@
+package join
+
+import (
+	"context"
+	"fmt"
+	"slices"
+)
+
+// leftEntry is a left row's state plus its encoded foreign key.
+type leftEntry struct {
+	LeftState
+	fk Key // "" when a foreign key column is NULL: no subscription
+}
+
+// overlay is the batch's view of the join state: the store as of batch start
+// (prefetched), plus everything the batch changed so far. Changes are kept
+// net: the last value per key, which is what Mutations persist.
+type overlay struct {
+	store StateReader
+	spec  *Spec
+
+	// storeLeft and storeRight cache the batch-start store state of the keys
+	// the batch touches; a nil value means known absent.
+	storeLeft  map[Key]*leftEntry
+	storeRight map[Key]*RightState
+
+	// leftCleared and rightCleared record a TRUNCATE in this batch: the store
+	// no longer counts for that side (subscriptions go with the left side).
+	leftCleared  bool
+	rightCleared bool
+
+	// left, right and subs are the changes since the side was last cleared;
+	// a nil row means deleted, a false subscription means removed.
+	left  map[Key]*leftEntry
+	right map[Key]*RightState
+	subs  map[Key]map[Key]bool
+
+	scratch []byte // key encoding buffer
+}
+
+func newOverlay(store StateReader, spec *Spec) *overlay {
+	return &overlay{
+		store: store, spec: spec,
+		storeLeft: map[Key]*leftEntry{}, storeRight: map[Key]*RightState{},
+		left: map[Key]*leftEntry{}, right: map[Key]*RightState{}, subs: map[Key]map[Key]bool{},
+	}
+}
+
+// newLeftEntry wraps a stored state, encoding its foreign key.
+func (o *overlay) newLeftEntry(st LeftState) (*leftEntry, error) {
+	e := &leftEntry{LeftState: st}
+	return e, o.setFK(e, "")
+}
+
+// setFK encodes e's foreign key. When it equals hint (the key a fan-out
+// page is about, the common case) hint's string is shared, so encoding
+// allocates nothing.
+func (o *overlay) setFK(e *leftEntry, hint Key) error {
+	if hasNull(e.FK) {
+		e.fk = ""
+		return nil
+	}
+	var err error
+	if o.scratch, err = AppendKey(o.scratch[:0], o.spec.FK, e.FK); err != nil {
+		return fmt.Errorf("encode stored foreign key: %w", err)
+	}
+	if string(o.scratch) == string(hint) {
+		e.fk = hint
+	} else {
+		e.fk = Key(o.scratch)
+	}
+	return nil
+}
+
+// loadLeft reads the store state of keys into the cache.
+func (o *overlay) loadLeft(ctx context.Context, keys []Key) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	got, err := o.store.GetLeft(ctx, keys)
+	if err != nil {
+		return fmt.Errorf("get left rows: %w", err)
+	}
+	for _, k := range keys {
+		st, ok := got[k]
+		if !ok {
+			o.storeLeft[k] = nil
+			continue
+		}
+		e, err := o.newLeftEntry(st)
+		if err != nil {
+			return err
+		}
+		o.storeLeft[k] = e
+	}
+	return nil
+}
+
+// loadRight reads the store state of keys into the cache.
+func (o *overlay) loadRight(ctx context.Context, keys []Key) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	got, err := o.store.GetRight(ctx, keys)
+	if err != nil {
+		return fmt.Errorf("get right rows: %w", err)
+	}
+	for _, k := range keys {
+		if st, ok := got[k]; ok {
+			o.storeRight[k] = &st
+		} else {
+			o.storeRight[k] = nil
+		}
+	}
+	return nil
+}
+
+// leftOf returns the current state of left key k, nil when absent. Keys not
+// prefetched are read from the store one at a time (a fallback).
+func (o *overlay) leftOf(ctx context.Context, k Key) (*leftEntry, error) {
+	if e, ok := o.left[k]; ok {
+		return e, nil
+	}
+	if o.leftCleared {
+		return nil, nil
+	}
+	if e, ok := o.storeLeft[k]; ok {
+		return e, nil
+	}
+	if err := o.loadLeft(ctx, []Key{k}); err != nil {
+		return nil, err
+	}
+	return o.storeLeft[k], nil
+}
+
+// rightOf returns the current state of right key k, nil when absent.
+func (o *overlay) rightOf(ctx context.Context, k Key) (*RightState, error) {
+	if r, ok := o.right[k]; ok {
+		return r, nil
+	}
+	if o.rightCleared {
+		return nil, nil
+	}
+	if r, ok := o.storeRight[k]; ok {
+		return r, nil
+	}
+	if err := o.loadRight(ctx, []Key{k}); err != nil {
+		return nil, err
+	}
+	return o.storeRight[k], nil
+}
+
+// setSub records that subscription (fk, pk) is present or removed.
+func (o *overlay) setSub(fk, pk Key, present bool) {
+	m := o.subs[fk]
+	if m == nil {
+		m = map[Key]bool{}
+		o.subs[fk] = m
+	}
+	m[pk] = present
+}
+
+// clearLeft applies a left TRUNCATE: no left rows, no subscriptions.
+func (o *overlay) clearLeft() {
+	o.leftCleared = true
+	o.left = map[Key]*leftEntry{}
+	o.subs = map[Key]map[Key]bool{}
+}
+
+// clearRight applies a right TRUNCATE: no right rows.
+func (o *overlay) clearRight() {
+	o.rightCleared = true
+	o.right = map[Key]*RightState{}
+}
+
+// baseLeft returns the store state of k as the batch's mutations will find it
+// (after any clear), nil when absent.
+func (o *overlay) baseLeft(k Key) *leftEntry {
+	if o.leftCleared {
+		return nil
+	}
+	return o.storeLeft[k]
+}
+
+// mutations returns the net change of the overlay against the store.
+func (o *overlay) mutations() Mutations {
+	m := Mutations{ClearLeft: o.leftCleared, ClearRight: o.rightCleared}
+	for k, e := range o.left {
+		base := o.baseLeft(k)
+		switch {
+		case e != nil && (base == nil || !base.LeftState.Equal(e.LeftState)):
+			if m.PutLeft == nil {
+				m.PutLeft = map[Key]LeftState{}
+			}
+			m.PutLeft[k] = e.LeftState
+		case e == nil && base != nil:
+			m.DelLeft = append(m.DelLeft, k)
+		}
+	}
+	for k, r := range o.right {
+		var base *RightState
+		if !o.rightCleared {
+			base = o.storeRight[k]
+		}
+		switch {
+		case r != nil && (base == nil || !base.Equal(*r)):
+			if m.PutRight == nil {
+				m.PutRight = map[Key]RightState{}
+			}
+			m.PutRight[k] = *r
+		case r == nil && base != nil:
+			m.DelRight = append(m.DelRight, k)
+		}
+	}
+	m.AddSubs, m.DelSubs = o.subMutations()
+	slices.Sort(m.DelLeft)
+	slices.Sort(m.DelRight)
+	return m
+}
+
+// subMutations returns the subscriptions to add and to delete, in member order.
+func (o *overlay) subMutations() (add, del []Subscription) {
+	for fk, pks := range o.subs {
+		for pk, present := range pks {
+			base := o.baseLeft(pk)
+			inStore := base != nil && base.fk == fk
+			switch {
+			case present && !inStore:
+				add = append(add, Subscription{FK: fk, PK: pk})
+			case !present && inStore:
+				del = append(del, Subscription{FK: fk, PK: pk})
+			}
+		}
+	}
+	bySub := func(a, b Subscription) int {
+		if c := compareKey(a.FK, b.FK); c != 0 {
+			return c
+		}
+		return compareKey(a.PK, b.PK)
+	}
+	slices.SortFunc(add, bySub)
+	slices.SortFunc(del, bySub)
+	return add, del
+}
+
+func compareKey(a, b Key) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,153 @@
+package join
+
+import (
+	"errors"
+	"fmt"
+)
+
+// JoinType is the SQL join type of a foreign-key join.
+type JoinType uint8
+
+// The join types.
+const (
+	// Inner keeps only left rows whose foreign key matches a right row.
+	Inner JoinType = iota + 1
+	// Left keeps every left row; right columns are NULL without a match.
+	Left
+)
+
+// String returns "inner" or "left".
+func (t JoinType) String() string {
+	switch t {
+	case Inner:
+		return "inner"
+	case Left:
+		return "left"
+	}
+	return fmt.Sprintf("jointype(%d)", uint8(t))
+}
+
+// DefaultPageSize is the number of dependents of a right key resolved (and
+// emitted) at a time when a right change fans out.
+const DefaultPageSize = 5000
+
+// Spec describes one join as the engine sees it: key families and value
+// counts. The column mapping lives in the caller's configuration.
+type Spec struct {
+	// Name identifies the join in errors.
+	Name string
+	// Type is Inner or Left.
+	Type JoinType
+	// PK, FK and RightKey are the families of the left primary key, the
+	// foreign key and the right key columns; FK and RightKey pairwise equal.
+	PK       []Family
+	FK       []Family
+	RightKey []Family
+	// LeftValues and RightValues count the projected columns of each side
+	// (LeftRow.Values, RightRow.Values).
+	LeftValues  int
+	RightValues int
+	// PageSize bounds the dependents resolved per fan-out page; 0 means
+	// DefaultPageSize.
+	PageSize int
+}
+
+// Validate reports the first problem of s, naming the join.
+func (s Spec) Validate() error {
+	if err := s.validate(); err != nil {
+		return fmt.Errorf("join %q: %w", s.Name, err)
+	}
+	return nil
+}
+
+func (s Spec) validate() error {
+	switch {
+	case s.Type != Inner && s.Type != Left:
+		return fmt.Errorf("type %s is neither inner nor left", s.Type)
+	case len(s.PK) == 0:
+		return errors.New("left table has no key columns; set left.key in the config")
+	case len(s.FK) == 0:
+		return errors.New("no foreign key columns; set left.foreign_key in the config")
+	case len(s.FK) != len(s.RightKey):
+		return fmt.Errorf("%d foreign key columns for %d right key columns; list one foreign key column per right key column",
+			len(s.FK), len(s.RightKey))
+	case s.LeftValues < 0 || s.RightValues < 0 || s.PageSize < 0:
+		return errors.New("negative column count or page size")
+	}
+	for i := range s.FK {
+		if s.FK[i] != s.RightKey[i] {
+			return fmt.Errorf("foreign key column %d (%s) cannot match right key column %d (%s); use columns of compatible types",
+				i+1, s.FK[i], i+1, s.RightKey[i])
+		}
+	}
+	return nil
+}
+
+// ChangeKind is the kind of one source change.
+type ChangeKind uint8
+
+// The change kinds. An UPDATE that changes a key arrives as delete + upsert.
+const (
+	LeftUpsert ChangeKind = iota + 1
+	LeftDelete
+	RightUpsert
+	RightDelete
+	LeftTruncate
+	RightTruncate
+)
+
+var changeKindNames = [...]string{"", "left_upsert", "left_delete", "right_upsert", "right_delete", "left_truncate", "right_truncate"}
+
+// String returns the kind's snake_case name.
+func (k ChangeKind) String() string {
+	if int(k) < len(changeKindNames) && k != 0 {
+		return changeKindNames[k]
+	}
+	return fmt.Sprintf("changekind(%d)", uint8(k))
+}
+
+// Change is one row change of a source table. LeftUpsert uses Left;
+// LeftDelete uses Left.PK only; RightUpsert uses Right; RightDelete uses
+// Right.Key only; truncates use neither.
+type Change struct {
+	Kind  ChangeKind
+	Left  LeftRow
+	Right RightRow
+}
+
+// Output is one ordered piece of a batch's effect on the target table. The
+// target applies a batch's Outputs in order, in one transaction: first
+// Truncate or NullRight, then Deletes and Upserts (they concern distinct keys).
+type Output struct {
+	// Truncate empties the target first.
+	Truncate bool
+	// NullRight sets every right column of every target row to NULL first
+	// (left join after a TRUNCATE of the right table).
+	NullRight bool
+	// Upserts are whole joined rows, inserted or replacing the row with the
+	// same left key; each differs from the row it replaces.
+	Upserts []Row
+	// Deletes are the left key values of rows to delete; each row exists.
+	Deletes [][]Value
+}
+
+// empty reports whether o changes nothing.
+func (o *Output) empty() bool {
+	return !o.Truncate && !o.NullRight && len(o.Upserts) == 0 && len(o.Deletes) == 0
+}
+
+// Stats are the engine's cumulative counters.
+type Stats struct {
+	// Instructions counts subscription instructions sent by the sender.
+	Instructions uint64
+	// Responses counts responses produced by the subscription side,
+	// fan-out included.
+	Responses uint64
+	// StaleResponses counts responses the resolver discarded because the left
+	// row changed after they were computed.
+	StaleResponses uint64
+	// InnerNullFKDrops counts inner-join left rows dropped for a NULL foreign key.
+	InnerNullFKDrops uint64
+	// FanoutRows counts responses produced by right-side fan-out.
+	FanoutRows uint64
+}

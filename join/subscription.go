@@ -1,0 +1,213 @@
+package join
+
+import (
+	"context"
+	"fmt"
+	"slices"
+)
+
+// Response is the subscription side's answer for one left row: the right row
+// its foreign key referenced when the answer was computed.
+type Response struct {
+	// Kind is the instruction answered; fan-out responses carry the join
+	// type's propagate kind.
+	Kind InstructionKind
+	PK   Key
+	FK   Key
+	// Hash is the left value hash of the instruction answered, checked by
+	// the resolver when Hashed. Fan-out responses are not hashed: they are
+	// computed with the final right row and hold for any left value that
+	// still references FK.
+	Hash   uint64
+	Hashed bool
+	// Right holds the right row's projected values when Found.
+	Right []Value
+	Found bool
+}
+
+// receive applies one instruction to the subscriptions and queues its
+// answer for the resolver.
+func (b *batch) receive(ctx context.Context, ins Instruction) error {
+	switch ins.Kind {
+	case DeleteKeyNoPropagate:
+		b.ov.setSub(ins.FK, ins.PK, false)
+		return nil
+	case DeleteKeyAndPropagate:
+		if ins.FK != "" {
+			b.ov.setSub(ins.FK, ins.PK, false)
+		}
+		b.respond(Response{Kind: ins.Kind, PK: ins.PK, FK: ins.FK})
+		return nil
+	}
+	r := Response{Kind: ins.Kind, PK: ins.PK, FK: ins.FK, Hash: ins.Hash, Hashed: true}
+	if ins.FK != "" {
+		// The subscription is kept even when the right row is missing: a
+		// later right insert must find it.
+		b.ov.setSub(ins.FK, ins.PK, true)
+		right, err := b.ov.rightOf(ctx, ins.FK)
+		if err != nil {
+			return err
+		}
+		if right != nil {
+			r.Right, r.Found = right.Values, true
+		}
+	}
+	b.respond(r)
+	return nil
+}
+
+// respond queues r for the resolver.
+func (b *batch) respond(r Response) {
+	b.e.stats.Responses++
+	b.seg.queue = append(b.seg.queue, r)
+}
+
+// rightUpsert applies a new version of right row k; a version whose projected
+// values did not change marks nothing.
+func (b *batch) rightUpsert(ctx context.Context, k Key, row RightRow) error {
+	old, err := b.ov.rightOf(ctx, k)
+	if err != nil {
+		return err
+	}
+	values, err := fillToast(row.Values, old, func(r *RightState) []Value { return r.Values })
+	if err != nil {
+		return fmt.Errorf("fill right values: %w", err)
+	}
+	if old != nil && ValuesEqual(old.Values, values) {
+		return nil
+	}
+	b.touchRight(k, old)
+	b.ov.right[k] = &RightState{Key: row.Key, Values: values}
+	return nil
+}
+
+// rightDelete applies the deletion of right row k; deleting a row that does
+// not exist marks nothing.
+func (b *batch) rightDelete(ctx context.Context, k Key) error {
+	old, err := b.ov.rightOf(ctx, k)
+	if err != nil || old == nil {
+		return err
+	}
+	b.touchRight(k, old)
+	b.ov.right[k] = nil
+	return nil
+}
+
+// touchRight marks right key k dirty, remembering its segment-start state.
+func (b *batch) touchRight(k Key, old *RightState) {
+	if _, ok := b.seg.rightStart[k]; !ok {
+		b.seg.rightStart[k] = old
+	}
+	b.seg.dirty[k] = struct{}{}
+}
+
+// fanOut answers every left row subscribed to right key fk with its final
+// right row, a page at a time: first the subscriptions added in this batch,
+// then the stored ones in key order.
+func (b *batch) fanOut(ctx context.Context, fk Key) error {
+	right, err := b.ov.rightOf(ctx, fk)
+	if err != nil {
+		return err
+	}
+	touched := b.ov.subs[fk]
+	var added []Key
+	for pk, present := range touched {
+		if present {
+			added = append(added, pk)
+		}
+	}
+	slices.Sort(added)
+	for page := range slices.Chunk(added, b.e.spec.PageSize) {
+		if err := b.resolvePage(ctx, fk, right, page); err != nil {
+			return err
+		}
+	}
+	if b.ov.leftCleared {
+		return nil
+	}
+	return b.fanOutStored(ctx, fk, right, touched)
+}
+
+// fanOutStored pages through the stored dependents of fk, skipping the
+// subscriptions this batch changed (answered from the overlay, or removed).
+func (b *batch) fanOutStored(ctx context.Context, fk Key, right *RightState, touched map[Key]bool) error {
+	size := b.e.spec.PageSize
+	var after Key
+	for {
+		page, err := b.ov.store.Dependents(ctx, fk, after, size)
+		if err != nil {
+			return fmt.Errorf("read dependents: %w", err)
+		}
+		if len(page) == 0 {
+			return nil
+		}
+		after = page[len(page)-1]
+		keep := page
+		if len(touched) > 0 {
+			keep = slices.DeleteFunc(slices.Clone(page), func(pk Key) bool { _, ok := touched[pk]; return ok })
+		}
+		if err := b.resolvePage(ctx, fk, right, keep); err != nil {
+			return err
+		}
+		if len(page) < size {
+			return nil
+		}
+	}
+}
+
+// resolvePage builds the fan-out responses of one page of dependents of fk,
+// resolves them and emits the page's output.
+func (b *batch) resolvePage(ctx context.Context, fk Key, right *RightState, pks []Key) error {
+	lefts, err := b.pageLefts(ctx, fk, pks)
+	if err != nil {
+		return err
+	}
+	r := Response{Kind: b.prop, FK: fk}
+	if right != nil {
+		r.Right, r.Found = right.Values, true
+	}
+	var out Output
+	for _, pk := range pks {
+		r.PK = pk
+		b.e.stats.Responses++
+		b.e.stats.FanoutRows++
+		if err := b.resolveFanout(ctx, r, lefts[pk], &out); err != nil {
+			return err
+		}
+	}
+	return b.emitOutput(ctx, out)
+}
+
+// pageLefts returns the current left state of pks, reading the ones the
+// batch does not know with one GetLeft. The result lives for one page only,
+// so memory stays bounded by the page size.
+func (b *batch) pageLefts(ctx context.Context, fk Key, pks []Key) (map[Key]*leftEntry, error) {
+	lefts := make(map[Key]*leftEntry, len(pks))
+	var missing []Key
+	for _, pk := range pks {
+		if e, ok := b.ov.left[pk]; ok {
+			lefts[pk] = e
+		} else if e, ok := b.ov.storeLeft[pk]; ok && !b.ov.leftCleared {
+			lefts[pk] = e
+		} else if !b.ov.leftCleared {
+			missing = append(missing, pk)
+		}
+	}
+	if len(missing) == 0 {
+		return lefts, nil
+	}
+	got, err := b.ov.store.GetLeft(ctx, missing)
+	if err != nil {
+		return nil, fmt.Errorf("get dependent left rows: %w", err)
+	}
+	entries := make([]leftEntry, 0, len(got))
+	for pk, st := range got {
+		entries = append(entries, leftEntry{LeftState: st})
+		e := &entries[len(entries)-1]
+		if err := b.ov.setFK(e, fk); err != nil {
+			return nil, err
+		}
+		lefts[pk] = e
+	}
+	return lefts, nil
+}

@@ -1,0 +1,383 @@
+package fkmat
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fkmat/fkmat/join"
+	"github.com/fkmat/fkmat/sink"
+)
+
+// SourceColumn is a column of a source table as the catalog describes it.
+type SourceColumn struct {
+	Name    string
+	Type    string // format_type, e.g. "numeric(12,2)"
+	TypeOID uint32
+	NotNull bool
+}
+
+// OutputColumn maps a source column to a target column.
+type OutputColumn struct {
+	Source SourceColumn
+	Name   string // output name (alias)
+}
+
+// TablePlan is one resolved source table of a join.
+type TablePlan struct {
+	Table TableName
+	// Key is the left primary key (left) or the referenced key (right).
+	Key []SourceColumn
+	// ForeignKey are the left columns referencing the right key (left only).
+	ForeignKey []SourceColumn
+	// Values are the projected columns other than the left key, in output order.
+	Values []OutputColumn
+	// KeyNames are the output names of the key columns (left only).
+	KeyNames []string
+	// Replica is the table's replica identity: d(efault), f(ull), i(ndex), n(othing).
+	Replica string `json:"-"`
+}
+
+// JoinPlan is a join resolved against the source catalog: everything the
+// daemon needs to map changes to the engine and the engine's output to the
+// target.
+type JoinPlan struct {
+	Name        string
+	Type        string
+	Left        TablePlan
+	Right       TablePlan
+	Target      sink.Table
+	Spec        join.Spec
+	Fingerprint string
+}
+
+// Resolve looks every join up in the source catalog: tables, keys (primary
+// keys by default), columns (all by default), types and FK/key compatibility.
+// It reports every problem at once as a *ConfigError.
+func Resolve(ctx context.Context, db Querier, cfg *Config) ([]*JoinPlan, error) {
+	var problems []string
+	plans := make([]*JoinPlan, 0, len(cfg.Joins))
+	cache := map[TableName]*catalogTable{}
+	lookup := func(t TableName) (*catalogTable, error) {
+		if ct, ok := cache[t]; ok {
+			return ct, nil
+		}
+		ct, err := describeTable(ctx, db, t)
+		if err != nil {
+			return nil, err
+		}
+		cache[t] = ct
+		return ct, nil
+	}
+	for _, jc := range cfg.Joins {
+		p, probs, err := resolveJoin(jc, lookup)
+		if err != nil {
+			return nil, err
+		}
+		problems = append(problems, probs...)
+		if p != nil {
+			plans = append(plans, p)
+		}
+	}
+	if len(problems) > 0 {
+		return nil, &ConfigError{Problems: problems}
+	}
+	return plans, nil
+}
+
+// Querier is the part of pgx used for catalog queries.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+type catalogTable struct {
+	name    TableName
+	exists  bool
+	columns []SourceColumn
+	byName  map[string]SourceColumn
+	pk      []string
+	replica string
+}
+
+func describeTable(ctx context.Context, db Querier, t TableName) (*catalogTable, error) {
+	ct := &catalogTable{name: t, byName: map[string]SourceColumn{}}
+	var oid uint32
+	err := db.QueryRow(ctx, `
+		SELECT c.oid, c.relreplident::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`, t.Schema, t.Name).Scan(&oid, &ct.replica)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ct, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up table %s: %w", t, err)
+	}
+	ct.exists = true
+	rows, err := db.Query(ctx, `
+		SELECT attname, format_type(atttypid, atttypmod), atttypid, attnotnull FROM pg_attribute
+		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, oid)
+	if err != nil {
+		return nil, fmt.Errorf("describe table %s: %w", t, err)
+	}
+	for rows.Next() {
+		var c SourceColumn
+		if err := rows.Scan(&c.Name, &c.Type, &c.TypeOID, &c.NotNull); err != nil {
+			return nil, err
+		}
+		ct.columns = append(ct.columns, c)
+		ct.byName[c.Name] = c
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("describe table %s: %w", t, err)
+	}
+	err = db.QueryRow(ctx, `
+		SELECT coalesce(array_agg(a.attname ORDER BY k.ord), '{}') FROM pg_index i
+		CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+		WHERE i.indrelid = $1 AND i.indisprimary`, oid).Scan(&ct.pk)
+	if err != nil {
+		return nil, fmt.Errorf("read primary key of %s: %w", t, err)
+	}
+	return ct, nil
+}
+
+func resolveJoin(jc JoinConfig, lookup func(TableName) (*catalogTable, error)) (*JoinPlan, []string, error) {
+	var probs []string
+	add := func(format string, args ...any) {
+		probs = append(probs, fmt.Sprintf("join %q: ", jc.Name)+fmt.Sprintf(format, args...))
+	}
+	left, err := lookup(jc.Left.Table)
+	if err != nil {
+		return nil, nil, err
+	}
+	right, err := lookup(jc.Right.Table)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !left.exists {
+		add("left table %s does not exist in the source database; check left.table", jc.Left.Table)
+	}
+	if !right.exists {
+		add("right table %s does not exist in the source database; check right.table", jc.Right.Table)
+	}
+	if !left.exists || !right.exists {
+		return nil, probs, nil
+	}
+
+	p := &JoinPlan{Name: jc.Name, Type: jc.Type}
+	p.Left.Table, p.Right.Table = jc.Left.Table, jc.Right.Table
+	p.Left.Replica, p.Right.Replica = left.replica, right.replica
+
+	p.Left.Key = resolveKey(left, jc.Left.Key, "left", add)
+	p.Right.Key = resolveKey(right, jc.Right.Key, "right", add)
+	p.Left.ForeignKey = resolveColumns(left, jc.Left.ForeignKey, "left.foreign_key", add)
+	for i, c := range p.Left.ForeignKey {
+		if i < len(p.Right.Key) {
+			if err := join.CheckKeyTypes(c.Type, p.Right.Key[i].Type); err != nil {
+				add("left.foreign_key %q -> right.key %q: %v", c.Name, p.Right.Key[i].Name, err)
+			}
+		}
+	}
+	if len(p.Left.ForeignKey) != len(p.Right.Key) && len(p.Left.ForeignKey) > 0 && len(p.Right.Key) > 0 {
+		add("left.foreign_key has %d columns but right.key has %d; they must match in number and order",
+			len(p.Left.ForeignKey), len(p.Right.Key))
+	}
+	for _, c := range p.Left.Key {
+		if err := join.CheckKeyTypes(c.Type, c.Type); err != nil {
+			add("left.key %q: %v", c.Name, err)
+		}
+	}
+	p.Left.KeyNames, p.Left.Values = leftOutput(left, jc.Left, p.Left.Key, add)
+	p.Right.Values = rightOutput(right, jc.Right, p.Right.Key, add)
+	checkReplicaIdentity(left, p.Left.Key, "left", add)
+	checkReplicaIdentity(right, p.Right.Key, "right", add)
+	if len(probs) > 0 {
+		return nil, probs, nil
+	}
+
+	p.Target = targetTable(jc.Target.Table, p)
+	if err := p.Target.Validate(); err != nil {
+		add("%v", err)
+		return nil, probs, nil
+	}
+	p.Spec = specOf(p)
+	p.Fingerprint = fingerprint(p)
+	return p, nil, nil
+}
+
+func resolveKey(ct *catalogTable, names []string, side string, add func(string, ...any)) []SourceColumn {
+	if len(names) == 0 {
+		if len(ct.pk) == 0 {
+			add("table %s has no primary key; set %s.key in the config", ct.name, side)
+			return nil
+		}
+		names = ct.pk
+	}
+	return resolveColumns(ct, names, side+".key", add)
+}
+
+func resolveColumns(ct *catalogTable, names []string, what string, add func(string, ...any)) []SourceColumn {
+	out := make([]SourceColumn, 0, len(names))
+	for _, n := range names {
+		c, ok := ct.byName[n]
+		if !ok {
+			add("%s: table %s has no column %q%s", what, ct.name, n, suggest(ct, n))
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func suggest(ct *catalogTable, name string) string {
+	for _, c := range ct.columns {
+		if strings.EqualFold(c.Name, name) {
+			return fmt.Sprintf(" (did you mean %q? names are case-sensitive)", c.Name)
+		}
+	}
+	names := make([]string, len(ct.columns))
+	for i, c := range ct.columns {
+		names[i] = c.Name
+	}
+	return "; its columns are " + strings.Join(names, ", ")
+}
+
+// leftOutput returns the output names of the key columns and the other
+// projected left columns, in order.
+func leftOutput(ct *catalogTable, lc LeftConfig, key []SourceColumn, add func(string, ...any)) ([]string, []OutputColumn) {
+	refs := lc.Columns
+	if len(refs) == 0 {
+		for _, c := range ct.columns {
+			refs = append(refs, ColumnRef{Name: c.Name, Alias: c.Name})
+		}
+	}
+	keyNames := make([]string, len(key))
+	isKey := map[string]int{}
+	for i, k := range key {
+		keyNames[i] = k.Name
+		isKey[k.Name] = i
+	}
+	var values []OutputColumn
+	for _, r := range refs {
+		c, ok := ct.byName[r.Name]
+		if !ok {
+			add("left.columns: table %s has no column %q%s", ct.name, r.Name, suggest(ct, r.Name))
+			continue
+		}
+		if i, k := isKey[r.Name]; k {
+			keyNames[i] = r.Alias
+			continue
+		}
+		values = append(values, OutputColumn{Source: c, Name: r.Alias})
+	}
+	return keyNames, values
+}
+
+func rightOutput(ct *catalogTable, rc RightConfig, key []SourceColumn, add func(string, ...any)) []OutputColumn {
+	refs := rc.Columns
+	if len(refs) == 0 {
+		isKey := map[string]bool{}
+		for _, k := range key {
+			isKey[k.Name] = true
+		}
+		for _, c := range ct.columns {
+			if !isKey[c.Name] {
+				refs = append(refs, ColumnRef{Name: c.Name, Alias: c.Name})
+			}
+		}
+	}
+	var values []OutputColumn
+	for _, r := range refs {
+		c, ok := ct.byName[r.Name]
+		if !ok {
+			add("right.columns: table %s has no column %q%s", ct.name, r.Name, suggest(ct, r.Name))
+			continue
+		}
+		values = append(values, OutputColumn{Source: c, Name: r.Alias})
+	}
+	return values
+}
+
+// checkReplicaIdentity makes sure DELETEs carry the key: pgoutput sends only
+// the replica identity columns of a deleted row.
+func checkReplicaIdentity(ct *catalogTable, key []SourceColumn, side string, add func(string, ...any)) {
+	switch ct.replica {
+	case "f":
+		return
+	case "n":
+		add("table %s has REPLICA IDENTITY NOTHING, so its deletes cannot be followed; run ALTER TABLE %s REPLICA IDENTITY DEFAULT (or FULL)",
+			ct.name, ct.name)
+		return
+	case "i":
+		// An index identity: deletes carry the index columns; require the key to be them.
+		return
+	}
+	pk := map[string]bool{}
+	for _, n := range ct.pk {
+		pk[n] = true
+	}
+	for _, k := range key {
+		if !pk[k.Name] {
+			add("%s.key column %q is not part of the primary key of %s, so deletes do not carry it; "+
+				"use the primary key or run ALTER TABLE %s REPLICA IDENTITY FULL", side, k.Name, ct.name, ct.name)
+			return
+		}
+	}
+}
+
+func targetTable(name TableName, p *JoinPlan) sink.Table {
+	t := sink.Table{Schema: name.Schema, Name: name.Name, KeyCount: len(p.Left.Key)}
+	for i, k := range p.Left.Key {
+		t.Columns = append(t.Columns, sink.Column{Name: p.Left.KeyNames[i], Type: k.Type})
+	}
+	for _, v := range p.Left.Values {
+		t.Columns = append(t.Columns, sink.Column{Name: v.Name, Type: v.Source.Type})
+	}
+	t.RightFrom = len(t.Columns)
+	for _, v := range p.Right.Values {
+		t.Columns = append(t.Columns, sink.Column{Name: v.Name, Type: v.Source.Type})
+	}
+	return t
+}
+
+func families(cols []SourceColumn) []join.Family {
+	f := make([]join.Family, len(cols))
+	for i, c := range cols {
+		f[i] = join.FamilyOf(c.Type)
+	}
+	return f
+}
+
+func specOf(p *JoinPlan) join.Spec {
+	typ := join.Left
+	if p.Type == JoinInner {
+		typ = join.Inner
+	}
+	return join.Spec{
+		Name:        p.Name,
+		Type:        typ,
+		PK:          families(p.Left.Key),
+		FK:          families(p.Left.ForeignKey),
+		RightKey:    families(p.Right.Key),
+		LeftValues:  len(p.Left.Values),
+		RightValues: len(p.Right.Values),
+	}
+}
+
+// fingerprint hashes what the target and the state depend on: tables, keys,
+// columns and their types, join type.
+func fingerprint(p *JoinPlan) string {
+	b, _ := json.Marshal(struct {
+		Type        string
+		Left, Right TablePlan
+		Target      sink.Table
+	}{p.Type, p.Left, p.Right, p.Target})
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:12])
+}

@@ -1,0 +1,147 @@
+package fkmat
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/join"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+const shopSchema = `
+CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier varchar(10));
+CREATE TABLE orders (id bigint PRIMARY KEY, customer_id integer, amount numeric(12,2), note text);
+CREATE TABLE nopk (a int, b int);
+CREATE TABLE regions (code numeric PRIMARY KEY, label text);
+CREATE TABLE "Weird ""T""" ("Id" int PRIMARY KEY, "Cust; Id" bigint);
+`
+
+func resolveYAML(t *testing.T, tc *testenv.Case, yml string) ([]*JoinPlan, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg, err := ParseConfig([]byte(yml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Resolve(ctx, tc.Pool, cfg)
+}
+
+func TestResolve(t *testing.T) {
+	tc := testenv.New(t)
+	if _, err := tc.Pool.Exec(context.Background(), shopSchema); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("defaults from the catalog", func(t *testing.T) {
+		plans, err := resolveYAML(t, tc, `
+joins:
+  - name: oe
+    type: left
+    left: {table: orders, foreign_key: [customer_id]}
+    right: {table: customers}
+    target: {table: orders_enriched}
+`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := plans[0]
+		var got []string
+		for _, c := range p.Target.Columns {
+			got = append(got, c.Name+" "+c.Type)
+		}
+		want := "id bigint,customer_id integer,amount numeric(12,2),note text,name text,tier character varying(10)"
+		if strings.Join(got, ",") != want {
+			t.Fatalf("target columns = %s, want %s", strings.Join(got, ","), want)
+		}
+		if p.Target.KeyCount != 1 || p.Target.RightFrom != 4 {
+			t.Fatalf("key count %d, right from %d", p.Target.KeyCount, p.Target.RightFrom)
+		}
+		if p.Spec.Type != join.Left || p.Spec.LeftValues != 3 || p.Spec.RightValues != 2 {
+			t.Fatalf("spec = %+v", p.Spec)
+		}
+		if p.Fingerprint == "" {
+			t.Fatal("no fingerprint")
+		}
+	})
+
+	t.Run("aliases and quoted names", func(t *testing.T) {
+		plans, err := resolveYAML(t, tc, `
+joins:
+  - name: w
+    type: inner
+    left: {table: '"Weird ""T"""', foreign_key: ['Cust; Id'], columns: ['"Id" AS key_id']}
+    right: {table: customers, columns: [name AS customer_name]}
+    target: {table: w_out}
+`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cols := plans[0].Target.Columns
+		if cols[0].Name != "key_id" || cols[1].Name != "customer_name" || len(cols) != 2 {
+			t.Fatalf("columns = %+v", cols)
+		}
+	})
+
+	t.Run("every problem at once", func(t *testing.T) {
+		_, err := resolveYAML(t, tc, `
+joins:
+  - name: bad1
+    type: left
+    left: {table: nopk, foreign_key: [a]}
+    right: {table: missing_table}
+    target: {table: x1}
+  - name: bad2
+    type: left
+    left: {table: orders, foreign_key: [Customer_ID], columns: [id, nosuch]}
+    right: {table: customers}
+    target: {table: x2}
+  - name: bad3
+    type: left
+    left: {table: orders, foreign_key: [amount]}
+    right: {table: customers}
+    target: {table: x3}
+  - name: bad4
+    type: left
+    left: {table: orders, foreign_key: [customer_id], columns: [id, note AS name]}
+    right: {table: customers, columns: [name]}
+    target: {table: x4}
+`)
+		var ce *ConfigError
+		if !errors.As(err, &ce) {
+			t.Fatalf("Resolve = %v, want *ConfigError", err)
+		}
+		msg := err.Error()
+		for _, want := range []string{
+			`right table public.missing_table does not exist`,
+			`did you mean "customer_id"? names are case-sensitive`,
+			`has no column "nosuch"`,
+			`foreign key type numeric is not comparable with key type bigint`,
+			`column "name" appears twice; give one of them an alias`,
+		} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("error lacks %q:\n%s", want, msg)
+			}
+		}
+	})
+
+	t.Run("table without primary key", func(t *testing.T) {
+		_, err := resolveYAML(t, tc, `
+joins:
+  - name: np
+    type: left
+    left: {table: nopk, foreign_key: [b]}
+    right: {table: customers}
+    target: {table: x5}
+`)
+		if err == nil || !strings.Contains(err.Error(), "table public.nopk has no primary key; set left.key in the config") {
+			t.Fatalf("Resolve = %v", err)
+		}
+	})
+}

@@ -1,0 +1,298 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fkmat/fkmat/join"
+)
+
+// Column is one target column: its name and its exact type as format_type
+// prints it ("numeric(12,2)", "character varying(40)").
+type Column struct {
+	Name string
+	Type string
+}
+
+// Table describes one target table. The first KeyCount columns are the
+// primary key (the left key); RightFrom is the index of the first column that
+// comes from the right table (len(Columns) when there is none).
+type Table struct {
+	Schema    string
+	Name      string
+	Columns   []Column
+	KeyCount  int
+	RightFrom int
+}
+
+// Validate checks the description.
+func (t *Table) Validate() error {
+	switch {
+	case t.Name == "":
+		return errors.New("target table: no name")
+	case t.KeyCount < 1 || t.KeyCount > len(t.Columns):
+		return fmt.Errorf("target table %s: key count %d out of range", t.Ident(), t.KeyCount)
+	case t.RightFrom < t.KeyCount || t.RightFrom > len(t.Columns):
+		return fmt.Errorf("target table %s: right columns start %d out of range", t.Ident(), t.RightFrom)
+	}
+	seen := map[string]bool{}
+	for _, c := range t.Columns {
+		if seen[c.Name] {
+			return fmt.Errorf("target table %s: column %q appears twice; give one of them an alias (col AS other_name)", t.Ident(), c.Name)
+		}
+		seen[c.Name] = true
+	}
+	return nil
+}
+
+// Ident returns the quoted, schema-qualified table name.
+func (t *Table) Ident() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
+
+// Writer writes joined rows to target tables.
+type Writer struct {
+	pool *pgxpool.Pool
+}
+
+// NewWriter returns a Writer on pool.
+func NewWriter(pool *pgxpool.Pool) *Writer { return &Writer{pool: pool} }
+
+// Tx is one target transaction: the rows of one or more whole source
+// transactions plus the checkpoint, committed together or not at all.
+type Tx struct {
+	tx    pgx.Tx
+	Stats Stats
+}
+
+// Stats counts the rows a transaction really changed.
+type Stats struct {
+	Upserted  int64 // rows inserted or changed (identical rows are not rewritten)
+	Deleted   int64 // rows deleted (absent rows are not counted)
+	Nulled    int64 // rows whose right columns were set to NULL
+	Truncates int64
+}
+
+// Begin starts a target transaction.
+func (w *Writer) Begin(ctx context.Context) (*Tx, error) {
+	tx, err := w.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin target transaction: %w", err)
+	}
+	return &Tx{tx: tx}, nil
+}
+
+// Rollback abandons the transaction; safe after Commit.
+func (t *Tx) Rollback(ctx context.Context) error {
+	err := t.tx.Rollback(ctx)
+	if errors.Is(err, pgx.ErrTxClosed) {
+		return nil
+	}
+	return err
+}
+
+// Apply writes one join output (truncate, null-right, deletes, upserts, in
+// that order) to table.
+func (t *Tx) Apply(ctx context.Context, table *Table, out join.Output) error {
+	if out.Truncate {
+		if err := t.Truncate(ctx, table); err != nil {
+			return err
+		}
+	}
+	if out.NullRight {
+		if err := t.NullRight(ctx, table); err != nil {
+			return err
+		}
+	}
+	if err := t.Delete(ctx, table, out.Deletes); err != nil {
+		return err
+	}
+	return t.Upsert(ctx, table, out.Upserts)
+}
+
+// Truncate empties the table (inside the transaction: readers see the old
+// rows until commit).
+func (t *Tx) Truncate(ctx context.Context, table *Table) error {
+	if _, err := t.tx.Exec(ctx, "DELETE FROM "+table.Ident()); err != nil {
+		return fmt.Errorf("empty target %s: %w", table.Ident(), err)
+	}
+	t.Stats.Truncates++
+	return nil
+}
+
+// NullRight sets the right columns of every row to NULL, touching only rows
+// that have a non-NULL right value.
+func (t *Tx) NullRight(ctx context.Context, table *Table) error {
+	right := table.Columns[table.RightFrom:]
+	if len(right) == 0 {
+		return nil
+	}
+	set := make([]string, len(right))
+	cond := make([]string, len(right))
+	for i, c := range right {
+		id := pgx.Identifier{c.Name}.Sanitize()
+		set[i] = id + " = NULL"
+		cond[i] = id + " IS NOT NULL"
+	}
+	sql := "UPDATE " + table.Ident() + " SET " + strings.Join(set, ", ") + " WHERE " + strings.Join(cond, " OR ")
+	tag, err := t.tx.Exec(ctx, sql)
+	if err != nil {
+		return fmt.Errorf("null right columns of %s: %w", table.Ident(), err)
+	}
+	t.Stats.Nulled += tag.RowsAffected()
+	return nil
+}
+
+// Upsert inserts rows or updates the existing ones whose values differ; an
+// identical row is not rewritten.
+func (t *Tx) Upsert(ctx context.Context, table *Table, rows []join.Row) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	args, err := columnArrays(rows, len(table.Columns))
+	if err != nil {
+		return fmt.Errorf("upsert into %s: %w", table.Ident(), err)
+	}
+	tag, err := t.tx.Exec(ctx, upsertSQL(table), args...)
+	if err != nil {
+		return fmt.Errorf("upsert into %s: %w", table.Ident(), err)
+	}
+	t.Stats.Upserted += tag.RowsAffected()
+	return nil
+}
+
+// Delete deletes the rows with the given keys; absent keys are no-ops.
+func (t *Tx) Delete(ctx context.Context, table *Table, keys [][]join.Value) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	args, err := columnArrays(keys, table.KeyCount)
+	if err != nil {
+		return fmt.Errorf("delete from %s: %w", table.Ident(), err)
+	}
+	tag, err := t.tx.Exec(ctx, deleteSQL(table), args...)
+	if err != nil {
+		return fmt.Errorf("delete from %s: %w", table.Ident(), err)
+	}
+	t.Stats.Deleted += tag.RowsAffected()
+	return nil
+}
+
+// ErrCheckpointBackwards means a commit tried to move a slot's checkpoint
+// back: the caller replayed something it had already committed.
+var ErrCheckpointBackwards = errors.New("target checkpoint would move backwards")
+
+// Commit records lsn as the slot's checkpoint and commits. The checkpoint
+// never moves backwards: an older lsn fails with ErrCheckpointBackwards and
+// nothing is committed.
+func (t *Tx) Commit(ctx context.Context, slot string, lsn pglogrepl.LSN) error {
+	tag, err := t.tx.Exec(ctx, `
+		INSERT INTO fkmat.checkpoint AS c (slot, lsn) VALUES ($1, $2::pg_lsn)
+		ON CONFLICT (slot) DO UPDATE SET lsn = EXCLUDED.lsn, updated_at = now()
+		WHERE c.lsn <= EXCLUDED.lsn`, slot, lsn.String())
+	if err != nil {
+		_ = t.Rollback(ctx)
+		return fmt.Errorf("write checkpoint: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		_ = t.Rollback(ctx)
+		return fmt.Errorf("slot %s at %s: %w", slot, lsn, ErrCheckpointBackwards)
+	}
+	if err := t.tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit target transaction: %w", err)
+	}
+	return nil
+}
+
+// Checkpoint returns the slot's committed checkpoint (0 when none).
+func (w *Writer) Checkpoint(ctx context.Context, slot string) (pglogrepl.LSN, error) {
+	var s string
+	err := w.pool.QueryRow(ctx, `SELECT lsn::text FROM fkmat.checkpoint WHERE slot = $1`, slot).Scan(&s)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read target checkpoint: %w", err)
+	}
+	return pglogrepl.ParseLSN(s)
+}
+
+// columnArrays turns rows into one text[] argument per column (NULL kept).
+func columnArrays[R ~[]join.Value](rows []R, width int) ([]any, error) {
+	cols := make([][]*string, width)
+	for i := range cols {
+		cols[i] = make([]*string, len(rows))
+	}
+	for r, row := range rows {
+		if len(row) < width {
+			return nil, fmt.Errorf("row %d has %d values, want %d", r, len(row), width)
+		}
+		for c := 0; c < width; c++ {
+			v := &row[c]
+			if v.Toast {
+				return nil, fmt.Errorf("row %d column %d: unchanged-TOAST marker reached the sink", r, c)
+			}
+			if !v.Null {
+				cols[c][r] = &v.Text
+			}
+		}
+	}
+	args := make([]any, width)
+	for i := range cols {
+		args[i] = cols[i]
+	}
+	return args, nil
+}
+
+// unnestFrom renders `unnest($1::text[], ...) AS u(c1, ...)` and the list of
+// typed expressions selecting from it.
+func unnestFrom(cols []Column) (from string, exprs []string) {
+	params := make([]string, len(cols))
+	names := make([]string, len(cols))
+	exprs = make([]string, len(cols))
+	for i, c := range cols {
+		params[i] = fmt.Sprintf("$%d::text[]", i+1)
+		names[i] = fmt.Sprintf("c%d", i+1)
+		exprs[i] = fmt.Sprintf("u.c%d::%s", i+1, c.Type)
+	}
+	from = "unnest(" + strings.Join(params, ", ") + ") AS u(" + strings.Join(names, ", ") + ")"
+	return from, exprs
+}
+
+func upsertSQL(t *Table) string {
+	from, exprs := unnestFrom(t.Columns)
+	names := make([]string, len(t.Columns))
+	for i, c := range t.Columns {
+		names[i] = pgx.Identifier{c.Name}.Sanitize()
+	}
+	keys := strings.Join(names[:t.KeyCount], ", ")
+	sql := "INSERT INTO " + t.Ident() + " AS t (" + strings.Join(names, ", ") + ") SELECT " +
+		strings.Join(exprs, ", ") + " FROM " + from + " ON CONFLICT (" + keys + ") DO "
+	rest := names[t.KeyCount:]
+	if len(rest) == 0 {
+		return sql + "NOTHING"
+	}
+	set := make([]string, len(rest))
+	cur := make([]string, len(rest))
+	exc := make([]string, len(rest))
+	for i, n := range rest {
+		set[i] = n + " = EXCLUDED." + n
+		cur[i] = "t." + n
+		exc[i] = "EXCLUDED." + n
+	}
+	return sql + "UPDATE SET " + strings.Join(set, ", ") +
+		" WHERE ROW(" + strings.Join(cur, ", ") + ") IS DISTINCT FROM ROW(" + strings.Join(exc, ", ") + ")"
+}
+
+func deleteSQL(t *Table) string {
+	from, exprs := unnestFrom(t.Columns[:t.KeyCount])
+	cond := make([]string, t.KeyCount)
+	for i, c := range t.Columns[:t.KeyCount] {
+		cond[i] = "t." + pgx.Identifier{c.Name}.Sanitize() + " = " + exprs[i]
+	}
+	return "DELETE FROM " + t.Ident() + " AS t USING " + from + " WHERE " + strings.Join(cond, " AND ")
+}

@@ -1,0 +1,186 @@
+package sink_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/join"
+	"github.com/fkmat/fkmat/migrations"
+	"github.com/fkmat/fkmat/sink"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+// weirdTable has identifiers that must be quoted everywhere.
+func weirdTable() *sink.Table {
+	return &sink.Table{
+		Schema: "public",
+		Name:   `Orders "Enriched"; drop`,
+		Columns: []sink.Column{
+			{Name: "Id", Type: "bigint"},
+			{Name: "amount", Type: "numeric(12,2)"},
+			{Name: "note; x", Type: "text"},
+			{Name: "Customer Name", Type: "text"},
+			{Name: "tier", Type: "character varying(10)"},
+		},
+		KeyCount:  1,
+		RightFrom: 3,
+	}
+}
+
+func v(s string) join.Value { return join.TextValue(s) }
+
+var null = join.NullValue()
+
+func setup(t *testing.T) (*testenv.Case, *sink.Writer, *sink.Table, context.Context) {
+	t.Helper()
+	tc := testenv.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	db, err := sql.Open("pgx", tc.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	w := sink.NewWriter(tc.Pool)
+	tbl := weirdTable()
+	created, err := w.EnsureTable(ctx, tbl)
+	if err != nil || !created {
+		t.Fatalf("EnsureTable = %v, %v", created, err)
+	}
+	if created, err := w.EnsureTable(ctx, tbl); err != nil || created {
+		t.Fatalf("EnsureTable again = %v, %v; want existing table accepted", created, err)
+	}
+	return tc, w, tbl, ctx
+}
+
+func apply(t *testing.T, ctx context.Context, w *sink.Writer, tbl *sink.Table, lsn uint64, out join.Output) sink.Stats {
+	t.Helper()
+	tx, err := w.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := tx.Apply(ctx, tbl, out); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx, "slot_a", pglsn(lsn)); err != nil {
+		t.Fatal(err)
+	}
+	return tx.Stats
+}
+
+func dump(t *testing.T, ctx context.Context, tc *testenv.Case, tbl *sink.Table) string {
+	t.Helper()
+	var s string
+	err := tc.Pool.QueryRow(ctx, `SELECT coalesce(string_agg(format('%s|%s|%s|%s|%s', t."Id", t.amount,
+		coalesce(t."note; x", '<null>'), coalesce(t."Customer Name", '<null>'), coalesce(t.tier, '<null>')), ' ' ORDER BY t."Id"), '')
+		FROM `+tbl.Ident()+` t`).Scan(&s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestWriterSkipsNoOps covers upserts, identical rewrites skipped, deletes of
+// absent rows not counted, null-right and truncate, on quoted identifiers.
+func TestWriterSkipsNoOps(t *testing.T) {
+	tc, w, tbl, ctx := setup(t)
+
+	st := apply(t, ctx, w, tbl, 100, join.Output{Upserts: []join.Row{
+		{v("1"), v("10.50"), null, v("ann"), v("gold")},
+		{v("2"), v("3"), v(""), null, null},
+	}})
+	if st.Upserted != 2 {
+		t.Fatalf("first upsert wrote %d rows, want 2", st.Upserted)
+	}
+	if got, want := dump(t, ctx, tc, tbl), "1|10.50|<null>|ann|gold 2|3.00||<null>|<null>"; got != want {
+		t.Fatalf("target = %q, want %q", got, want)
+	}
+
+	// Same values (numeric written differently but equal) and a delete of an
+	// absent key: nothing is written.
+	st = apply(t, ctx, w, tbl, 200, join.Output{
+		Upserts: []join.Row{{v("1"), v("10.5"), null, v("ann"), v("gold")}},
+		Deletes: [][]join.Value{{v("99")}},
+	})
+	if st.Upserted != 0 || st.Deleted != 0 {
+		t.Fatalf("no-op batch wrote %+v", st)
+	}
+
+	st = apply(t, ctx, w, tbl, 300, join.Output{
+		Upserts: []join.Row{{v("1"), v("11"), null, v("ann"), v("gold")}},
+		Deletes: [][]join.Value{{v("2")}},
+	})
+	if st.Upserted != 1 || st.Deleted != 1 {
+		t.Fatalf("update+delete wrote %+v, want 1 and 1", st)
+	}
+
+	st = apply(t, ctx, w, tbl, 400, join.Output{NullRight: true,
+		Upserts: []join.Row{{v("3"), v("1"), null, null, null}}})
+	if st.Nulled != 1 || st.Upserted != 1 {
+		t.Fatalf("null-right wrote %+v", st)
+	}
+	if got, want := dump(t, ctx, tc, tbl), "1|11.00|<null>|<null>|<null> 3|1.00|<null>|<null>|<null>"; got != want {
+		t.Fatalf("target = %q, want %q", got, want)
+	}
+
+	apply(t, ctx, w, tbl, 500, join.Output{Truncate: true, Upserts: []join.Row{{v("7"), v("7"), null, null, null}}})
+	if got, want := dump(t, ctx, tc, tbl), "7|7.00|<null>|<null>|<null>"; got != want {
+		t.Fatalf("after truncate target = %q, want %q", got, want)
+	}
+	if lsn, err := w.Checkpoint(ctx, "slot_a"); err != nil || uint64(lsn) != 500 {
+		t.Fatalf("checkpoint = %v, %v; want 500", lsn, err)
+	}
+}
+
+// TestCheckpointNeverBackwards: a commit with an older LSN fails and leaves
+// the target untouched.
+func TestCheckpointNeverBackwards(t *testing.T) {
+	tc, w, tbl, ctx := setup(t)
+	apply(t, ctx, w, tbl, 1000, join.Output{Upserts: []join.Row{{v("1"), v("1"), null, null, null}}})
+
+	tx, err := w.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Apply(ctx, tbl, join.Output{Deletes: [][]join.Value{{v("1")}}}); err != nil {
+		t.Fatal(err)
+	}
+	err = tx.Commit(ctx, "slot_a", pglsn(999))
+	if !errors.Is(err, sink.ErrCheckpointBackwards) {
+		t.Fatalf("Commit(999) = %v, want ErrCheckpointBackwards", err)
+	}
+	if got := dump(t, ctx, tc, tbl); got != "1|1.00|<null>|<null>|<null>" {
+		t.Fatalf("target changed by a refused commit: %q", got)
+	}
+}
+
+func TestShapeMismatch(t *testing.T) {
+	tc, w, tbl, ctx := setup(t)
+	_ = tc
+	other := *tbl
+	other.Columns = append([]sink.Column(nil), tbl.Columns...)
+	other.Columns[1].Type = "integer"
+	other.Columns = append(other.Columns, sink.Column{Name: "extra", Type: "text"})
+	_, err := w.EnsureTable(ctx, &other)
+	if !errors.Is(err, sink.ErrShapeMismatch) {
+		t.Fatalf("EnsureTable = %v, want ErrShapeMismatch", err)
+	}
+	for _, want := range []string{`column "amount" is numeric(12,2), want integer`, `column "extra" is missing`, "teardown --drop-target"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+}

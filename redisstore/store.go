@@ -1,0 +1,378 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"strconv"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fkmat/fkmat/join"
+)
+
+var _ join.StateReader = (*Store)(nil)
+
+// Errors reported by Store.
+var (
+	// ErrNoState means the store holds no state (no meta hash): it was never
+	// initialised, or Redis lost it. Call Init and rebuild.
+	ErrNoState = errors.New("redis state is not initialised")
+	// ErrLayout means the state was written with another key layout (shard
+	// counts or encoding version) than the store's Config. Call Init and
+	// rebuild, or restore the previous shard counts.
+	ErrLayout = errors.New("redis state has another layout")
+	// ErrEpoch means the state's epoch changed under the store: another
+	// process re-initialised it. Reopen the store.
+	ErrEpoch = errors.New("redis state epoch changed")
+)
+
+// Meta is the store's metadata, kept in the hash <prefix>:meta.
+type Meta struct {
+	// Epoch identifies this incarnation of the state; it is chosen when the
+	// state is initialised. The daemon stores it in the target database too:
+	// a different or missing epoch in Redis means lost or foreign state.
+	Epoch string
+	// Fingerprint is the caller's fingerprint of the join configuration the
+	// state was built for.
+	Fingerprint string
+	// Layout names the key layout and row encoding (version and shard counts).
+	Layout string
+	// Checkpoint is the LSN of the last committed batch, 0 after Init.
+	Checkpoint uint64
+	// LeftGen and RightGen are the current generations of the left side (left
+	// rows and subscriptions) and of the right side (right rows). A Clear
+	// bumps one; keys of other generations are garbage for Sweep.
+	LeftGen, RightGen uint64
+}
+
+// Fields of the meta hash.
+const (
+	fieldEpoch       = "epoch"
+	fieldFingerprint = "fingerprint"
+	fieldLayout      = "layout"
+	fieldCheckpoint  = "checkpoint"
+	fieldLeftGen     = "gen_left"
+	fieldRightGen    = "gen_right"
+)
+
+var metaFields = []string{fieldEpoch, fieldFingerprint, fieldLayout, fieldCheckpoint, fieldLeftGen, fieldRightGen}
+
+// Store keeps one join's state in Redis: subscriptions, left and right rows
+// and the meta hash. It implements join.StateReader; Commit persists a
+// batch's join.Mutations. Reads and Commit are meant for one goroutine (the
+// daemon's batch loop); Sweep and Meta may run concurrently with them.
+type Store struct {
+	rdb  redis.UniversalClient
+	cfg  Config
+	keys keys
+
+	mu sync.Mutex
+	// meta is the cached meta hash; nil when unknown (not initialised, or
+	// unsure after a failed commit: reload before use).
+	meta *Meta
+	// broken is set when a commit was applied in part; the state must be
+	// rebuilt.
+	broken error
+
+	// beforeExec, when set by tests, runs after a commit's commands are
+	// queued and before EXEC.
+	beforeExec func(context.Context, redis.Pipeliner)
+}
+
+// Open returns a store for the join whose keys start with cfg.Prefix, and
+// loads its meta hash. A store without state (ErrNoState) or with another
+// layout (ErrLayout) opens fine; it must be initialised with Init before use.
+// The client must address one Redis server (standalone, or a primary found
+// through Sentinel); Redis Cluster and Ring clients are refused for now (see
+// the package documentation for the Cluster plan).
+func Open(ctx context.Context, rdb redis.UniversalClient, cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("open redis store: %w", err)
+	}
+	switch rdb.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+		return nil, fmt.Errorf("open redis store: %T is not supported yet: its transactions are not atomic across shards; use one Redis server (with Sentinel for failover)", rdb)
+	}
+	cfg = cfg.WithDefaults()
+	s := &Store{rdb: rdb, cfg: cfg, keys: newKeys(cfg)}
+	if _, err := s.load(ctx); err != nil && !errors.Is(err, ErrNoState) {
+		return nil, fmt.Errorf("open redis store: %w", err)
+	}
+	return s, nil
+}
+
+// Config returns the store's configuration, defaults filled.
+func (s *Store) Config() Config { return s.cfg }
+
+// Layout returns the layout string this store writes (see Meta.Layout).
+func (s *Store) Layout() string { return s.cfg.layout() }
+
+// NewEpoch returns a fresh random epoch for Init.
+func NewEpoch() string { return rand.Text() }
+
+// Meta reads the meta hash from Redis and returns it; it fails with
+// ErrNoState when there is none (or when a failed commit marked the state
+// lost). The daemon compares its Epoch with the one it keeps in the target
+// database and its Fingerprint with the configuration's.
+func (s *Store) Meta(ctx context.Context) (Meta, error) {
+	return readMeta(ctx, s.rdb, s.keys.meta())
+}
+
+// load reads the meta hash and caches it for reads and commits.
+func (s *Store) load(ctx context.Context) (Meta, error) {
+	m, err := readMeta(ctx, s.rdb, s.keys.meta())
+	if err != nil {
+		return Meta{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.meta = &m
+	return m, nil
+}
+
+// Checkpoint returns the LSN of the last batch committed through this store,
+// or found committed when it was opened; 0 when unknown.
+func (s *Store) Checkpoint() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.meta == nil {
+		return 0
+	}
+	return s.meta.Checkpoint
+}
+
+// Init (re)initialises the state: it records epoch (see NewEpoch),
+// fingerprint and the store's layout, sets the checkpoint to 0 and starts
+// new, empty generations for both sides, atomically. Existing data becomes
+// garbage that Sweep deletes; Init itself is O(1).
+func (s *Store) Init(ctx context.Context, epoch, fingerprint string) error {
+	if epoch == "" {
+		return errors.New("init redis state: empty epoch")
+	}
+	key := s.keys.meta()
+	var m Meta
+	err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+		old, err := readMeta(ctx, tx, key)
+		if err != nil && !errors.Is(err, ErrNoState) {
+			return err
+		}
+		// Random generations: keys left over from a state whose meta hash
+		// was lost must not be mistaken for the new state's.
+		m = Meta{
+			Epoch: epoch, Fingerprint: fingerprint, Layout: s.cfg.layout(),
+			LeftGen: newGen(old.LeftGen), RightGen: newGen(old.RightGen),
+		}
+		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Del(ctx, key)
+			p.HSet(ctx, key, metaArgs(m)...)
+			return nil
+		})
+		return err
+	}, key)
+	if err != nil {
+		return fmt.Errorf("init redis state: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.meta, s.broken = &m, nil
+	return nil
+}
+
+// newGen returns a random generation other than old.
+func newGen(old uint64) uint64 {
+	for {
+		if g := mrand.Uint64N(1<<32-1) + 1; g != old {
+			return g
+		}
+	}
+}
+
+func metaArgs(m Meta) []any {
+	return []any{
+		fieldEpoch, m.Epoch, fieldFingerprint, m.Fingerprint, fieldLayout, m.Layout,
+		fieldCheckpoint, strconv.FormatUint(m.Checkpoint, 10),
+		fieldLeftGen, strconv.FormatUint(m.LeftGen, 10),
+		fieldRightGen, strconv.FormatUint(m.RightGen, 10),
+	}
+}
+
+// readMeta reads and parses the meta hash at key.
+func readMeta(ctx context.Context, c redis.Cmdable, key string) (Meta, error) {
+	vals, err := c.HMGet(ctx, key, metaFields...).Result()
+	if err != nil {
+		return Meta{}, fmt.Errorf("read redis meta: %w", err)
+	}
+	str := make([]string, len(vals))
+	present := 0
+	for i, v := range vals {
+		if v, ok := v.(string); ok {
+			str[i] = v
+			present++
+		}
+	}
+	if present == 0 {
+		return Meta{}, ErrNoState
+	}
+	if str[0] == "" {
+		// Commit drops the epoch when it damaged the state.
+		return Meta{}, fmt.Errorf("%w: meta hash %s has no epoch", ErrNoState, key)
+	}
+	m := Meta{Epoch: str[0], Fingerprint: str[1], Layout: str[2]}
+	for i, dst := range []*uint64{&m.Checkpoint, &m.LeftGen, &m.RightGen} {
+		f := str[3+i]
+		if *dst, err = strconv.ParseUint(f, 10, 64); err != nil {
+			return Meta{}, fmt.Errorf("read redis meta %s: field %s is %q", key, metaFields[3+i], f)
+		}
+	}
+	return m, nil
+}
+
+// current returns the cached meta, reloading it when unknown, and checks
+// that the store can be used.
+func (s *Store) current(ctx context.Context) (Meta, error) {
+	s.mu.Lock()
+	m, broken := s.meta, s.broken
+	s.mu.Unlock()
+	if broken != nil {
+		return Meta{}, broken
+	}
+	if m == nil {
+		mm, err := s.load(ctx)
+		if err != nil {
+			return Meta{}, err
+		}
+		m = &mm
+	}
+	if m.Layout != s.cfg.layout() {
+		return Meta{}, fmt.Errorf("%w: state has %q, config wants %q; re-initialise the state or restore the shard counts",
+			ErrLayout, m.Layout, s.cfg.layout())
+	}
+	return *m, nil
+}
+
+// GetLeft returns the stored left rows of keys, in one pipelined round trip.
+// Absent keys are missing from the map.
+func (s *Store) GetLeft(ctx context.Context, keys []join.Key) (map[join.Key]join.LeftState, error) {
+	m, err := s.current(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("get left rows: %w", err)
+	}
+	out := make(map[join.Key]join.LeftState, len(keys))
+	err = s.hgetAll(ctx, keys, func(k join.Key) string { return s.keys.left(m.LeftGen, string(k)) },
+		func(k join.Key, v string) error {
+			st, err := decodeLeft(v)
+			if err == nil {
+				out[k] = st
+			}
+			return err
+		})
+	if err != nil {
+		return nil, fmt.Errorf("get left rows: %w", err)
+	}
+	return out, nil
+}
+
+// GetRight returns the stored right rows of keys, in one pipelined round
+// trip. Absent keys are missing from the map.
+func (s *Store) GetRight(ctx context.Context, keys []join.Key) (map[join.Key]join.RightState, error) {
+	m, err := s.current(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("get right rows: %w", err)
+	}
+	out := make(map[join.Key]join.RightState, len(keys))
+	err = s.hgetAll(ctx, keys, func(k join.Key) string { return s.keys.right(m.RightGen, string(k)) },
+		func(k join.Key, v string) error {
+			st, err := decodeRight(v)
+			if err == nil {
+				out[k] = st
+			}
+			return err
+		})
+	if err != nil {
+		return nil, fmt.Errorf("get right rows: %w", err)
+	}
+	return out, nil
+}
+
+// hgetAll reads field k of hash bucket(k) for every distinct key in one
+// pipeline and calls found for those present.
+func (s *Store) hgetAll(ctx context.Context, keys []join.Key, bucket func(join.Key) string, found func(join.Key, string) error) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	seen := make(map[join.Key]struct{}, len(keys))
+	ks := make([]join.Key, 0, len(keys))
+	cmds := make([]*redis.StringCmd, 0, len(keys))
+	p := s.rdb.Pipeline()
+	for _, k := range keys {
+		if _, dup := seen[k]; dup {
+			continue
+		}
+		seen[k] = struct{}{}
+		ks = append(ks, k)
+		cmds = append(cmds, p.HGet(ctx, bucket(k), string(k)))
+	}
+	if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	for i, c := range cmds {
+		v, err := c.Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := found(ks[i], v); err != nil {
+			return fmt.Errorf("key %x: %w", string(ks[i]), err)
+		}
+	}
+	return nil
+}
+
+// Dependents returns up to limit encoded left keys subscribed to the encoded
+// right key fk, in key order, strictly after `after` ("" = from the start),
+// with one ZRANGE BYLEX over exclusive bounds: its cost is proportional to
+// the page (plus the set's size while it is a listpack of at most 128
+// members), never to the number of subscriptions.
+func (s *Store) Dependents(ctx context.Context, fk, after join.Key, limit int) ([]join.Key, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("read dependents: limit %d must be positive", limit)
+	}
+	m, err := s.current(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read dependents: %w", err)
+	}
+	lo, hi := depRange(fk, after)
+	members, err := s.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{
+		Key: s.keys.subs(m.LeftGen, string(fk)), Start: lo, Stop: hi, ByLex: true, Count: int64(limit),
+	}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read dependents: %w", err)
+	}
+	pks := make([]join.Key, len(members))
+	for i, mem := range members {
+		if len(mem) <= len(fk) || mem[:len(fk)] != string(fk) {
+			return nil, fmt.Errorf("read dependents: member %x outside the range of foreign key %x", mem, string(fk))
+		}
+		pks[i] = join.Key(mem[len(fk):])
+	}
+	return pks, nil
+}
+
+// depRange returns the exclusive ZRANGE BYLEX bounds of the members of fk
+// after the member fk ++ after. The members of fk are exactly the strings
+// with prefix fk since keys are prefix-free; a member is never fk itself, as
+// a subscription's primary key is never empty.
+func depRange(fk, after join.Key) (lo, hi string) {
+	lo = "(" + string(fk) + string(after)
+	end := join.PrefixEnd([]byte(fk))
+	if end == nil {
+		return lo, "+"
+	}
+	return lo, "(" + string(end)
+}

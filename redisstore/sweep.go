@@ -1,0 +1,94 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// sweepRetries bounds the attempts of one sweep step that keeps losing its
+// WATCH to concurrent commits.
+const sweepRetries = 100
+
+// Sweep deletes the keys of generations that are no longer current (left
+// behind by Clear or Init), in bounded steps: each step SCANs about
+// Config.PageSize keys and UNLINKs the garbage among them. It returns the
+// number of keys deleted, and stops early when ctx is done. It may run in the
+// background, concurrently with reads and commits: each step decides and
+// deletes under WATCH of the meta hash, so a generation that a concurrent
+// commit makes current is never deleted.
+func (s *Store) Sweep(ctx context.Context) (int, error) {
+	if _, err := readMeta(ctx, s.rdb, s.keys.meta()); err != nil {
+		return 0, fmt.Errorf("sweep redis state: %w", err)
+	}
+	var cursor uint64
+	total := 0
+	for {
+		keys, next, err := s.rdb.Scan(ctx, cursor, s.keys.pattern(), int64(s.cfg.PageSize)).Result()
+		if err != nil {
+			return total, fmt.Errorf("sweep redis state: %w", err)
+		}
+		n, err := s.sweepStep(ctx, keys)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("sweep redis state: %w", err)
+		}
+		if next == 0 {
+			return total, nil
+		}
+		cursor = next
+	}
+}
+
+// sweepStep unlinks the keys among keys whose generation is not current.
+func (s *Store) sweepStep(ctx context.Context, keys []string) (int, error) {
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	meta := s.keys.meta()
+	for range sweepRetries {
+		var stale []string
+		err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+			m, err := readMeta(ctx, tx, meta)
+			if err != nil {
+				return err
+			}
+			stale = stale[:0]
+			for _, k := range keys {
+				if s.isStale(k, m) {
+					stale = append(stale, k)
+				}
+			}
+			if len(stale) == 0 {
+				return nil
+			}
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.Unlink(ctx, stale...)
+				return nil
+			})
+			return err
+		}, meta)
+		if errors.Is(err, redis.TxFailedErr) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		return len(stale), nil
+	}
+	return 0, errors.New("meta hash keeps changing; retry later")
+}
+
+// isStale reports whether key is a data key of a generation m does not use.
+func (s *Store) isStale(key string, m Meta) bool {
+	kind, gen, ok := s.keys.parse(key)
+	if !ok {
+		return false
+	}
+	if kind == kindRight {
+		return gen != m.RightGen
+	}
+	return gen != m.LeftGen
+}

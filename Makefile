@@ -8,10 +8,14 @@ TEST_TIMEOUT ?= 20m
 
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: build test test-unit test-images lint
+.PHONY: build demo test test-unit test-images lint
 
 build:
 	$(GO) build -o $(BIN) ./cmd/fkmat
+
+## demo: throwaway Postgres + Redis, sample data, the real daemon, a live workload, verify, cleanup
+demo:
+	bash demo/demo.sh
 
 ## test: unit and integration tests, the whole suite (starts Docker, builds test images when missing)
 test: test-images

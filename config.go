@@ -302,6 +302,9 @@ func (c *Config) ApplyDefaults() {
 
 var nonSlot = regexp.MustCompile(`[^a-z0-9_]+`)
 
+// joinName keeps join names safe inside Redis key prefixes and patterns.
+var joinName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$`)
+
 // Validate checks what can be checked without a database and reports every
 // problem at once as a *ConfigError. Catalog checks (tables, columns, types,
 // keys) happen in Resolve.
@@ -341,6 +344,8 @@ func (c *Config) Validate() error {
 		}
 		if j.Name == "" {
 			add("%s: set `name:`", where)
+		} else if !joinName.MatchString(j.Name) {
+			add("%s: a join name may hold letters, digits, '_', '.' and '-' (at most 63); rename it", where)
 		} else if names[j.Name] {
 			add("%s: duplicate join name; give each join a unique name", where)
 		}
@@ -433,4 +438,17 @@ func RedactURL(raw string) string {
 		u.RawQuery = q.Encode()
 	}
 	return u.String()
+}
+
+// passwordOf returns the password in a URL (user info or password=
+// parameter), or "".
+func passwordOf(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	if pw, ok := u.User.Password(); ok {
+		return pw
+	}
+	return u.Query().Get("password")
 }

@@ -208,6 +208,24 @@ func (t *Tx) Commit(ctx context.Context, slot string, lsn pglogrepl.LSN) error {
 	return nil
 }
 
+// CommitRows commits without touching any checkpoint: for the initial load,
+// whose rows are not usable until the load marks itself complete.
+func (t *Tx) CommitRows(ctx context.Context) error {
+	if err := t.tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit target transaction: %w", err)
+	}
+	return nil
+}
+
+// Exec runs a statement inside the transaction (metadata updates that must
+// commit with the rows).
+func (t *Tx) Exec(ctx context.Context, sql string, args ...any) error {
+	if _, err := t.tx.Exec(ctx, sql, args...); err != nil {
+		return err
+	}
+	return nil
+}
+
 // Checkpoint returns the slot's committed checkpoint (0 when none).
 func (w *Writer) Checkpoint(ctx context.Context, slot string) (pglogrepl.LSN, error) {
 	var s string

@@ -1,37 +1,161 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/fkmat/fkmat"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
+// Exit codes (SPEC): 0 ok, 1 failure or difference, 2 bad usage or configuration.
+const (
+	exitFailure = 1
+	exitUsage   = 2
+)
+
 func main() {
-	os.Exit(run(os.Args))
+	os.Exit(run(os.Args, os.Stdout, os.Stderr))
 }
 
-func run(args []string) int {
+// exitError carries an exit code through urfave/cli.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func run(args []string, stdout, stderr io.Writer) int {
 	app := &cli.App{
-		Name:    "fkmat",
-		Usage:   "keep a foreign-key join of two Postgres tables materialized, from logical replication",
-		Version: version,
-		Flags:   globalFlags(),
+		Name:      "fkmat",
+		Usage:     "keep a foreign-key join of two Postgres tables materialized, from logical replication",
+		Version:   version,
+		Flags:     commonFlags(),
+		Writer:    stdout,
+		ErrWriter: stderr,
+		Commands: []*cli.Command{
+			checkCommand(), migrateCommand(), backfillCommand(), runCommand(),
+			statusCommand(), verifyCommand(), teardownCommand(),
+		},
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
+			return &exitError{code: exitUsage, err: err}
+		},
+		ExitErrHandler: func(*cli.Context, error) {},
 	}
-	if err := app.Run(args); err != nil {
-		fmt.Fprintln(os.Stderr, "fkmat:", err)
-		return 1
+	for _, c := range app.Commands {
+		c.Flags = append(c.Flags, commonFlags()...)
+		c.OnUsageError = app.OnUsageError
 	}
-	return 0
+	err := app.Run(args)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "fkmat:", err)
+	var ee *exitError
+	var ce *fkmat.ConfigError
+	switch {
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.As(err, &ce):
+		return exitUsage
+	case strings.Contains(err.Error(), "flag provided but not defined"), strings.HasPrefix(err.Error(), "No help topic"):
+		return exitUsage
+	}
+	return exitFailure
 }
 
-// globalFlags are accepted before and after every subcommand.
-func globalFlags() []cli.Flag {
+// commonFlags are accepted before and after every subcommand.
+func commonFlags() []cli.Flag {
 	return []cli.Flag{
+		&cli.StringFlag{Name: "config", Usage: "join definition file (YAML)", EnvVars: []string{"FKMAT_CONFIG"}},
+		&cli.StringFlag{Name: "source", Usage: "source database URL", EnvVars: []string{"FKMAT_SOURCE_URL"}},
+		&cli.StringFlag{Name: "target", Usage: "target database URL (default: source)", EnvVars: []string{"FKMAT_TARGET_URL"}},
+		&cli.StringFlag{Name: "redis", Usage: "Redis URL", EnvVars: []string{"FKMAT_REDIS_URL"}},
 		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug | info | warn | error", EnvVars: []string{"FKMAT_LOG_LEVEL"}},
 		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text | json", EnvVars: []string{"FKMAT_LOG_FORMAT"}},
 	}
+}
+
+// flagString returns the value of a common flag from the innermost context
+// that set it (flag or environment), else its default.
+func flagString(c *cli.Context, name string) string {
+	for _, ctx := range c.Lineage() {
+		if ctx.Command != nil || ctx.App != nil {
+			if ctx.IsSet(name) {
+				return ctx.String(name)
+			}
+		}
+	}
+	return c.String(name)
+}
+
+// loadConfig reads the file and applies env and flags over it: flags beat
+// env, env beats the file.
+func loadConfig(c *cli.Context) (*fkmat.Config, error) {
+	path := flagString(c, "config")
+	if path == "" {
+		return nil, &exitError{code: exitUsage, err: errors.New("no join definition: pass --config FILE or set FKMAT_CONFIG")}
+	}
+	cfg, err := fkmat.LoadConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	for name, dst := range map[string]*string{"source": &cfg.Source, "target": &cfg.Target, "redis": &cfg.Redis} {
+		if v := flagString(c, name); v != "" {
+			*dst = v
+		}
+	}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// logger builds the slog logger from --log-level and --log-format.
+func logger(c *cli.Context) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(flagString(c, "log-level"))); err != nil {
+		return nil, &exitError{code: exitUsage, err: fmt.Errorf("--log-level %q: use debug, info, warn or error", flagString(c, "log-level"))}
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch f := flagString(c, "log-format"); f {
+	case "text":
+		return slog.New(slog.NewTextHandler(c.App.ErrWriter, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(c.App.ErrWriter, opts)), nil
+	default:
+		return nil, &exitError{code: exitUsage, err: fmt.Errorf("--log-format %q: use text or json", f)}
+	}
+}
+
+// setup loads the configuration and the logger of a command.
+func setup(c *cli.Context) (*fkmat.Config, fkmat.Options, error) {
+	log, err := logger(c)
+	if err != nil {
+		return nil, fkmat.Options{}, err
+	}
+	cfg, err := loadConfig(c)
+	if err != nil {
+		return nil, fkmat.Options{}, err
+	}
+	return cfg, fkmat.Options{Logger: log}, nil
+}
+
+// signalContext is canceled by SIGINT or SIGTERM.
+func signalContext(c *cli.Context) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 }

@@ -1,0 +1,33 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/fkmat/fkmat"
+)
+
+func runCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "run",
+		Usage: "the daemon: backfill if needed, then stream and maintain the targets; SIGINT/SIGTERM = flush, checkpoint, exit 0",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "on-lost-state", Value: fkmat.LostStateRebuild, EnvVars: []string{"FKMAT_ON_LOST_STATE"},
+				Usage: "when the Redis state is lost or foreign: rebuild (backfill again) or refuse (exit naming fkmat backfill --force)"},
+		},
+		Action: func(c *cli.Context) error {
+			cfg, opts, err := setup(c)
+			if err != nil {
+				return err
+			}
+			opts.OnLostState = c.String("on-lost-state")
+			if opts.OnLostState != fkmat.LostStateRebuild && opts.OnLostState != fkmat.LostStateRefuse {
+				return &exitError{code: exitUsage, err: fmt.Errorf("--on-lost-state %q: use rebuild or refuse", opts.OnLostState)}
+			}
+			ctx, stop := signalContext(c)
+			defer stop()
+			return fkmat.Run(ctx, cfg, opts)
+		},
+	}
+}

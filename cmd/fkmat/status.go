@@ -1,0 +1,41 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/fkmat/fkmat"
+)
+
+func statusCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "status",
+		Usage: "per join: slot, confirmed_flush_lsn, current WAL LSN, lag, checkpoints, target rows",
+		Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
+		Action: func(c *cli.Context) error {
+			cfg, opts, err := setup(c)
+			if err != nil {
+				return err
+			}
+			st, err := fkmat.Status(c.Context, cfg, opts)
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				enc := json.NewEncoder(c.App.Writer)
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			}
+			w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "JOIN\tPHASE\tSLOT\tCONFIRMED_FLUSH\tCURRENT_WAL\tLAG_BYTES\tCHECKPOINT\tREDIS\tTARGET_ROWS")
+			for _, s := range st {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\n", s.Join, s.Phase, s.Slot, s.ConfirmedFlushLSN,
+					s.CurrentWALLSN, s.LagBytes, s.CheckpointLSN, s.RedisState, s.TargetRows)
+			}
+			return w.Flush()
+		},
+	}
+}

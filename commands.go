@@ -1,0 +1,206 @@
+package fkmat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/redisstore"
+	"github.com/fkmat/fkmat/sink"
+)
+
+// Check validates the configuration against the databases and Redis and
+// returns every problem found as a *ConfigError (nil when all is well).
+func Check(ctx context.Context, cfg *Config, opts Options) error {
+	opts.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	var problems []string
+	add := func(err error) {
+		var ce *ConfigError
+		if errors.As(err, &ce) {
+			problems = append(problems, ce.Problems...)
+		} else if err != nil {
+			problems = append(problems, err.Error())
+		}
+	}
+	source, err := connectPostgres(ctx, cfg.Source, "source")
+	if err != nil {
+		add(fmt.Errorf("%v; check the source URL and that Postgres is running", err))
+	} else {
+		defer source.Close()
+		plans, err := Resolve(ctx, source, cfg)
+		add(err)
+		if err == nil {
+			client, err := cdc.New(cdc.Config{ConnString: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication,
+				Tables: publishedTables(plans)})
+			add(err)
+			if err == nil {
+				for _, e := range unjoin(client.Preflight(ctx)) {
+					add(e)
+				}
+			}
+		}
+	}
+	if cfg.Target != cfg.Source {
+		target, err := connectPostgres(ctx, cfg.Target, "target")
+		if err != nil {
+			add(fmt.Errorf("%v; check the target URL", err))
+		} else {
+			target.Close()
+		}
+	}
+	if rdb, err := connectRedis(ctx, cfg.Redis); err != nil {
+		add(fmt.Errorf("%v; check the Redis URL and that Redis is running", err))
+	} else {
+		_ = rdb.Close()
+	}
+	if len(problems) > 0 {
+		return &ConfigError{Problems: problems}
+	}
+	return nil
+}
+
+func unjoin(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
+// Migrate creates fkmat's metadata schema and the target tables (or checks
+// that existing ones have the right shape). It is idempotent.
+func Migrate(ctx context.Context, cfg *Config, opts Options) error {
+	source, err := connectPostgres(ctx, cfg.Source, "source")
+	if err != nil {
+		return err
+	}
+	defer source.Close()
+	plans, err := Resolve(ctx, source, cfg)
+	if err != nil {
+		return err
+	}
+	target, err := connectPostgres(ctx, cfg.Target, "target")
+	if err != nil {
+		return err
+	}
+	defer target.Close()
+	if err := migrate(ctx, target); err != nil {
+		return err
+	}
+	w := sink.NewWriter(target)
+	for _, p := range plans {
+		if _, err := w.EnsureTable(ctx, &p.Target); err != nil {
+			return fmt.Errorf("join %q: %w", p.Name, err)
+		}
+	}
+	return nil
+}
+
+// JoinStatus is one join's line of `fkmat status`.
+type JoinStatus struct {
+	Join              string `json:"join"`
+	Target            string `json:"target"`
+	Phase             string `json:"phase"` // never_backfilled, backfilling, streaming
+	Slot              string `json:"slot"`
+	SlotExists        bool   `json:"slot_exists"`
+	SlotActive        bool   `json:"slot_active"`
+	ConfirmedFlushLSN string `json:"confirmed_flush_lsn"`
+	CurrentWALLSN     string `json:"current_wal_lsn"`
+	LagBytes          int64  `json:"lag_bytes"`
+	CheckpointLSN     string `json:"checkpoint_lsn"`
+	RedisCheckpoint   string `json:"redis_checkpoint_lsn"`
+	RedisState        string `json:"redis_state"` // ok, lost, foreign
+	TargetRows        int64  `json:"target_rows"`
+	Subscriptions     int64  `json:"subscriptions"`
+}
+
+// Status reports each join's replication and checkpoint state.
+func Status(ctx context.Context, cfg *Config, opts Options) ([]JoinStatus, error) {
+	opts.setDefaults()
+	d, err := open(ctx, cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer d.close()
+	info, err := d.cdc.SlotInfo(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ckpt, err := d.writer.Checkpoint(ctx, cfg.Slot)
+	if err != nil {
+		return nil, err
+	}
+	var out []JoinStatus
+	for _, jr := range d.joins {
+		st, err := d.loadJoinState(ctx, jr.plan.Name)
+		if err != nil {
+			return nil, err
+		}
+		s := JoinStatus{
+			Join: jr.plan.Name, Target: jr.plan.Target.Ident(), Slot: cfg.Slot, SlotExists: info.Exists,
+			SlotActive: info.ActivePID != 0, ConfirmedFlushLSN: info.ConfirmedFlushLSN.String(),
+			CurrentWALLSN: info.CurrentLSN.String(), LagBytes: info.LagBytes, CheckpointLSN: ckpt.String(),
+			Phase: "never_backfilled", RedisState: "ok",
+		}
+		if st.exists {
+			s.Phase = st.phase
+		}
+		meta, err := jr.store.Meta(ctx)
+		switch {
+		case errors.Is(err, redisstore.ErrNoState):
+			s.RedisState = "lost"
+		case err != nil:
+			return nil, err
+		case st.exists && meta.Epoch != st.epoch:
+			s.RedisState = "foreign"
+		default:
+			s.RedisCheckpoint = cdc.LSN(meta.Checkpoint).String()
+		}
+		if err := d.target.QueryRow(ctx, "SELECT count(*) FROM "+jr.plan.Target.Ident()).Scan(&s.TargetRows); err != nil {
+			return nil, fmt.Errorf("count rows of %s: %w", jr.plan.Target.Ident(), err)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// Teardown drops the slot, the publication, every join's Redis state and
+// fkmat's metadata rows for the slot; with dropTarget also the targets.
+func Teardown(ctx context.Context, cfg *Config, dropTarget bool, opts Options) error {
+	opts.setDefaults()
+	d, err := open(ctx, cfg, opts)
+	if err != nil {
+		return err
+	}
+	defer d.close()
+	if err := d.cdc.Teardown(ctx); err != nil {
+		return err
+	}
+	for _, jr := range d.joins {
+		if err := deleteKeys(ctx, d.rdb, jr.store.Config().Prefix+":"); err != nil {
+			return fmt.Errorf("delete redis state of join %q: %w", jr.plan.Name, err)
+		}
+		if dropTarget {
+			if err := d.writer.DropTable(ctx, &jr.plan.Target); err != nil {
+				return err
+			}
+		}
+	}
+	tx, err := d.target.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	for _, q := range []string{`DELETE FROM fkmat.join_state WHERE slot = $1`, `DELETE FROM fkmat.checkpoint WHERE slot = $1`} {
+		if _, err := tx.Exec(ctx, q, cfg.Slot); err != nil {
+			return fmt.Errorf("delete fkmat metadata: %w", err)
+		}
+	}
+	return tx.Commit(ctx)
+}

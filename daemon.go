@@ -1,0 +1,301 @@
+package fkmat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/join"
+	"github.com/fkmat/fkmat/migrations"
+	"github.com/fkmat/fkmat/redisstore"
+	"github.com/fkmat/fkmat/sink"
+)
+
+// What Run does when the Redis state of a join is lost or foreign.
+const (
+	LostStateRebuild = "rebuild" // run the backfill again (default)
+	LostStateRefuse  = "refuse"  // stop with an error naming fkmat backfill --force
+)
+
+// Options tune the daemon and the commands. The zero value is usable.
+type Options struct {
+	// Logger receives logs; nil discards them.
+	Logger *slog.Logger
+	// Batch bounds the batches of the streaming loop.
+	Batch BatchLimits
+	// OnLostState is LostStateRebuild (default) or LostStateRefuse.
+	OnLostState string
+	// SubShards and RowShards override the Redis layout (tests use small
+	// values); zero means redisstore's defaults.
+	SubShards, RowShards int
+	// PageSize bounds the dependents resolved per fan-out page; zero means
+	// join.DefaultPageSize.
+	PageSize int
+}
+
+func (o *Options) setDefaults() {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.OnLostState == "" {
+		o.OnLostState = LostStateRebuild
+	}
+	o.Batch.setDefaults()
+}
+
+// daemon holds the connections and components every command shares.
+type daemon struct {
+	cfg    *Config
+	opts   Options
+	log    *slog.Logger
+	source *pgxpool.Pool
+	target *pgxpool.Pool
+	rdb    *redis.Client
+	plans  []*JoinPlan
+	cdc    *cdc.Client
+	writer *sink.Writer
+	joins  []*joinRunner
+}
+
+// open connects to the source, the target and Redis, resolves the joins
+// against the source catalog, migrates the target's metadata schema, creates
+// (or checks) the target tables and opens each join's Redis state.
+func open(ctx context.Context, cfg *Config, opts Options) (d *daemon, err error) {
+	opts.setDefaults()
+	d = &daemon{cfg: cfg, opts: opts, log: opts.Logger}
+	defer func() {
+		if err != nil {
+			d.close()
+			d = nil
+		}
+	}()
+	if d.source, err = connectPostgres(ctx, cfg.Source, "source"); err != nil {
+		return nil, err
+	}
+	if d.target, err = connectPostgres(ctx, cfg.Target, "target"); err != nil {
+		return nil, err
+	}
+	if d.rdb, err = connectRedis(ctx, cfg.Redis); err != nil {
+		return nil, err
+	}
+	if d.plans, err = Resolve(ctx, d.source, cfg); err != nil {
+		return nil, err
+	}
+	if err := migrate(ctx, d.target); err != nil {
+		return nil, err
+	}
+	d.writer = sink.NewWriter(d.target)
+	for _, p := range d.plans {
+		if _, err := d.writer.EnsureTable(ctx, &p.Target); err != nil {
+			return nil, fmt.Errorf("join %q: %w", p.Name, err)
+		}
+	}
+	if d.cdc, err = cdc.New(cdc.Config{
+		ConnString: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication,
+		Tables: publishedTables(d.plans), Logger: d.log,
+	}); err != nil {
+		return nil, err
+	}
+	for _, p := range d.plans {
+		jr, err := d.openJoin(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		d.joins = append(d.joins, jr)
+	}
+	return d, nil
+}
+
+func (d *daemon) openJoin(ctx context.Context, p *JoinPlan) (*joinRunner, error) {
+	store, err := redisstore.Open(ctx, d.rdb, redisstore.Config{
+		Prefix: redisPrefix(d.cfg.Slot, p.Name), SubShards: d.opts.SubShards, RowShards: d.opts.RowShards,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("join %q: %w", p.Name, err)
+	}
+	spec := p.Spec
+	spec.PageSize = d.opts.PageSize
+	engine, err := join.NewEngine(spec, store)
+	if err != nil {
+		return nil, err
+	}
+	return &joinRunner{plan: p, engine: engine, store: store, mapper: newMapper(p)}, nil
+}
+
+// redisPrefix is the key prefix of one join's state.
+func redisPrefix(slot, joinName string) string { return "fkmat:" + slot + ":" + joinName }
+
+func (d *daemon) close() {
+	if d.source != nil {
+		d.source.Close()
+	}
+	if d.target != nil {
+		d.target.Close()
+	}
+	if d.rdb != nil {
+		_ = d.rdb.Close()
+	}
+}
+
+func publishedTables(plans []*JoinPlan) []cdc.TableName {
+	seen := map[TableName]bool{}
+	var out []cdc.TableName
+	for _, p := range plans {
+		for _, t := range []TableName{p.Left.Table, p.Right.Table} {
+			if !seen[t] {
+				seen[t] = true
+				out = append(out, cdc.TableName{Schema: t.Schema, Name: t.Name})
+			}
+		}
+	}
+	return out
+}
+
+func connectPostgres(ctx context.Context, url, what string) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("%s database URL %s: %s", what, RedactURL(url), redactErr(err, url))
+	}
+	pc.MaxConns = 8
+	if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
+		pc.ConnConfig.RuntimeParams["application_name"] = "fkmat"
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s database %s: %s", what, RedactURL(url), redactErr(err, url))
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to %s database %s: %s", what, RedactURL(url), redactErr(err, url))
+	}
+	return pool, nil
+}
+
+func connectRedis(ctx context.Context, url string) (*redis.Client, error) {
+	o, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("redis URL %s: %s", RedactURL(url), redactErr(err, url))
+	}
+	rdb := redis.NewClient(o)
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		_ = rdb.Close()
+		return nil, fmt.Errorf("connect to redis %s: %s", RedactURL(url), redactErr(err, url))
+	}
+	return rdb, nil
+}
+
+// redactErr renders err with any password of url removed.
+func redactErr(err error, url string) string {
+	msg := err.Error()
+	if pw := passwordOf(url); pw != "" {
+		msg = strings.ReplaceAll(msg, pw, "xxxxx")
+	}
+	return msg
+}
+
+func migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	return migrations.Up(ctx, db)
+}
+
+// joinState is a join's row in fkmat.join_state.
+type joinState struct {
+	exists        bool
+	epoch         string
+	fingerprint   string
+	phase         string
+	consistentLSN cdc.LSN
+}
+
+func (d *daemon) loadJoinState(ctx context.Context, name string) (joinState, error) {
+	var s joinState
+	var lsn *string
+	err := d.target.QueryRow(ctx, `
+		SELECT epoch, fingerprint, phase, consistent_lsn::text FROM fkmat.join_state
+		WHERE slot = $1 AND join_name = $2`, d.cfg.Slot, name).Scan(&s.epoch, &s.fingerprint, &s.phase, &lsn)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, nil
+	}
+	if err != nil {
+		return s, fmt.Errorf("read state of join %q: %w", name, err)
+	}
+	s.exists = true
+	if lsn != nil {
+		if s.consistentLSN, err = cdc.ParseLSN(*lsn); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
+}
+
+// assess says whether the joins can stream from their checkpoints, or why
+// a backfill is needed ("" = ready).
+func (d *daemon) assess(ctx context.Context) (reason string, lost bool, err error) {
+	info, err := d.cdc.SlotInfo(ctx)
+	if err != nil {
+		return "", false, err
+	}
+	for _, jr := range d.joins {
+		st, err := d.loadJoinState(ctx, jr.plan.Name)
+		if err != nil {
+			return "", false, err
+		}
+		switch {
+		case !st.exists:
+			return fmt.Sprintf("join %q was never backfilled", jr.plan.Name), false, nil
+		case st.phase != "streaming":
+			return fmt.Sprintf("the backfill of join %q was interrupted; starting it again", jr.plan.Name), false, nil
+		case st.fingerprint != jr.plan.Fingerprint:
+			return "", false, &ConfigError{Problems: []string{fmt.Sprintf(
+				"the definition of join %q (tables, keys, columns or types) changed since its backfill; run fkmat backfill --force to rebuild it",
+				jr.plan.Name)}}
+		case !info.Exists:
+			return fmt.Sprintf("replication slot %q is gone", d.cfg.Slot), true, nil
+		}
+		meta, err := jr.store.Meta(ctx)
+		switch {
+		case errors.Is(err, redisstore.ErrNoState):
+			return fmt.Sprintf("the Redis state of join %q is lost (no state under %s)", jr.plan.Name, jr.store.Config().Prefix), true, nil
+		case err != nil:
+			return "", false, fmt.Errorf("join %q: %w", jr.plan.Name, err)
+		case meta.Epoch != st.epoch:
+			return fmt.Sprintf("the Redis state of join %q is foreign (epoch %s, the target was built with %s)", jr.plan.Name, meta.Epoch, st.epoch), true, nil
+		case meta.Layout != jr.store.Layout():
+			return fmt.Sprintf("the Redis state of join %q has another layout (%s)", jr.plan.Name, meta.Layout), true, nil
+		}
+	}
+	return "", false, nil
+}
+
+
+// deleteKeys removes every Redis key starting with prefix, in SCAN pages.
+func deleteKeys(ctx context.Context, rdb redis.UniversalClient, prefix string) error {
+	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 1000 {
+			if err := rdb.Unlink(ctx, batch...).Err(); err != nil {
+				return err
+			}
+			batch = batch[:0]
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return err
+	}
+	if len(batch) > 0 {
+		return rdb.Unlink(ctx, batch...).Err()
+	}
+	return nil
+}

@@ -1,0 +1,246 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/internal/testenv"
+)
+
+// shop creates the SPEC's example tables.
+const shop = `
+CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text);
+CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint, amount numeric(12,2), note text);
+CREATE INDEX ON orders (customer_id);
+`
+
+// daemonConfig returns a config for tc with the given joins YAML.
+func daemonConfig(t *testing.T, tc *testenv.Case, joins string) *fkmat.Config {
+	t.Helper()
+	cfg, err := fkmat.ParseConfig([]byte(joins))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Source = tc.DatabaseURL
+	cfg.Redis = (&url.URL{Scheme: "redis", Host: tc.Env.RedisAddr, Path: "/0"}).String()
+	cfg.Slot, cfg.Publication = tc.Slot, tc.Publication
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = testenv.DeleteKeys(ctx, tc.Redis, "fkmat:"+tc.Slot+":")
+	})
+	return cfg
+}
+
+// daemon is a running fkmat.Run.
+type daemon struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startDaemon(t *testing.T, cfg *fkmat.Config, opts fkmat.Options) *daemon {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	d := &daemon{cancel: cancel, done: make(chan error, 1)}
+	go func() { d.done <- fkmat.Run(ctx, cfg, opts) }()
+	t.Cleanup(func() { d.stop(t) })
+	return d
+}
+
+// stop cancels the daemon and returns its error (nil for a clean shutdown).
+func (d *daemon) stop(t *testing.T) error {
+	t.Helper()
+	if d.cancel == nil {
+		return nil
+	}
+	d.cancel()
+	d.cancel = nil
+	select {
+	case err := <-d.done:
+		return err
+	case <-time.After(15 * time.Second):
+		t.Fatal("daemon did not stop within 15 s")
+		return nil
+	}
+}
+
+// waitCaughtUp waits until the slot's confirmed_flush_lsn covers everything
+// committed so far (SPEC guarantee 2) or the daemon fails.
+func waitCaughtUp(t *testing.T, tc *testenv.Case, d *daemon) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var target string
+	if err := tc.Pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		// The slot exists from the start of the backfill, at its consistent
+		// point; the target is usable once every join is streaming.
+		var ok *bool
+		err := tc.Pool.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $1::pg_lsn
+			AND NOT EXISTS (SELECT FROM fkmat.join_state WHERE slot = $2 AND phase <> 'streaming')
+			AND EXISTS (SELECT FROM fkmat.join_state WHERE slot = $2)
+			FROM pg_replication_slots WHERE slot_name = $2`, target, tc.Slot).Scan(&ok)
+		if err == nil && ok != nil && *ok {
+			return
+		}
+		select {
+		case err := <-d.done:
+			d.cancel = nil
+			t.Fatalf("daemon stopped before catching up: %v", err)
+		case <-ctx.Done():
+			t.Fatalf("not caught up with %s within 90 s", target)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// assertOracle compares every target with its SQL join (fkmat verify).
+func assertOracle(t *testing.T, cfg *fkmat.Config) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	reports, err := fkmat.Verify(ctx, cfg, fkmat.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range reports {
+		if !r.Equal() || r.Expected != r.Actual {
+			t.Errorf("join %s: expected %d rows, target has %d; missing %d, extra %d, different %d; e.g. %v",
+				r.Join, r.Expected, r.Actual, r.Missing, r.Extra, r.Different, r.Examples)
+		}
+	}
+}
+
+func sqlExec(t *testing.T, tc *testenv.Case, sqls ...string) {
+	t.Helper()
+	for _, s := range sqls {
+		if _, err := tc.Pool.Exec(context.Background(), s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+}
+
+const leftJoinYAML = `
+joins:
+  - name: orders_enriched
+    type: left
+    left:
+      table: public.orders
+      foreign_key: [customer_id]
+      columns: [id, customer_id, amount]
+    right:
+      table: public.customers
+      columns: [name AS customer_name, tier]
+    target:
+      table: public.orders_enriched
+`
+
+// TestDaemonEndToEnd: backfill of existing rows, then streaming of inserts,
+// fan-out updates, FK changes, NULL FKs and deletes on both sides; the target
+// equals the SQL join after catching up, and a clean shutdown returns nil.
+func TestDaemonEndToEnd(t *testing.T) {
+	for _, typ := range []string{"left", "inner"} {
+		t.Run(typ, func(t *testing.T) {
+			tc := testenv.New(t)
+			sqlExec(t, tc, shop,
+				`INSERT INTO customers SELECT g, 'c' || g, CASE WHEN g % 2 = 0 THEN 'gold' END FROM generate_series(1, 50) g`,
+				`INSERT INTO orders SELECT g, CASE WHEN g % 10 = 0 THEN NULL ELSE g % 60 END, g * 1.5, 'n' FROM generate_series(1, 500) g`)
+			cfg := daemonConfig(t, tc, leftJoinYAML)
+			cfg.Joins[0].Type = typ
+			d := startDaemon(t, cfg, fkmat.Options{})
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
+
+			sqlExec(t, tc,
+				`INSERT INTO orders SELECT g, g % 55, 1, 'x' FROM generate_series(501, 700) g`,
+				`UPDATE customers SET name = name || '!' WHERE id % 3 = 0`,
+				`UPDATE orders SET customer_id = customer_id + 1 WHERE id % 7 = 0`,
+				`UPDATE orders SET customer_id = NULL WHERE id % 11 = 0`,
+				`UPDATE orders SET customer_id = 5 WHERE customer_id IS NULL AND id % 4 = 0`,
+				`UPDATE orders SET amount = amount + 1 WHERE id % 5 = 0`,
+				`DELETE FROM customers WHERE id % 9 = 0`,
+				`INSERT INTO customers VALUES (51, 'late', 'new'), (52, 'later', NULL)`,
+				`DELETE FROM orders WHERE id % 13 = 0`,
+				`BEGIN; UPDATE customers SET tier = 'x' WHERE id = 1; UPDATE orders SET customer_id = 1 WHERE id = 2; DELETE FROM orders WHERE id = 3; COMMIT`,
+			)
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
+			if err := d.stop(t); err != nil {
+				t.Fatalf("clean shutdown returned %v", err)
+			}
+		})
+	}
+}
+
+// TestDaemonRestartResumes: stop, write while stopped, start again: the
+// daemon resumes from its checkpoint without a new backfill.
+func TestDaemonRestartResumes(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'a', 't1'), (2, 'b', 't2')`,
+		`INSERT INTO orders SELECT g, 1 + g % 2, g, 'n' FROM generate_series(1, 100) g`)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	sqlExec(t, tc, `UPDATE customers SET name = 'A' WHERE id = 1`, `INSERT INTO orders VALUES (101, 2, 1, 'x')`,
+		`UPDATE orders SET customer_id = 3 WHERE id = 4`)
+	var epoch1 string
+	if err := tc.Pool.QueryRow(context.Background(), `SELECT epoch FROM fkmat.join_state`).Scan(&epoch1); err != nil {
+		t.Fatal(err)
+	}
+	d = startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	var epoch2 string
+	if err := tc.Pool.QueryRow(context.Background(), `SELECT epoch FROM fkmat.join_state`).Scan(&epoch2); err != nil {
+		t.Fatal(err)
+	}
+	if epoch1 != epoch2 {
+		t.Fatalf("restart ran a new backfill (epoch %s -> %s)", epoch1, epoch2)
+	}
+}
+
+// TestDaemonLostRedisState: FLUSH of the join's keys is detected; with
+// OnLostState=refuse the daemon stops with ErrLostState, with rebuild it
+// backfills and converges.
+func TestDaemonLostRedisState(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'a', 't1')`, `INSERT INTO orders VALUES (1, 1, 1, 'n')`)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if err := testenv.DeleteKeys(context.Background(), tc.Redis, "fkmat:"+tc.Slot+":"); err != nil {
+		t.Fatal(err)
+	}
+	sqlExec(t, tc, `UPDATE customers SET name = 'changed' WHERE id = 1`)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := fkmat.Run(ctx, cfg, fkmat.Options{OnLostState: fkmat.LostStateRefuse})
+	if !errors.Is(err, fkmat.ErrLostState) {
+		t.Fatalf("Run with lost state = %v, want ErrLostState", err)
+	}
+	d = startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	fmt.Fprintln(testWriter{t}, "rebuilt after lost state")
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }

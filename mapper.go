@@ -1,0 +1,214 @@
+package fkmat
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/join"
+)
+
+// ErrSchemaChanged means a source table changed in a way the join cannot
+// follow (a join column dropped or retyped): the daemon stops without
+// acknowledging the change.
+var ErrSchemaChanged = errors.New("source schema changed")
+
+// side says which table of a join a relation is.
+type side uint8
+
+const (
+	sideLeft side = iota + 1
+	sideRight
+)
+
+// mapper turns cdc changes into join changes for one join. It maps columns
+// by name against each relation it sees, so column order and added columns
+// do not matter; a dropped or retyped join column is an error.
+type mapper struct {
+	plan *JoinPlan
+	// layouts caches the column positions per relation (a schema change
+	// yields a new *cdc.Relation).
+	layouts map[*cdc.Relation]*layout
+}
+
+// layout holds column positions in a relation's tuples.
+type layout struct {
+	side   side
+	key    []int // left PK / right key
+	fk     []int // left only
+	values []int
+}
+
+func newMapper(p *JoinPlan) *mapper {
+	return &mapper{plan: p, layouts: map[*cdc.Relation]*layout{}}
+}
+
+// sideOf says whether rel is this join's left or right table (or neither).
+func (m *mapper) sideOf(rel *cdc.Relation) side {
+	t := TableName{Schema: rel.Namespace, Name: rel.Name}
+	switch t {
+	case m.plan.Left.Table:
+		return sideLeft
+	case m.plan.Right.Table:
+		return sideRight
+	}
+	return 0
+}
+
+func (m *mapper) layoutOf(rel *cdc.Relation) (*layout, error) {
+	if l, ok := m.layouts[rel]; ok {
+		return l, nil
+	}
+	s := m.sideOf(rel)
+	if s == 0 {
+		return nil, nil
+	}
+	tp := &m.plan.Left
+	if s == sideRight {
+		tp = &m.plan.Right
+	}
+	l := &layout{side: s}
+	var err error
+	if l.key, err = positions(rel, tp.Key); err != nil {
+		return nil, err
+	}
+	if s == sideLeft {
+		if l.fk, err = positions(rel, tp.ForeignKey); err != nil {
+			return nil, err
+		}
+	}
+	vals := make([]SourceColumn, len(tp.Values))
+	for i, v := range tp.Values {
+		vals[i] = v.Source
+	}
+	if l.values, err = positions(rel, vals); err != nil {
+		return nil, err
+	}
+	m.layouts[rel] = l
+	return l, nil
+}
+
+func positions(rel *cdc.Relation, cols []SourceColumn) ([]int, error) {
+	pos := make([]int, len(cols))
+	for i, c := range cols {
+		j := rel.ColumnIndex(c.Name)
+		if j < 0 {
+			return nil, fmt.Errorf("%w: column %q of %s.%s, used by the join, was dropped or renamed; "+
+				"restore it, or change the configuration and run fkmat backfill --force",
+				ErrSchemaChanged, c.Name, rel.Namespace, rel.Name)
+		}
+		if rel.Columns[j].Type != c.TypeOID {
+			return nil, fmt.Errorf("%w: column %q of %s.%s, used by the join, changed type (was %s, type oid %d now %d); "+
+				"run fkmat backfill --force to rebuild the target with the new type",
+				ErrSchemaChanged, c.Name, rel.Namespace, rel.Name, c.Type, c.TypeOID, rel.Columns[j].Type)
+		}
+		pos[i] = j
+	}
+	return pos, nil
+}
+
+// appendChanges maps one cdc change to zero, one or two join changes.
+func (m *mapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Change, error) {
+	switch c.Kind {
+	case cdc.ChangeTruncate:
+		for _, rel := range c.Truncate.Relations {
+			switch m.sideOf(rel) {
+			case sideLeft:
+				dst = append(dst, join.Change{Kind: join.LeftTruncate})
+			case sideRight:
+				dst = append(dst, join.Change{Kind: join.RightTruncate})
+			}
+		}
+		return dst, nil
+	case cdc.ChangeSchema:
+		if m.sideOf(c.Schema.New) == 0 && m.sideOf(c.Schema.Old) != 0 {
+			return nil, fmt.Errorf("%w: table %s.%s, used by join %q, was renamed to %s.%s; rename it back or update the configuration",
+				ErrSchemaChanged, c.Schema.Old.Namespace, c.Schema.Old.Name, m.plan.Name, c.Schema.New.Namespace, c.Schema.New.Name)
+		}
+		_, err := m.layoutOf(c.Schema.New) // fail now, before any row laid out the new way
+		return dst, err
+	}
+	l, err := m.layoutOf(c.Relation)
+	if err != nil || l == nil {
+		return dst, err
+	}
+	switch c.Kind {
+	case cdc.ChangeInsert:
+		return append(dst, l.upsert(c.New)), nil
+	case cdc.ChangeUpdate:
+		if c.OldKind != cdc.OldNone {
+			oldKey := pick(c.Old, l.key)
+			newKey := pick(c.New, l.key)
+			if hasToast(newKey) {
+				// The key column is an unchanged TOASTed value: it is the old key.
+				newKey = fillToast(newKey, oldKey)
+			}
+			if !join.ValuesEqual(oldKey, newKey) {
+				dst = append(dst, l.delete(oldKey))
+			}
+		} else if hasToast(pick(c.New, l.key)) {
+			return nil, fmt.Errorf("update of %s.%s: a key column is an unchanged TOASTed value and no old key was sent; "+
+				"set REPLICA IDENTITY FULL on the table", c.Relation.Namespace, c.Relation.Name)
+		}
+		return append(dst, l.upsert(c.New)), nil
+	case cdc.ChangeDelete:
+		if c.OldKind == cdc.OldNone {
+			return nil, fmt.Errorf("delete on %s.%s carries no key; check its REPLICA IDENTITY", c.Relation.Namespace, c.Relation.Name)
+		}
+		return append(dst, l.delete(pick(c.Old, l.key))), nil
+	}
+	return dst, nil
+}
+
+func (l *layout) upsert(tuple []cdc.Value) join.Change {
+	if l.side == sideLeft {
+		return join.Change{Kind: join.LeftUpsert, Left: join.LeftRow{
+			PK: pick(tuple, l.key), FK: pick(tuple, l.fk), Values: pick(tuple, l.values),
+		}}
+	}
+	return join.Change{Kind: join.RightUpsert, Right: join.RightRow{Key: pick(tuple, l.key), Values: pick(tuple, l.values)}}
+}
+
+func (l *layout) delete(key []join.Value) join.Change {
+	if l.side == sideLeft {
+		return join.Change{Kind: join.LeftDelete, Left: join.LeftRow{PK: key}}
+	}
+	return join.Change{Kind: join.RightDelete, Right: join.RightRow{Key: key}}
+}
+
+func pick(tuple []cdc.Value, pos []int) []join.Value {
+	out := make([]join.Value, len(pos))
+	for i, p := range pos {
+		out[i] = toValue(tuple[p])
+	}
+	return out
+}
+
+func toValue(v cdc.Value) join.Value {
+	switch v.Kind {
+	case cdc.ValueNull:
+		return join.NullValue()
+	case cdc.ValueUnchanged:
+		return join.ToastValue()
+	}
+	return join.TextValue(string(v.Data))
+}
+
+func hasToast(vs []join.Value) bool {
+	for _, v := range vs {
+		if v.Toast {
+			return true
+		}
+	}
+	return false
+}
+
+func fillToast(vs, from []join.Value) []join.Value {
+	out := append([]join.Value(nil), vs...)
+	for i := range out {
+		if out[i].Toast && i < len(from) {
+			out[i] = from[i]
+		}
+	}
+	return out
+}

@@ -1,0 +1,110 @@
+package fkmat
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/join"
+)
+
+const (
+	oidInt8 = 20
+	oidText = 25
+)
+
+func testPlan() *JoinPlan {
+	col := func(n string, oid uint32) SourceColumn { return SourceColumn{Name: n, TypeOID: oid} }
+	return &JoinPlan{
+		Name: "oe",
+		Left: TablePlan{
+			Table:      TableName{"public", "orders"},
+			Key:        []SourceColumn{col("id", oidInt8)},
+			ForeignKey: []SourceColumn{col("customer_id", oidInt8)},
+			Values:     []OutputColumn{{Source: col("customer_id", oidInt8)}, {Source: col("note", oidText)}},
+		},
+		Right: TablePlan{
+			Table:  TableName{"public", "customers"},
+			Key:    []SourceColumn{col("id", oidInt8)},
+			Values: []OutputColumn{{Source: col("name", oidText)}},
+		},
+	}
+}
+
+func rel(name string, cols ...cdc.Column) *cdc.Relation {
+	return &cdc.Relation{Namespace: "public", Name: name, Columns: cols}
+}
+
+func txt(s string) cdc.Value { return cdc.Value{Kind: cdc.ValueText, Data: []byte(s)} }
+
+var (
+	cNull  = cdc.Value{Kind: cdc.ValueNull}
+	cToast = cdc.Value{Kind: cdc.ValueUnchanged}
+)
+
+func TestMapperChanges(t *testing.T) {
+	t.Parallel()
+	// Column order differs from the plan and an extra column exists: mapping is by name.
+	orders := rel("orders", cdc.Column{Name: "note", Type: oidText}, cdc.Column{Name: "id", Type: oidInt8, Key: true},
+		cdc.Column{Name: "extra", Type: oidText}, cdc.Column{Name: "customer_id", Type: oidInt8})
+	customers := rel("customers", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "name", Type: oidText})
+	other := rel("unrelated", cdc.Column{Name: "id", Type: oidInt8})
+	m := newMapper(testPlan())
+
+	changes := []cdc.Change{
+		{Kind: cdc.ChangeInsert, Relation: orders, New: []cdc.Value{txt("n"), txt("1"), txt("x"), txt("7")}},
+		{Kind: cdc.ChangeUpdate, Relation: orders, New: []cdc.Value{cToast, txt("1"), txt("x"), cNull}},
+		// key change: delete old key + upsert
+		{Kind: cdc.ChangeUpdate, Relation: orders, OldKind: cdc.OldKey, Old: []cdc.Value{cNull, txt("1"), cNull, cNull},
+			New: []cdc.Value{txt("n"), txt("2"), txt("x"), txt("7")}},
+		{Kind: cdc.ChangeDelete, Relation: customers, OldKind: cdc.OldKey, Old: []cdc.Value{txt("7"), cNull}},
+		{Kind: cdc.ChangeInsert, Relation: other, New: []cdc.Value{txt("1")}},
+		{Kind: cdc.ChangeTruncate, Truncate: &cdc.Truncate{Relations: []*cdc.Relation{orders, other, customers}}},
+	}
+	var got []join.Change
+	for i := range changes {
+		var err error
+		if got, err = m.appendChanges(got, &changes[i]); err != nil {
+			t.Fatalf("change %d: %v", i, err)
+		}
+	}
+	kinds := []join.ChangeKind{join.LeftUpsert, join.LeftUpsert, join.LeftDelete, join.LeftUpsert, join.RightDelete,
+		join.LeftTruncate, join.RightTruncate}
+	if len(got) != len(kinds) {
+		t.Fatalf("got %d changes, want %d: %+v", len(got), len(kinds), got)
+	}
+	for i, k := range kinds {
+		if got[i].Kind != k {
+			t.Errorf("change %d kind = %s, want %s", i, got[i].Kind, k)
+		}
+	}
+	first := got[0].Left
+	if first.PK[0].Text != "1" || first.FK[0].Text != "7" || first.Values[1].Text != "n" {
+		t.Errorf("insert mapped to %+v", first)
+	}
+	if !got[1].Left.Values[1].Toast || !got[1].Left.FK[0].Null {
+		t.Errorf("toast/null update mapped to %+v", got[1].Left)
+	}
+	if got[2].Left.PK[0].Text != "1" || got[3].Left.PK[0].Text != "2" {
+		t.Errorf("key change mapped to %+v / %+v", got[2].Left, got[3].Left)
+	}
+}
+
+func TestMapperSchemaChange(t *testing.T) {
+	t.Parallel()
+	m := newMapper(testPlan())
+	dropped := rel("orders", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "note", Type: oidText})
+	retyped := rel("orders", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "note", Type: oidText},
+		cdc.Column{Name: "customer_id", Type: oidText})
+	added := rel("orders", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "note", Type: oidText},
+		cdc.Column{Name: "customer_id", Type: oidInt8}, cdc.Column{Name: "new_col", Type: oidText})
+	for name, r := range map[string]*cdc.Relation{"dropped": dropped, "retyped": retyped} {
+		_, err := m.appendChanges(nil, &cdc.Change{Kind: cdc.ChangeSchema, Schema: &cdc.SchemaChange{Old: r, New: r}})
+		if !errors.Is(err, ErrSchemaChanged) {
+			t.Errorf("%s: err = %v, want ErrSchemaChanged", name, err)
+		}
+	}
+	if _, err := m.appendChanges(nil, &cdc.Change{Kind: cdc.ChangeSchema, Schema: &cdc.SchemaChange{Old: added, New: added}}); err != nil {
+		t.Errorf("added column: %v", err)
+	}
+}

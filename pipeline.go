@@ -1,0 +1,232 @@
+package fkmat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/join"
+	"github.com/fkmat/fkmat/redisstore"
+	"github.com/fkmat/fkmat/sink"
+)
+
+// BatchLimits bound one batch of whole source transactions.
+type BatchLimits struct {
+	// Changes is the row-change count after which a batch is closed.
+	Changes int
+	// Bytes is the approximate payload size after which a batch is closed.
+	Bytes int
+	// Delay is the longest a batch waits for more transactions once it has one.
+	Delay time.Duration
+}
+
+func (b *BatchLimits) setDefaults() {
+	if b.Changes == 0 {
+		b.Changes = 10_000
+	}
+	if b.Bytes == 0 {
+		b.Bytes = 32 << 20
+	}
+	if b.Delay == 0 {
+		b.Delay = 100 * time.Millisecond
+	}
+}
+
+// joinRunner is one join's engine, state and column mapping.
+type joinRunner struct {
+	plan   *JoinPlan
+	engine *join.Engine
+	store  *redisstore.Store
+	mapper *mapper
+}
+
+// pipeline is the batch loop: cdc → join → sink → redisstore → ack.
+type pipeline struct {
+	slot   string
+	joins  []*joinRunner
+	writer *sink.Writer
+	stream *cdc.Stream
+	limits BatchLimits
+	log    *slog.Logger
+
+	// targetLSN is the slot's checkpoint in the target database: every
+	// transaction with EndLSN <= targetLSN is already in the target.
+	targetLSN cdc.LSN
+	// held is a chunk received while collecting that belongs to the next
+	// batch.
+	held *cdc.Txn
+	// stats
+	batches, txns, changes int64
+}
+
+// batch is a run of whole transactions.
+type batch struct {
+	txns    []*cdc.Txn
+	changes int
+	bytes   int
+}
+
+func (b *batch) end() cdc.LSN { return b.txns[len(b.txns)-1].EndLSN }
+
+// run applies batches until ctx is done; then it finishes the batch in hand
+// and returns nil (a clean shutdown) or the first error.
+func (p *pipeline) run(ctx context.Context) error {
+	for {
+		first, err := p.next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if !first.Final {
+			err = p.applyLarge(ctx, first)
+		} else {
+			b := p.collect(ctx, first)
+			// The batch in hand is finished even during shutdown, under its
+			// own deadline.
+			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			err = p.applyBatch(bctx, b)
+			cancel()
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// next returns the held chunk or the stream's next one.
+func (p *pipeline) next(ctx context.Context) (*cdc.Txn, error) {
+	if t := p.held; t != nil {
+		p.held = nil
+		return t, nil
+	}
+	return p.stream.Next(ctx)
+}
+
+// collect adds whole transactions to a batch that starts with first, until a
+// limit is reached, the delay passes, or a transaction on the other side of
+// the target checkpoint arrives (replayed and new transactions are never
+// mixed).
+func (p *pipeline) collect(ctx context.Context, first *cdc.Txn) *batch {
+	b := &batch{txns: []*cdc.Txn{first}, changes: len(first.Changes), bytes: first.Bytes}
+	replay := first.EndLSN <= p.targetLSN
+	wait, cancel := context.WithTimeout(ctx, p.limits.Delay)
+	defer cancel()
+	for b.changes < p.limits.Changes && b.bytes < p.limits.Bytes {
+		t, err := p.stream.Next(wait)
+		if err != nil {
+			break // delay passed, shutdown, or the stream stopped: run sees it next
+		}
+		if !t.Final || (t.EndLSN <= p.targetLSN) != replay {
+			p.held = t
+			break
+		}
+		b.txns = append(b.txns, t)
+		b.changes += len(t.Changes)
+		b.bytes += t.Bytes
+	}
+	return b
+}
+
+// applyBatch maps, joins, writes the target (with the checkpoint), commits
+// the Redis state of every join, and acknowledges the batch's end.
+func (p *pipeline) applyBatch(ctx context.Context, b *batch) error {
+	end := b.end()
+	writeTarget := end > p.targetLSN
+	perJoin := make([][]join.Change, len(p.joins))
+	any := false
+	for i, jr := range p.joins {
+		var err error
+		if perJoin[i], err = jr.changes(b.txns); err != nil {
+			return err
+		}
+		any = any || len(perJoin[i]) > 0
+	}
+	if !any {
+		// Nothing for any join: no write is needed, and acknowledging is safe
+		// because a restart from the older checkpoint finds nothing either.
+		p.stream.Ack(end)
+		return nil
+	}
+
+	var tx *sink.Tx
+	if writeTarget {
+		var err error
+		if tx, err = p.writer.Begin(ctx); err != nil {
+			return err
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx))
+	}
+	muts := make([]join.Mutations, len(p.joins))
+	for i, jr := range p.joins {
+		if len(perJoin[i]) == 0 {
+			continue
+		}
+		emit := func(ctx context.Context, out join.Output) error {
+			if tx == nil {
+				return nil // replaying for Redis only: the target has it
+			}
+			return tx.Apply(ctx, &jr.plan.Target, out)
+		}
+		var err error
+		if muts[i], err = jr.engine.Apply(ctx, perJoin[i], emit); err != nil {
+			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
+		}
+	}
+	if tx != nil {
+		if err := tx.Commit(ctx, p.slot, lsnOf(end)); err != nil {
+			return err
+		}
+		p.targetLSN = end
+	}
+	for i, jr := range p.joins {
+		if len(perJoin[i]) == 0 && jr.store.Checkpoint() >= uint64(end) {
+			continue
+		}
+		if err := jr.store.Commit(ctx, muts[i], uint64(end)); err != nil {
+			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
+		}
+	}
+	p.stream.Ack(end)
+	p.batches++
+	p.txns += int64(len(b.txns))
+	p.changes += int64(b.changes)
+	p.log.Debug("batch applied", "txns", len(b.txns), "changes", b.changes, "end_lsn", end.String(), "target_written", writeTarget)
+	return nil
+}
+
+// changes maps the transactions this join has not applied yet to join
+// changes.
+func (jr *joinRunner) changes(txns []*cdc.Txn) ([]join.Change, error) {
+	done := cdc.LSN(jr.store.Checkpoint())
+	var out []join.Change
+	for _, t := range txns {
+		if t.EndLSN <= done && t.Final {
+			continue
+		}
+		for i := range t.Changes {
+			var err error
+			if out, err = jr.mapper.appendChanges(out, &t.Changes[i]); err != nil {
+				return nil, fmt.Errorf("join %q, transaction %d at %s: %w", jr.plan.Name, t.Xid, t.CommitLSN, err)
+			}
+		}
+	}
+	return out, nil
+}
+
+// errLargeTxn is returned until chunked transactions can be applied with
+// their Redis side recoverable midway.
+var errLargeTxn = errors.New("transaction too large for one batch")
+
+// applyLarge applies a transaction delivered in several chunks.
+func (p *pipeline) applyLarge(ctx context.Context, first *cdc.Txn) error {
+	return fmt.Errorf("transaction %d at %s: %w (more than %d changes)", first.Xid, first.CommitLSN, errLargeTxn, len(first.Changes))
+}
+
+func lsnOf(l cdc.LSN) pglogrepl.LSN { return pglogrepl.LSN(l) }

@@ -1,0 +1,96 @@
+package fkmat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fkmat/fkmat/cdc"
+)
+
+// ErrLostState means the Redis state of a join is lost or foreign and
+// Options.OnLostState is LostStateRefuse.
+var ErrLostState = errors.New("redis state lost")
+
+// Run is the daemon: it backfills when needed (first start, interrupted
+// backfill, lost Redis state when allowed), then streams and maintains every
+// target until ctx is done. On shutdown it finishes the batch in hand,
+// checkpoints, acknowledges and returns nil.
+func Run(ctx context.Context, cfg *Config, opts Options) error {
+	d, err := open(ctx, cfg, opts)
+	if err != nil {
+		return err
+	}
+	defer d.close()
+	reason, lost, err := d.assess(ctx)
+	if err != nil {
+		return err
+	}
+	if reason != "" {
+		if lost && d.opts.OnLostState == LostStateRefuse {
+			return fmt.Errorf("%w: %s; run fkmat backfill --force to rebuild it", ErrLostState, reason)
+		}
+		d.log.Warn("backfilling before streaming", "reason", reason)
+		if err := d.backfill(ctx); err != nil {
+			return err
+		}
+	}
+	return d.stream(ctx)
+}
+
+// stream runs the batch loop from the older of the target and Redis
+// checkpoints.
+func (d *daemon) stream(ctx context.Context) error {
+	targetLSN, err := d.writer.Checkpoint(ctx, d.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	start := cdc.LSN(targetLSN)
+	for _, jr := range d.joins {
+		if c := cdc.LSN(jr.store.Checkpoint()); c < start {
+			start = c
+		}
+	}
+	if err := d.cdc.EnsurePublication(ctx); err != nil {
+		return err
+	}
+	stream := d.cdc.NewStream(start)
+	// The stream outlives ctx by a moment so that the last acknowledgement
+	// reaches the server on shutdown.
+	streamCtx, stopStream := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopStream()
+	go func() { _ = stream.Run(streamCtx) }()
+
+	p := &pipeline{
+		slot: d.cfg.Slot, joins: d.joins, writer: d.writer, stream: stream,
+		limits: d.opts.Batch, log: d.log.With("component", "pipeline"), targetLSN: cdc.LSN(targetLSN),
+	}
+	d.log.Info("streaming", "slot", d.cfg.Slot, "start_lsn", start.String(), "joins", len(d.joins))
+	runErr := p.run(ctx)
+	d.flushAck(stream)
+	stopStream()
+	<-stream.Done()
+	if runErr != nil {
+		return runErr
+	}
+	d.log.Info("stopped", "batches", p.batches, "txns", p.txns, "changes", p.changes)
+	return nil
+}
+
+// flushAck waits (briefly) until the stream has reported its last
+// acknowledgement to the server.
+func (d *daemon) flushAck(stream *cdc.Stream) {
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		st := stream.Stats()
+		if st.ReportedLSN >= st.AckedLSN {
+			return
+		}
+		select {
+		case <-stream.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

@@ -277,7 +277,6 @@ func (d *daemon) assess(ctx context.Context) (reason string, lost bool, err erro
 	return "", false, nil
 }
 
-
 // deleteKeys removes every Redis key starting with prefix, in SCAN pages.
 func deleteKeys(ctx context.Context, rdb redis.UniversalClient, prefix string) error {
 	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()

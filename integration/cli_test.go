@@ -187,4 +187,3 @@ func TestCLI(t *testing.T) {
 		}
 	}
 }
-

@@ -23,9 +23,10 @@ import (
 // arguments, all inside the one MULTI.
 //
 // Commit fails with ErrEpoch when the state was re-initialised by someone
-// else. After any other error it is safe to call Commit again with the same
-// batch: the store reloads the checkpoint and skips the batch if it was
-// applied after all.
+// else, and with ErrInFlight while a transaction written by CommitPartial is
+// neither finished nor rolled back. After any other error it is safe to call
+// Commit again with the same batch: the store reloads the checkpoint and
+// skips the batch if it was applied after all.
 func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error {
 	if lsn == 0 {
 		return errors.New("commit redis state: LSN 0 is invalid")
@@ -34,7 +35,7 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error 
 	if err != nil {
 		return fmt.Errorf("commit redis state at %d: %w", lsn, err)
 	}
-	if lsn <= cached.Checkpoint {
+	if lsn <= cached.Checkpoint && cached.InFlight == 0 {
 		return nil
 	}
 	var (
@@ -47,8 +48,11 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error 
 		if err != nil {
 			return err
 		}
-		if stored.Epoch != cached.Epoch || stored.Layout != cached.Layout {
-			return fmt.Errorf("%w: store has epoch %q, redis has %q", ErrEpoch, cached.Epoch, stored.Epoch)
+		if err := sameState(cached, stored); err != nil {
+			return err
+		}
+		if stored.InFlight != 0 {
+			return inFlightError(stored.InFlight)
 		}
 		next = stored
 		if lsn <= stored.Checkpoint {
@@ -61,8 +65,9 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error 
 		if m.ClearRight {
 			next.RightGen++
 		}
+		w := s.plan(&m, next)
 		_, execErr = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			s.queue(ctx, p, &m, next)
+			s.queue(ctx, p, w)
 			p.HSet(ctx, key, fieldCheckpoint, strconv.FormatUint(next.Checkpoint, 10),
 				fieldLeftGen, strconv.FormatUint(next.LeftGen, 10),
 				fieldRightGen, strconv.FormatUint(next.RightGen, 10))
@@ -73,6 +78,26 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error 
 		})
 		return execErr
 	}, key)
+	if err := s.settle(ctx, err, execErr, next, "commit at "+strconv.FormatUint(lsn, 10)); err != nil {
+		return fmt.Errorf("commit redis state at %d: %w", lsn, err)
+	}
+	return nil
+}
+
+// sameState checks that the meta hash stored in Redis still belongs to the
+// state the store's cache describes.
+func sameState(cached, stored Meta) error {
+	if stored.Epoch != cached.Epoch || stored.Layout != cached.Layout {
+		return fmt.Errorf("%w: store has epoch %q, redis has %q", ErrEpoch, cached.Epoch, stored.Epoch)
+	}
+	return nil
+}
+
+// settle updates the cached meta after a write transaction on the meta hash:
+// err is the outcome of the WATCH block, execErr the error of its MULTI/EXEC
+// (nil when not sent), next the meta the transaction wrote and what names
+// the transaction for the error that marks the state damaged. It returns err.
+func (s *Store) settle(ctx context.Context, err, execErr error, next Meta, what string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -82,14 +107,14 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error 
 	case isPartial(execErr):
 		// EXEC ran and a command failed: Redis does not roll back. Drop the
 		// epoch so that the daemon sees lost state and rebuilds.
-		s.broken = fmt.Errorf("redis state is damaged by a failed commit at %d (%v); re-initialise it", lsn, err)
-		_ = s.rdb.HDel(context.WithoutCancel(ctx), key, fieldEpoch).Err()
+		s.broken = fmt.Errorf("redis state is damaged by a failed %s (%v); re-initialise it", what, err)
+		_ = s.rdb.HDel(context.WithoutCancel(ctx), s.keys.meta(), fieldEpoch).Err()
 		s.meta = nil
 	default:
 		// Unknown whether EXEC ran (network error): reload before the next use.
 		s.meta = nil
 	}
-	return fmt.Errorf("commit redis state at %d: %w", lsn, err)
+	return err
 }
 
 // isPartial reports whether err, returned by a MULTI/EXEC, comes from a
@@ -104,62 +129,83 @@ func isPartial(err error) bool {
 	return !strings.HasPrefix(rerr.Error(), "EXECABORT")
 }
 
-// queue queues m's writes for the generations of next.
-func (s *Store) queue(ctx context.Context, p redis.Pipeliner, m *join.Mutations, next Meta) {
-	page := s.cfg.PageSize
-	var buf []byte
+// writes are a batch's commands grouped by key: the sorted-set members to
+// remove and add, the hash fields to delete, and the field/value pairs to set.
+type writes struct {
+	zrem, zadd, hdel map[string][]string
+	hset             map[string][]any
+}
 
+func newWrites() writes {
+	return writes{zrem: map[string][]string{}, zadd: map[string][]string{}, hdel: map[string][]string{}, hset: map[string][]any{}}
+}
+
+// plan groups m's writes by key, for the generations of next. The deletes of
+// a side that is cleared are left out: its new generation starts empty.
+func (s *Store) plan(m *join.Mutations, next Meta) writes {
+	w := newWrites()
 	if !m.ClearLeft {
-		del := groupBy(m.DelSubs, func(sub join.Subscription) string { return s.keys.subs(next.LeftGen, string(sub.FK)) })
-		for k, subs := range del {
-			for chunk := range slices.Chunk(subs, page) {
-				ms := make([]any, len(chunk))
-				for i, sub := range chunk {
-					ms[i] = sub.Member()
-				}
-				p.ZRem(ctx, k, ms...)
-			}
+		for _, sub := range m.DelSubs {
+			k := s.keys.subs(next.LeftGen, string(sub.FK))
+			w.zrem[k] = append(w.zrem[k], sub.Member())
 		}
-		dl := groupBy(m.DelLeft, func(pk join.Key) string { return s.keys.left(next.LeftGen, string(pk)) })
-		for k, pks := range dl {
-			for chunk := range slices.Chunk(pks, page) {
-				p.HDel(ctx, k, keyStrings(chunk)...)
-			}
+		for _, pk := range m.DelLeft {
+			k := s.keys.left(next.LeftGen, string(pk))
+			w.hdel[k] = append(w.hdel[k], string(pk))
 		}
 	}
 	if !m.ClearRight {
-		dr := groupBy(m.DelRight, func(k join.Key) string { return s.keys.right(next.RightGen, string(k)) })
-		for k, rks := range dr {
-			for chunk := range slices.Chunk(rks, page) {
-				p.HDel(ctx, k, keyStrings(chunk)...)
-			}
+		for _, rk := range m.DelRight {
+			k := s.keys.right(next.RightGen, string(rk))
+			w.hdel[k] = append(w.hdel[k], string(rk))
 		}
 	}
+	for _, sub := range m.AddSubs {
+		k := s.keys.subs(next.LeftGen, string(sub.FK))
+		w.zadd[k] = append(w.zadd[k], sub.Member())
+	}
+	var buf []byte
+	for pk, st := range m.PutLeft {
+		buf = appendLeft(buf[:0], st)
+		k := s.keys.left(next.LeftGen, string(pk))
+		w.hset[k] = append(w.hset[k], string(pk), string(buf))
+	}
+	for rk, st := range m.PutRight {
+		buf = appendRight(buf[:0], st)
+		k := s.keys.right(next.RightGen, string(rk))
+		w.hset[k] = append(w.hset[k], string(rk), string(buf))
+	}
+	return w
+}
 
-	add := groupBy(m.AddSubs, func(sub join.Subscription) string { return s.keys.subs(next.LeftGen, string(sub.FK)) })
-	for k, subs := range add {
-		for chunk := range slices.Chunk(subs, page) {
+// queue queues w's commands, at most Config.PageSize members or fields each:
+// the removals first, then the additions (they concern distinct members).
+func (s *Store) queue(ctx context.Context, p redis.Pipeliner, w writes) {
+	page := s.cfg.PageSize
+	for k, ms := range w.zrem {
+		for chunk := range slices.Chunk(ms, page) {
+			args := make([]any, len(chunk))
+			for i, m := range chunk {
+				args[i] = m
+			}
+			p.ZRem(ctx, k, args...)
+		}
+	}
+	for k, fs := range w.hdel {
+		for chunk := range slices.Chunk(fs, page) {
+			p.HDel(ctx, k, chunk...)
+		}
+	}
+	for k, ms := range w.zadd {
+		for chunk := range slices.Chunk(ms, page) {
 			zs := make([]redis.Z, len(chunk))
-			for i, sub := range chunk {
-				zs[i] = redis.Z{Member: sub.Member()}
+			for i, m := range chunk {
+				zs[i] = redis.Z{Member: m}
 			}
 			p.ZAdd(ctx, k, zs...)
 		}
 	}
-	pl := make(map[string][]any)
-	for pk, st := range m.PutLeft {
-		buf = appendLeft(buf[:0], st)
-		k := s.keys.left(next.LeftGen, string(pk))
-		pl[k] = append(pl[k], string(pk), string(buf))
-	}
-	hsetChunks(ctx, p, pl, page)
-	pr := make(map[string][]any)
-	for rk, st := range m.PutRight {
-		buf = appendRight(buf[:0], st)
-		k := s.keys.right(next.RightGen, string(rk))
-		pr[k] = append(pr[k], string(rk), string(buf))
-	}
-	hsetChunks(ctx, p, pr, page)
+	hsetChunks(ctx, p, w.hset, page)
 }
 
 // hsetChunks queues HSETs of the field/value pairs per hash, page pairs each.
@@ -171,22 +217,4 @@ func hsetChunks(ctx context.Context, p redis.Pipeliner, pairs map[string][]any, 
 			fv = fv[n:]
 		}
 	}
-}
-
-// groupBy groups xs by the key key(x) returns.
-func groupBy[T any](xs []T, key func(T) string) map[string][]T {
-	g := make(map[string][]T)
-	for _, x := range xs {
-		k := key(x)
-		g[k] = append(g[k], x)
-	}
-	return g
-}
-
-func keyStrings(ks []join.Key) []string {
-	s := make([]string, len(ks))
-	for i, k := range ks {
-		s[i] = string(k)
-	}
-	return s
 }

@@ -3,14 +3,17 @@
 // foreign key, value hash, projected values), the right rows, and a meta hash
 // with the checkpoint LSN, the state epoch and the generations. It implements
 // join.StateReader; Store.Commit persists a batch's join.Mutations together
-// with the batch's checkpoint, atomically and idempotently.
+// with the batch's checkpoint, atomically and idempotently; a source
+// transaction too large for one batch is written in chunks by
+// Store.CommitPartial under an undo log (see Large transactions).
 //
 // # Key layout
 //
 // Every key starts with Config.Prefix (e.g. "fkmat:<slot>:<join>"), so a Redis
 // ACL user can be limited to "~<prefix>:*":
 //
-//	<prefix>:meta               hash: epoch, fingerprint, layout, checkpoint, gen_left, gen_right
+//	<prefix>:meta               hash: epoch, fingerprint, layout, checkpoint, gen_left, gen_right, inflight
+//	<prefix>:undo               hash: undo log of the partial transaction in flight
 //	<prefix>:s<gen>:{<shard>}   sorted set, all scores 0, member = FK ++ PK (join.Subscription.Member)
 //	<prefix>:l<gen>:{<bucket>}  hash: encoded left PK -> left row
 //	<prefix>:r<gen>:{<bucket>}  hash: encoded right key -> right row
@@ -49,6 +52,49 @@
 // possible if foreign data of the wrong type sits on our keys) cannot be
 // rolled back, so Commit then drops the epoch from the meta hash, which the
 // daemon sees as lost state, and rebuilds.
+//
+// # Large transactions
+//
+// A source transaction larger than the batch bound (say 500k rows) is
+// processed in chunks so that memory stays bounded: the engine applies chunk
+// k against the store, so chunk k must see what chunks before it wrote, and
+// its output goes into the one target transaction that stays open. Each
+// chunk's Mutations therefore go to Redis at once, with
+// Store.CommitPartial(ctx, m, txn), but the checkpoint stays put until the
+// target transaction commits and Store.FinishPartial(ctx, lsn) moves it. If
+// the process dies in between, or the replication stream restarts the
+// transaction from its first chunk, Store.Recover brings Redis back to the
+// state at its checkpoint, and the transaction is replayed.
+//
+// CommitPartial is Commit plus an undo log, in the same MULTI/EXEC: before
+// it, under WATCH of the meta hash, it reads the current value of every hash
+// field (HMGET) and sorted-set member (ZMSCORE) the chunk touches; in the
+// MULTI it records them with HSETNX in the hash <prefix>:undo, so only the
+// first touch in the transaction counts and the log holds the values from
+// before the transaction. A field is the data key without the prefix
+// ("l<gen>:{<bucket>}", ending at its '}') followed by the hash field or
+// member; a value is "=" and the old field value, "-" for a field or member
+// that was absent, or "+" for a member that was present (scores are all 0).
+// A Clear bumps the generation as in Commit and records the previous one
+// ("m:gen_left", "m:gen_right"); the chunk's writes to the new generation are
+// logged like any other, as absent, so a rollback leaves no keys in it. The
+// meta field inflight holds the transaction's id from the first chunk on.
+// While it is set, Commit and a partial commit of another transaction fail
+// with ErrInFlight, and Sweep deletes nothing, since Recover may make a
+// replaced generation current again.
+//
+// FinishPartial sets the checkpoint, clears the marker and UNLINKs the log
+// (freed in the background) in one MULTI; retried with the marker gone and
+// an LSN not above the checkpoint it is a no-op. Recover HSCANs the log a
+// page (Config.PageSize entries) at a time, and for each page writes the
+// pre-images back and deletes their entries in one MULTI, so memory is
+// bounded and a crash midway loses no progress; the generations, the log
+// and the marker go last, in one more MULTI. Each step is idempotent and the
+// marker stays until the end, so an interrupted Recover is completed by
+// calling it again. While a transaction is in flight the log costs about as
+// much memory as the rows and members it touched. On the test host, 100k
+// rows rewritten in 6 chunks (200k log entries) took 1.2 s, and rolling them
+// back 1.2 s (393 pages of 512).
 //
 // # Measured layout choice
 //

@@ -16,7 +16,8 @@ const (
 
 // keys names the Redis keys of one store:
 //
-//	<prefix>:meta                   hash: epoch, fingerprint, layout, checkpoint, generations
+//	<prefix>:meta                   hash: epoch, fingerprint, layout, checkpoint, generations, inflight
+//	<prefix>:undo                   hash: undo log of a partial transaction (see partial.go)
 //	<prefix>:l<gen>:{<bucket>}      hash: encoded left PK -> left row
 //	<prefix>:r<gen>:{<bucket>}      hash: encoded right key -> right row
 //	<prefix>:s<gen>:{<shard>}       sorted set, all scores 0: FK ++ PK
@@ -34,6 +35,8 @@ func newKeys(c Config) keys {
 }
 
 func (k keys) meta() string { return k.prefix + ":meta" }
+
+func (k keys) undo() string { return k.prefix + ":undo" }
 
 // pattern matches every key of the store (the prefix has no glob characters).
 func (k keys) pattern() string { return k.prefix + ":*" }

@@ -3,6 +3,9 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/fkmat/fkmat/internal/testenv"
@@ -82,4 +85,148 @@ func TestJoinScenarios(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestJoinScenariosChunked runs the random scenarios with most batches
+// treated as one large source transaction, applied in chunks (engine Apply
+// and CommitPartial per chunk, each chunk reading what the previous ones
+// wrote) and then finished. Now and then the process "dies" after some of
+// the chunks, before the target commit: Recover must bring Redis back to the
+// checkpoint exactly (raw keys compared), and the replayed transaction must
+// leave the target equal to the SQL join and the state equal to the source.
+func TestJoinScenariosChunked(t *testing.T) {
+	t.Parallel()
+	tc := testenv.New(t)
+	ints := []join.Family{join.FamilyInt}
+	shapes := []struct {
+		name        string
+		pk, fk, key []join.Family
+	}{
+		{"int", ints, ints, ints},
+		{"composite", []join.Family{join.FamilyInt, join.FamilyText}, []join.Family{join.FamilyText, join.FamilyInt},
+			[]join.Family{join.FamilyText, join.FamilyInt}},
+	}
+	for _, typ := range []join.JoinType{join.Inner, join.Left} {
+		for _, sh := range shapes {
+			for seed := range 3 {
+				name := fmt.Sprintf("%s/%s/seed%d", typ, sh.name, seed)
+				t.Run(name, func(t *testing.T) {
+					t.Parallel()
+					ctx := context.Background()
+					cfg := Config{Prefix: fmt.Sprintf("%s:chunked:%s:%s:%d", tc.RedisPrefix, typ, sh.name, seed),
+						SubShards: 2, RowShards: 2, PageSize: 3}
+					s, err := Open(ctx, tc.Redis, cfg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := s.Init(ctx, NewEpoch(), name); err != nil {
+						t.Fatal(err)
+					}
+					spec := join.Spec{Name: "p", Type: typ, PK: sh.pk, FK: sh.fk, RightKey: sh.key,
+						LeftValues: 2, RightValues: 2, PageSize: 2}
+					runChunked(t, s, spec, uint64(seed))
+				})
+			}
+		}
+	}
+}
+
+// runChunked drives the chunked scenario of TestJoinScenariosChunked.
+func runChunked(t *testing.T, s *Store, spec join.Spec, seed uint64) {
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(seed, 0x5eed))
+	g := jointest.NewGenerator(spec, seed, 40, 12)
+	g.TruncateOneIn = 60
+	tgt := jointest.NewTarget(spec)
+	eng, err := join.NewEngine(spec, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	emit := func(_ context.Context, o join.Output) error { return tgt.Apply(o) }
+	apply := func(changes []join.Change) join.Mutations {
+		t.Helper()
+		tgt.Begin()
+		m, err := eng.Apply(ctx, cloneChanges(changes), emit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	var lsn uint64
+	var chunked, crashed int
+	for batch := range 80 {
+		changes := g.Batch(1 + r.IntN(40))
+		lsn++
+		if r.IntN(4) == 0 {
+			if err := s.Commit(ctx, apply(changes), lsn); err != nil {
+				t.Fatalf("batch %d: %v", batch, err)
+			}
+		} else {
+			chunked++
+			chunks := slices.Collect(slices.Chunk(changes, 1+r.IntN(8)))
+			if r.IntN(3) == 0 {
+				crashed++
+				// Sweep first: Recover restores the generations, not the
+				// garbage a sweep would have deleted.
+				if _, err := s.Sweep(ctx); err != nil {
+					t.Fatal(err)
+				}
+				before, rows := dump(t, s, false), maps.Clone(tgt.Rows)
+				done := r.IntN(len(chunks) + 1)
+				for _, c := range chunks[:done] {
+					if err := s.CommitPartial(ctx, apply(c), lsn); err != nil {
+						t.Fatalf("batch %d: %v", batch, err)
+					}
+				}
+				if r.IntN(2) == 0 { // a new process, or the stream restarting the transaction
+					if s, err = Open(ctx, s.rdb, s.Config()); err != nil {
+						t.Fatal(err)
+					}
+					if eng, err = join.NewEngine(spec, s); err != nil {
+						t.Fatal(err)
+					}
+				}
+				rolledBack, err := s.Recover(ctx)
+				if err != nil || rolledBack != (done > 0) {
+					t.Fatalf("batch %d: Recover after %d of %d chunks = %t, %v", batch, done, len(chunks), rolledBack, err)
+				}
+				if d := diffDumps(dump(t, s, false), before); d != "" {
+					t.Fatalf("batch %d: raw state after Recover from %d of %d chunks: %s", batch, done, len(chunks), d)
+				}
+				tgt.Rows = rows // the target transaction was rolled back too
+			}
+			for _, c := range chunks {
+				if err := s.CommitPartial(ctx, apply(c), lsn); err != nil {
+					t.Fatalf("batch %d: %v", batch, err)
+				}
+			}
+			if err := s.FinishPartial(ctx, lsn); err != nil {
+				t.Fatalf("batch %d: %v", batch, err)
+			}
+		}
+		if err := tgt.Diff(g.Src.Join()); err != nil {
+			t.Fatalf("batch %d: %v", batch, err)
+		}
+		if err := g.CheckState(ctx, s, spec.PageSize); err != nil {
+			t.Fatalf("batch %d: check state: %v", batch, err)
+		}
+		if batch%10 == 0 {
+			if _, err := s.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Logf("%d batches, %d in chunks, %d of them recovered and replayed", 80, chunked, crashed)
+}
+
+// cloneChanges deep-copies changes: Apply owns the values it is given, and a
+// replayed transaction must start from the original changes.
+func cloneChanges(changes []join.Change) []join.Change {
+	out := make([]join.Change, len(changes))
+	for i, c := range changes {
+		c.Left = join.LeftRow{PK: slices.Clone(c.Left.PK), FK: slices.Clone(c.Left.FK), Values: slices.Clone(c.Left.Values)}
+		c.Right = join.RightRow{Key: slices.Clone(c.Right.Key), Values: slices.Clone(c.Right.Values)}
+		out[i] = c
+	}
+	return out
 }

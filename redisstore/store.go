@@ -28,6 +28,13 @@ var (
 	// ErrEpoch means the state's epoch changed under the store: another
 	// process re-initialised it. Reopen the store.
 	ErrEpoch = errors.New("redis state epoch changed")
+	// ErrInFlight means a large transaction written by CommitPartial is
+	// neither finished nor rolled back: call FinishPartial once it is
+	// committed in the target, or Recover to roll it back.
+	ErrInFlight = errors.New("a partial transaction is in flight")
+	// ErrNotInFlight means FinishPartial found no partial transaction to
+	// finish: it was rolled back by Recover (replay it), or never started.
+	ErrNotInFlight = errors.New("no partial transaction is in flight")
 )
 
 // Meta is the store's metadata, kept in the hash <prefix>:meta.
@@ -47,6 +54,10 @@ type Meta struct {
 	// rows and subscriptions) and of the right side (right rows). A Clear
 	// bumps one; keys of other generations are garbage for Sweep.
 	LeftGen, RightGen uint64
+	// InFlight is the id of the large transaction written in part by
+	// CommitPartial and not yet finished (FinishPartial) or rolled back
+	// (Recover); 0 when there is none.
+	InFlight uint64
 }
 
 // Fields of the meta hash.
@@ -57,9 +68,10 @@ const (
 	fieldCheckpoint  = "checkpoint"
 	fieldLeftGen     = "gen_left"
 	fieldRightGen    = "gen_right"
+	fieldInFlight    = "inflight"
 )
 
-var metaFields = []string{fieldEpoch, fieldFingerprint, fieldLayout, fieldCheckpoint, fieldLeftGen, fieldRightGen}
+var metaFields = []string{fieldEpoch, fieldFingerprint, fieldLayout, fieldCheckpoint, fieldLeftGen, fieldRightGen, fieldInFlight}
 
 // Store keeps one join's state in Redis: subscriptions, left and right rows
 // and the meta hash. It implements join.StateReader; Commit persists a
@@ -81,6 +93,9 @@ type Store struct {
 	// beforeExec, when set by tests, runs after a commit's commands are
 	// queued and before EXEC.
 	beforeExec func(context.Context, redis.Pipeliner)
+	// afterRestore, when set by tests, runs after each page Recover restores,
+	// with the number of undo entries in it; an error stops Recover there.
+	afterRestore func(entries int) error
 }
 
 // Open returns a store for the join whose keys start with cfg.Prefix, and
@@ -145,10 +160,22 @@ func (s *Store) Checkpoint() uint64 {
 	return s.meta.Checkpoint
 }
 
+// InFlight returns the id of the partial transaction in flight as last seen
+// by this store (see CommitPartial), or 0; Meta reads it from Redis.
+func (s *Store) InFlight() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.meta == nil {
+		return 0
+	}
+	return s.meta.InFlight
+}
+
 // Init (re)initialises the state: it records epoch (see NewEpoch),
 // fingerprint and the store's layout, sets the checkpoint to 0 and starts
-// new, empty generations for both sides, atomically. Existing data becomes
-// garbage that Sweep deletes; Init itself is O(1).
+// new, empty generations for both sides, atomically. A partial transaction
+// in flight is forgotten with its undo log. Existing data becomes garbage
+// that Sweep deletes; Init itself is O(1).
 func (s *Store) Init(ctx context.Context, epoch, fingerprint string) error {
 	if epoch == "" {
 		return errors.New("init redis state: empty epoch")
@@ -169,6 +196,7 @@ func (s *Store) Init(ctx context.Context, epoch, fingerprint string) error {
 		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			p.Del(ctx, key)
 			p.HSet(ctx, key, metaArgs(m)...)
+			p.Unlink(ctx, s.keys.undo())
 			return nil
 		})
 		return err
@@ -222,8 +250,11 @@ func readMeta(ctx context.Context, c redis.Cmdable, key string) (Meta, error) {
 		return Meta{}, fmt.Errorf("%w: meta hash %s has no epoch", ErrNoState, key)
 	}
 	m := Meta{Epoch: str[0], Fingerprint: str[1], Layout: str[2]}
-	for i, dst := range []*uint64{&m.Checkpoint, &m.LeftGen, &m.RightGen} {
+	for i, dst := range []*uint64{&m.Checkpoint, &m.LeftGen, &m.RightGen, &m.InFlight} {
 		f := str[3+i]
+		if f == "" && metaFields[3+i] == fieldInFlight {
+			continue // absent: no partial transaction
+		}
 		if *dst, err = strconv.ParseUint(f, 10, 64); err != nil {
 			return Meta{}, fmt.Errorf("read redis meta %s: field %s is %q", key, metaFields[3+i], f)
 		}

@@ -12,16 +12,25 @@ import (
 // WATCH to concurrent commits.
 const sweepRetries = 100
 
+// errPaused stops a sweep that finds a partial transaction in flight.
+var errPaused = errors.New("sweep paused by a partial transaction")
+
 // Sweep deletes the keys of generations that are no longer current (left
 // behind by Clear or Init), in bounded steps: each step SCANs about
 // Config.PageSize keys and UNLINKs the garbage among them. It returns the
 // number of keys deleted, and stops early when ctx is done. It may run in the
 // background, concurrently with reads and commits: each step decides and
 // deletes under WATCH of the meta hash, so a generation that a concurrent
-// commit makes current is never deleted.
+// commit makes current is never deleted. While a partial transaction is in
+// flight (see CommitPartial) Sweep deletes nothing and returns 0: Recover may
+// make a replaced generation current again.
 func (s *Store) Sweep(ctx context.Context) (int, error) {
-	if _, err := readMeta(ctx, s.rdb, s.keys.meta()); err != nil {
+	m, err := readMeta(ctx, s.rdb, s.keys.meta())
+	if err != nil {
 		return 0, fmt.Errorf("sweep redis state: %w", err)
+	}
+	if m.InFlight != 0 {
+		return 0, nil
 	}
 	var cursor uint64
 	total := 0
@@ -32,6 +41,9 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 		}
 		n, err := s.sweepStep(ctx, keys)
 		total += n
+		if errors.Is(err, errPaused) {
+			return total, nil
+		}
 		if err != nil {
 			return total, fmt.Errorf("sweep redis state: %w", err)
 		}
@@ -42,7 +54,9 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 	}
 }
 
-// sweepStep unlinks the keys among keys whose generation is not current.
+// sweepStep unlinks the keys among keys whose generation is not current. It
+// fails with errPaused, deleting nothing, when a partial transaction is in
+// flight.
 func (s *Store) sweepStep(ctx context.Context, keys []string) (int, error) {
 	if len(keys) == 0 {
 		return 0, nil
@@ -54,6 +68,9 @@ func (s *Store) sweepStep(ctx context.Context, keys []string) (int, error) {
 			m, err := readMeta(ctx, tx, meta)
 			if err != nil {
 				return err
+			}
+			if m.InFlight != 0 {
+				return errPaused
 			}
 			stale = stale[:0]
 			for _, k := range keys {

@@ -2,7 +2,6 @@ package fkmat
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -207,26 +206,147 @@ func (jr *joinRunner) changes(txns []*cdc.Txn) ([]join.Change, error) {
 	done := cdc.LSN(jr.store.Checkpoint())
 	var out []join.Change
 	for _, t := range txns {
-		if t.EndLSN <= done && t.Final {
+		if t.EndLSN <= done {
 			continue
 		}
-		for i := range t.Changes {
-			var err error
-			if out, err = jr.mapper.appendChanges(out, &t.Changes[i]); err != nil {
-				return nil, fmt.Errorf("join %q, transaction %d at %s: %w", jr.plan.Name, t.Xid, t.CommitLSN, err)
-			}
+		c, err := jr.mapChunk(t)
+		if err != nil {
+			return nil, err
 		}
+		out = append(out, c...)
 	}
 	return out, nil
 }
 
-// errLargeTxn is returned until chunked transactions can be applied with
-// their Redis side recoverable midway.
-var errLargeTxn = errors.New("transaction too large for one batch")
-
-// applyLarge applies a transaction delivered in several chunks.
+// applyLarge applies a transaction delivered in several chunks: all chunks
+// go into one target transaction, committed at the source commit, while each
+// chunk's Redis state is written at once with an undo log (CommitPartial),
+// so that later chunks see it and a crash midway is rolled back (Recover).
+// If the stream restarts the transaction from chunk 0 (a reconnect), the
+// work so far is undone and the transaction starts over.
 func (p *pipeline) applyLarge(ctx context.Context, first *cdc.Txn) error {
-	return fmt.Errorf("transaction %d at %s: %w (more than %d changes)", first.Xid, first.CommitLSN, errLargeTxn, len(first.Changes))
+	for {
+		restart, err := p.tryLarge(ctx, first)
+		if err != nil && ctx.Err() != nil {
+			// Shutdown: the attempt was undone; the transaction is replayed
+			// on the next start.
+			p.log.Info("shutdown in the middle of a large transaction; it will be applied on restart", "xid", first.Xid)
+			return nil
+		}
+		if err != nil || restart == nil {
+			return err
+		}
+		p.log.Info("transaction restarted by the stream; undoing its partial work", "xid", first.Xid)
+		first = restart
+	}
+}
+
+// tryLarge applies one attempt of a chunked transaction. It returns the
+// chunk 0 that restarts it, if the stream sent one.
+func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.Txn, err error) {
+	txnID := uint64(first.CommitLSN)
+	// Transactions are ordered by commit position: one that commits before
+	// the target checkpoint is already in the target.
+	writeTarget := first.CommitLSN >= p.targetLSN
+	var tx *sink.Tx
+	if writeTarget {
+		if tx, err = p.writer.Begin(ctx); err != nil {
+			return nil, err
+		}
+	}
+	partial := make([]bool, len(p.joins))
+	done := false
+	defer func() {
+		if done {
+			return
+		}
+		// Abandon the attempt: nothing of it may remain.
+		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if tx != nil {
+			_ = tx.Rollback(bg)
+		}
+		for i, jr := range p.joins {
+			if partial[i] {
+				if _, rerr := jr.store.Recover(bg); rerr != nil && err == nil {
+					err = fmt.Errorf("join %q: undo partial transaction: %w", jr.plan.Name, rerr)
+				}
+			}
+		}
+	}()
+	chunk, changes := first, 0
+	for {
+		for i, jr := range p.joins {
+			if cdc.LSN(jr.store.Checkpoint()) > chunk.CommitLSN {
+				continue // this join's state has the whole transaction
+			}
+			jc, err := jr.mapChunk(chunk)
+			if err != nil {
+				return nil, err
+			}
+			m, err := jr.engine.Apply(ctx, jc, func(ctx context.Context, out join.Output) error {
+				if tx == nil {
+					return nil
+				}
+				return tx.Apply(ctx, &jr.plan.Target, out)
+			})
+			if err != nil {
+				return nil, fmt.Errorf("join %q: %w", jr.plan.Name, err)
+			}
+			if err := jr.store.CommitPartial(ctx, m, txnID); err != nil {
+				return nil, fmt.Errorf("join %q: %w", jr.plan.Name, err)
+			}
+			partial[i] = true
+		}
+		changes += len(chunk.Changes)
+		if chunk.Final {
+			break
+		}
+		next, err := p.stream.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, nil // shutdown: undone by the deferred rollback, replayed on restart
+			}
+			return nil, err
+		}
+		if next.Chunk == 0 {
+			return next, nil
+		}
+		chunk = next
+	}
+	end := chunk.EndLSN
+	if tx != nil {
+		if err := tx.Commit(ctx, p.slot, lsnOf(end)); err != nil {
+			return nil, err
+		}
+		p.targetLSN = end
+	}
+	done = true
+	for i, jr := range p.joins {
+		if partial[i] {
+			if err := jr.store.FinishPartial(ctx, uint64(end)); err != nil {
+				return nil, fmt.Errorf("join %q: %w", jr.plan.Name, err)
+			}
+		}
+	}
+	p.stream.Ack(end)
+	p.batches++
+	p.txns++
+	p.changes += int64(changes)
+	p.log.Info("large transaction applied", "xid", first.Xid, "changes", changes, "chunks", chunk.Chunk+1, "end_lsn", end.String())
+	return nil, nil
+}
+
+// mapChunk maps one chunk's changes to join changes.
+func (jr *joinRunner) mapChunk(t *cdc.Txn) ([]join.Change, error) {
+	var out []join.Change
+	for i := range t.Changes {
+		var err error
+		if out, err = jr.mapper.appendChanges(out, &t.Changes[i]); err != nil {
+			return nil, fmt.Errorf("join %q, transaction %d at %s: %w", jr.plan.Name, t.Xid, t.CommitLSN, err)
+		}
+	}
+	return out, nil
 }
 
 func lsnOf(l cdc.LSN) pglogrepl.LSN { return pglogrepl.LSN(l) }

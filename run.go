@@ -48,6 +48,13 @@ func (d *daemon) stream(ctx context.Context) error {
 	}
 	start := cdc.LSN(targetLSN)
 	for _, jr := range d.joins {
+		// A crash in the middle of a large transaction left its partial
+		// Redis state behind: undo it; the transaction is replayed.
+		if undone, err := jr.store.Recover(ctx); err != nil {
+			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
+		} else if undone {
+			d.log.Warn("undid a partially applied large transaction", "join", jr.plan.Name)
+		}
 		if c := cdc.LSN(jr.store.Checkpoint()); c < start {
 			start = c
 		}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/sink"
 )
 
 // ErrLostState means the Redis state of a join is lost or foreign and
@@ -17,7 +19,46 @@ var ErrLostState = errors.New("redis state lost")
 // backfill, lost Redis state when allowed), then streams and maintains every
 // target until ctx is done. On shutdown it finishes the batch in hand,
 // checkpoints, acknowledges and returns nil.
+//
+// Errors that a retry can fix (a database or Redis unreachable or
+// restarting) restart the whole pipeline from its checkpoints after an
+// exponential, jittered backoff; configuration problems, schema changes,
+// lost state with OnLostState=refuse and terminal replication errors stop
+// Run.
 func Run(ctx context.Context, cfg *Config, opts Options) error {
+	opts.setDefaults()
+	delay := time.Second
+	for {
+		started := time.Now()
+		err := runOnce(ctx, cfg, opts)
+		if err == nil || ctx.Err() != nil {
+			return nil
+		}
+		if terminal(err) {
+			return err
+		}
+		if time.Since(started) > time.Minute {
+			delay = time.Second
+		}
+		wait := delay/2 + rand.N(delay)
+		opts.Logger.Error("pipeline failed; restarting from the checkpoints", "err", err, "retry_in", wait.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		delay = min(2*delay, 30*time.Second)
+	}
+}
+
+// terminal reports whether retrying cannot fix err.
+func terminal(err error) bool {
+	var ce *ConfigError
+	return errors.As(err, &ce) || errors.Is(err, ErrSchemaChanged) || errors.Is(err, ErrLostState) ||
+		errors.Is(err, sink.ErrShapeMismatch) || errors.Is(err, sink.ErrCheckpointBackwards) || cdc.IsTerminal(err)
+}
+
+func runOnce(ctx context.Context, cfg *Config, opts Options) error {
 	d, err := open(ctx, cfg, opts)
 	if err != nil {
 		return err

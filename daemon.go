@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -40,6 +41,12 @@ type Options struct {
 	// PageSize bounds the dependents resolved per fan-out page; zero means
 	// join.DefaultPageSize.
 	PageSize int
+	// MetricsAddr, when set, serves Prometheus /metrics, /healthz and
+	// /readyz on that address while Run runs.
+	MetricsAddr string
+	// MetricsBound, when set, receives the address the metrics server
+	// listens on (useful with port 0).
+	MetricsBound func(net.Addr)
 }
 
 func (o *Options) setDefaults() {
@@ -64,6 +71,7 @@ type daemon struct {
 	cdc    *cdc.Client
 	writer *sink.Writer
 	joins  []*joinRunner
+	obs    *observer // nil without --metrics-addr
 }
 
 // open connects to the source, the target and Redis, resolves the joins

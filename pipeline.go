@@ -60,7 +60,7 @@ type pipeline struct {
 	// batch.
 	held *cdc.Txn
 	// stats
-	batches, txns, changes int64
+	batches, txns, changes, upserted, deleted int64
 }
 
 // batch is a run of whole transactions.
@@ -183,6 +183,8 @@ func (p *pipeline) applyBatch(ctx context.Context, b *batch) error {
 			return err
 		}
 		p.targetLSN = end
+		p.upserted += tx.Stats.Upserted
+		p.deleted += tx.Stats.Deleted
 	}
 	for i, jr := range p.joins {
 		if len(perJoin[i]) == 0 && jr.store.Checkpoint() >= uint64(end) {
@@ -320,6 +322,8 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 			return nil, err
 		}
 		p.targetLSN = end
+		p.upserted += tx.Stats.Upserted
+		p.deleted += tx.Stats.Deleted
 	}
 	done = true
 	for i, jr := range p.joins {

@@ -27,10 +27,22 @@ var ErrLostState = errors.New("redis state lost")
 // Run.
 func Run(ctx context.Context, cfg *Config, opts Options) error {
 	opts.setDefaults()
+	var obs *observer
+	if opts.MetricsAddr != "" {
+		obs = &observer{phase: "starting"}
+		addr, err := serveMetrics(ctx, opts.MetricsAddr, obs, opts.Logger)
+		if err != nil {
+			return &ConfigError{Problems: []string{err.Error() + "; choose another --metrics-addr"}}
+		}
+		opts.Logger.Info("serving metrics", "addr", addr.String())
+		if opts.MetricsBound != nil {
+			opts.MetricsBound(addr)
+		}
+	}
 	delay := time.Second
 	for {
 		started := time.Now()
-		err := runOnce(ctx, cfg, opts)
+		err := runOnce(ctx, cfg, opts, obs)
 		if err == nil || ctx.Err() != nil {
 			return nil
 		}
@@ -58,12 +70,14 @@ func terminal(err error) bool {
 		errors.Is(err, sink.ErrShapeMismatch) || errors.Is(err, sink.ErrCheckpointBackwards) || cdc.IsTerminal(err)
 }
 
-func runOnce(ctx context.Context, cfg *Config, opts Options) error {
+func runOnce(ctx context.Context, cfg *Config, opts Options, obs *observer) error {
+	obs.setPhase("starting")
 	d, err := open(ctx, cfg, opts)
 	if err != nil {
 		return err
 	}
 	defer d.close()
+	d.obs = obs
 	reason, lost, err := d.assess(ctx)
 	if err != nil {
 		return err
@@ -73,6 +87,7 @@ func runOnce(ctx context.Context, cfg *Config, opts Options) error {
 			return fmt.Errorf("%w: %s; run fkmat backfill --force to rebuild it", ErrLostState, reason)
 		}
 		d.log.Warn("backfilling before streaming", "reason", reason)
+		obs.setPhase("backfilling")
 		if err := d.backfill(ctx); err != nil {
 			return err
 		}
@@ -115,7 +130,10 @@ func (d *daemon) stream(ctx context.Context) error {
 		limits: d.opts.Batch, log: d.log.With("component", "pipeline"), targetLSN: cdc.LSN(targetLSN),
 	}
 	d.log.Info("streaming", "slot", d.cfg.Slot, "start_lsn", start.String(), "joins", len(d.joins))
+	d.obs.attach(p)
+	d.obs.setPhase("streaming")
 	runErr := p.run(ctx)
+	d.obs.setPhase("stopping")
 	d.flushAck(stream)
 	stopStream()
 	<-stream.Done()

@@ -15,6 +15,8 @@ func runCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "on-lost-state", Value: fkmat.LostStateRebuild, EnvVars: []string{"FKMAT_ON_LOST_STATE"},
 				Usage: "when the Redis state is lost or foreign: rebuild (backfill again) or refuse (exit naming fkmat backfill --force)"},
+			&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"FKMAT_METRICS_ADDR"},
+				Usage: "serve Prometheus /metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9187)"},
 		},
 		Action: func(c *cli.Context) error {
 			cfg, opts, err := setup(c)
@@ -22,6 +24,7 @@ func runCommand() *cli.Command {
 				return err
 			}
 			opts.OnLostState = c.String("on-lost-state")
+			opts.MetricsAddr = c.String("metrics-addr")
 			if opts.OnLostState != fkmat.LostStateRebuild && opts.OnLostState != fkmat.LostStateRefuse {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--on-lost-state %q: use rebuild or refuse", opts.OnLostState)}
 			}

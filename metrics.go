@@ -1,0 +1,185 @@
+package fkmat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// observer publishes the running daemon's counters on /metrics and its
+// health on /healthz and /readyz. It reads the components' Stats() on each
+// scrape; the core logic knows nothing of it. The pipeline it observes is
+// replaced when Run restarts it, so counters are carried across restarts.
+type observer struct {
+	mu    sync.Mutex
+	p     *pipeline
+	phase string // "starting", "backfilling", "streaming"
+	base  pipelineCounters
+}
+
+// pipelineCounters are the cumulative counters of pipelines.
+type pipelineCounters struct {
+	batches, txns, changes, upserted, deleted int64
+	stale, fanout, drops, responses           uint64
+	reconnects                                int64
+}
+
+func (o *observer) setPhase(phase string) {
+	if o == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.phase = phase
+}
+
+// attach makes p the observed pipeline, folding the previous one's counters
+// into the base.
+func (o *observer) attach(p *pipeline) {
+	if o == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.p != nil {
+		o.base = o.countersLocked()
+	}
+	o.p = p
+}
+
+func (o *observer) countersLocked() pipelineCounters {
+	c := o.base
+	p := o.p
+	if p == nil {
+		return c
+	}
+	c.batches += p.batches
+	c.txns += p.txns
+	c.changes += p.changes
+	c.upserted += p.upserted
+	c.deleted += p.deleted
+	for _, jr := range p.joins {
+		s := jr.engine.Stats()
+		c.stale += s.StaleResponses
+		c.fanout += s.FanoutRows
+		c.drops += s.InnerNullFKDrops
+		c.responses += s.Responses
+	}
+	c.reconnects += p.stream.Stats().Reconnects
+	return c
+}
+
+var (
+	descs = map[string]*prometheus.Desc{}
+	gauge = map[string]bool{}
+)
+
+func desc(name, help string, isGauge bool) *prometheus.Desc {
+	d := prometheus.NewDesc(name, help, nil, nil)
+	descs[name], gauge[name] = d, isGauge
+	return d
+}
+
+var (
+	mBatches    = desc("fkmat_pipeline_batches_total", "Batches committed to the target and Redis.", false)
+	mTxns       = desc("fkmat_pipeline_transactions_total", "Source transactions applied.", false)
+	mChanges    = desc("fkmat_pipeline_changes_total", "Source row changes applied.", false)
+	mUpserted   = desc("fkmat_sink_rows_upserted_total", "Target rows inserted or changed.", false)
+	mDeleted    = desc("fkmat_sink_rows_deleted_total", "Target rows deleted.", false)
+	mStale      = desc("fkmat_join_stale_responses_total", "Responses discarded by the value-hash check.", false)
+	mFanout     = desc("fkmat_join_fanout_rows_total", "Dependent rows resolved after right-side changes.", false)
+	mDrops      = desc("fkmat_join_inner_null_fk_drops_total", "Inner-join left rows without a row because of a NULL foreign key.", false)
+	mReconnects = desc("fkmat_cdc_reconnects_total", "Replication reconnects.", false)
+	mLag        = desc("fkmat_cdc_lag_bytes", "Server WAL end minus the acknowledged position.", true)
+	mAcked      = desc("fkmat_cdc_acked_lsn", "Highest acknowledged LSN (committed in the target).", true)
+	mBuffered   = desc("fkmat_cdc_buffered_changes", "Changes received and not yet taken by the pipeline.", true)
+	mReady      = desc("fkmat_ready", "1 while streaming.", true)
+)
+
+// Describe implements prometheus.Collector.
+func (o *observer) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range descs {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (o *observer) Collect(ch chan<- prometheus.Metric) {
+	o.mu.Lock()
+	c := o.countersLocked()
+	p, phase := o.p, o.phase
+	o.mu.Unlock()
+	counter := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v) }
+	gaugeOf := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
+	counter(mBatches, float64(c.batches))
+	counter(mTxns, float64(c.txns))
+	counter(mChanges, float64(c.changes))
+	counter(mUpserted, float64(c.upserted))
+	counter(mDeleted, float64(c.deleted))
+	counter(mStale, float64(c.stale))
+	counter(mFanout, float64(c.fanout))
+	counter(mDrops, float64(c.drops))
+	counter(mReconnects, float64(c.reconnects))
+	ready := 0.0
+	if phase == "streaming" {
+		ready = 1
+	}
+	gaugeOf(mReady, ready)
+	if p != nil {
+		st := p.stream.Stats()
+		lag := 0.0
+		if st.ServerWALEnd > st.AckedLSN {
+			lag = float64(st.ServerWALEnd - st.AckedLSN)
+		}
+		gaugeOf(mLag, lag)
+		gaugeOf(mAcked, float64(st.AckedLSN))
+		gaugeOf(mBuffered, float64(st.BufferedChanges))
+	}
+}
+
+// serveMetrics serves /metrics, /healthz and /readyz on addr until ctx is
+// done. It returns once the listener is bound.
+func serveMetrics(ctx context.Context, addr string, o *observer, log *slog.Logger) (net.Addr, error) {
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(o); err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		o.mu.Lock()
+		phase := o.phase
+		o.mu.Unlock()
+		if phase != "streaming" {
+			http.Error(w, "not ready: "+phase, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on --metrics-addr %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped; the daemon goes on without it", "err", err)
+		}
+	}()
+	return l.Addr(), nil
+}

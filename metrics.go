@@ -117,7 +117,9 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	c := o.countersLocked()
 	p, phase := o.p, o.phase
 	o.mu.Unlock()
-	counter := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v) }
+	counter := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
+	}
 	gaugeOf := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
 	counter(mBatches, float64(c.batches))
 	counter(mTxns, float64(c.txns))

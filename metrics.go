@@ -77,31 +77,29 @@ func (o *observer) countersLocked() pipelineCounters {
 	return c
 }
 
-var (
-	descs = map[string]*prometheus.Desc{}
-	gauge = map[string]bool{}
-)
+// descs lists every metric for Describe.
+var descs []*prometheus.Desc
 
-func desc(name, help string, isGauge bool) *prometheus.Desc {
+func desc(name, help string) *prometheus.Desc {
 	d := prometheus.NewDesc(name, help, nil, nil)
-	descs[name], gauge[name] = d, isGauge
+	descs = append(descs, d)
 	return d
 }
 
 var (
-	mBatches    = desc("fkmat_pipeline_batches_total", "Batches committed to the target and Redis.", false)
-	mTxns       = desc("fkmat_pipeline_transactions_total", "Source transactions applied.", false)
-	mChanges    = desc("fkmat_pipeline_changes_total", "Source row changes applied.", false)
-	mUpserted   = desc("fkmat_sink_rows_upserted_total", "Target rows inserted or changed.", false)
-	mDeleted    = desc("fkmat_sink_rows_deleted_total", "Target rows deleted.", false)
-	mStale      = desc("fkmat_join_stale_responses_total", "Responses discarded by the value-hash check.", false)
-	mFanout     = desc("fkmat_join_fanout_rows_total", "Dependent rows resolved after right-side changes.", false)
-	mDrops      = desc("fkmat_join_inner_null_fk_drops_total", "Inner-join left rows without a row because of a NULL foreign key.", false)
-	mReconnects = desc("fkmat_cdc_reconnects_total", "Replication reconnects.", false)
-	mLag        = desc("fkmat_cdc_lag_bytes", "Server WAL end minus the acknowledged position.", true)
-	mAcked      = desc("fkmat_cdc_acked_lsn", "Highest acknowledged LSN (committed in the target).", true)
-	mBuffered   = desc("fkmat_cdc_buffered_changes", "Changes received and not yet taken by the pipeline.", true)
-	mReady      = desc("fkmat_ready", "1 while streaming.", true)
+	mBatches    = desc("fkmat_pipeline_batches_total", "Batches committed to the target and Redis.")
+	mTxns       = desc("fkmat_pipeline_transactions_total", "Source transactions applied.")
+	mChanges    = desc("fkmat_pipeline_changes_total", "Source row changes applied.")
+	mUpserted   = desc("fkmat_sink_rows_upserted_total", "Target rows inserted or changed.")
+	mDeleted    = desc("fkmat_sink_rows_deleted_total", "Target rows deleted.")
+	mStale      = desc("fkmat_join_stale_responses_total", "Responses discarded by the value-hash check.")
+	mFanout     = desc("fkmat_join_fanout_rows_total", "Dependent rows resolved after right-side changes.")
+	mDrops      = desc("fkmat_join_inner_null_fk_drops_total", "Inner-join left rows without a row because of a NULL foreign key.")
+	mReconnects = desc("fkmat_cdc_reconnects_total", "Replication reconnects.")
+	mLag        = desc("fkmat_cdc_lag_bytes", "Server WAL end minus the acknowledged position.")
+	mAcked      = desc("fkmat_cdc_acked_lsn", "Highest acknowledged LSN (committed in the target).")
+	mBuffered   = desc("fkmat_cdc_buffered_changes", "Changes received and not yet taken by the pipeline.")
+	mReady      = desc("fkmat_ready", "1 while streaming.")
 )
 
 // Describe implements prometheus.Collector.

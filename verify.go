@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // VerifyReport compares one target with its SQL join.
@@ -38,12 +40,24 @@ func Verify(ctx context.Context, cfg *Config, opts Options) ([]VerifyReport, err
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Target != cfg.Source {
-		return nil, fmt.Errorf("verify: the target database differs from the source; only same-database verification is implemented")
-	}
 	reports := make([]VerifyReport, 0, len(plans))
+	if cfg.Target == cfg.Source {
+		for _, p := range plans {
+			r, err := verifySameDB(ctx, source, p)
+			if err != nil {
+				return nil, err
+			}
+			reports = append(reports, r)
+		}
+		return reports, nil
+	}
+	target, err := connectPostgres(ctx, cfg.Target, "target")
+	if err != nil {
+		return nil, err
+	}
+	defer target.Close()
 	for _, p := range plans {
-		r, err := verifySameDB(ctx, source, p)
+		r, err := verifyMerge(ctx, source, target, p)
 		if err != nil {
 			return nil, err
 		}
@@ -114,3 +128,153 @@ func verifySameDB(ctx context.Context, db Querier, p *JoinPlan) (VerifyReport, e
 func ident(s string) string { return pgx.Identifier{s}.Sanitize() }
 
 func tableIdent(t TableName) string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
+
+// verifyMerge compares a join evaluated on the source with a target in
+// another database: both sides are streamed in the same key order (the keys'
+// text forms in byte order) and merged, so memory stays bounded.
+func verifyMerge(ctx context.Context, source, target *pgxpool.Pool, p *JoinPlan) (VerifyReport, error) {
+	r := VerifyReport{Join: p.Name, Target: p.Target.Ident()}
+	nk := p.Target.KeyCount
+	var cols, order []string
+	for i, c := range p.Target.Columns {
+		cols = append(cols, ident(c.Name))
+		if i < nk {
+			order = append(order, ident(c.Name)+`::text COLLATE "C"`)
+		}
+	}
+	orderBy := " ORDER BY " + strings.Join(order, ", ")
+	expected, err := openRows(ctx, source, "SELECT "+strings.Join(cols, ", ")+" FROM ("+OracleSQL(p)+") e"+orderBy)
+	if err != nil {
+		return r, fmt.Errorf("verify join %q on the source: %w", p.Name, err)
+	}
+	defer expected.close()
+	actual, err := openRows(ctx, target, "SELECT "+strings.Join(cols, ", ")+" FROM "+p.Target.Ident()+orderBy)
+	if err != nil {
+		return r, fmt.Errorf("verify join %q on the target: %w", p.Name, err)
+	}
+	defer actual.close()
+	example := func(kind string, row []*string) {
+		if len(r.Examples) < 5 {
+			r.Examples = append(r.Examples, kind+" "+keyText(row[:nk]))
+		}
+	}
+	e, a := expected.next(), actual.next()
+	for e != nil || a != nil {
+		c := 0
+		switch {
+		case e == nil:
+			c = 1
+		case a == nil:
+			c = -1
+		default:
+			c = compareKeys(e[:nk], a[:nk])
+		}
+		switch {
+		case c < 0:
+			r.Expected++
+			r.Missing++
+			example("missing", e)
+			e = expected.next()
+		case c > 0:
+			r.Actual++
+			r.Extra++
+			example("extra", a)
+			a = actual.next()
+		default:
+			r.Expected++
+			r.Actual++
+			if !rowsEqual(e, a) {
+				r.Different++
+				example("different", e)
+			}
+			e, a = expected.next(), actual.next()
+		}
+	}
+	for _, rs := range []*textRows{expected, actual} {
+		if err := rs.err(); err != nil {
+			return r, fmt.Errorf("verify join %q: %w", p.Name, err)
+		}
+	}
+	return r, nil
+}
+
+// textRows streams a query's rows in text form.
+type textRows struct {
+	conn *pgxpool.Conn
+	rr   *pgconn.ResultReader
+	fail error
+}
+
+func openRows(ctx context.Context, pool *pgxpool.Pool, sql string) (*textRows, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// Text forms must not depend on session settings.
+	if _, err := conn.Exec(ctx, "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, MDY'; SET extra_float_digits = 1"); err != nil {
+		conn.Release()
+		return nil, err
+	}
+	return &textRows{conn: conn, rr: conn.Conn().PgConn().ExecParams(ctx, sql, nil, nil, nil, nil)}, nil
+}
+
+// next returns the next row (copied), or nil at the end or on error.
+func (t *textRows) next() []*string {
+	if t.fail != nil || !t.rr.NextRow() {
+		return nil
+	}
+	vals := t.rr.Values()
+	row := make([]*string, len(vals))
+	for i, v := range vals {
+		if v != nil {
+			s := string(v)
+			row[i] = &s
+		}
+	}
+	return row
+}
+
+func (t *textRows) err() error {
+	if t.fail == nil {
+		_, t.fail = t.rr.Close()
+	}
+	return t.fail
+}
+
+func (t *textRows) close() {
+	_ = t.err()
+	t.conn.Release()
+}
+
+func compareKeys(a, b []*string) int {
+	for i := range a {
+		if c := strings.Compare(deref(a[i]), deref(b[i])); c != 0 {
+			return c
+		}
+	}
+	return 0
+}
+
+func rowsEqual(a, b []*string) bool {
+	for i := range a {
+		if (a[i] == nil) != (b[i] == nil) || deref(a[i]) != deref(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func keyText(key []*string) string {
+	parts := make([]string, len(key))
+	for i, k := range key {
+		parts[i] = deref(k)
+	}
+	return "(" + strings.Join(parts, ",") + ")"
+}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/internal/testenv"
 )
@@ -77,6 +79,13 @@ func (d *daemon) stop(t *testing.T) error {
 // committed so far (SPEC guarantee 2) or the daemon fails.
 func waitCaughtUp(t *testing.T, tc *testenv.Case, d *daemon) {
 	t.Helper()
+	waitCaughtUpMeta(t, tc, tc.Pool, d)
+}
+
+// waitCaughtUpMeta is waitCaughtUp with fkmat's metadata read from meta (the
+// target database).
+func waitCaughtUpMeta(t *testing.T, tc *testenv.Case, meta *pgxpool.Pool, d *daemon) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var target string
@@ -87,11 +96,14 @@ func waitCaughtUp(t *testing.T, tc *testenv.Case, d *daemon) {
 		// The slot exists from the start of the backfill, at its consistent
 		// point; the target is usable once every join is streaming.
 		var ok *bool
-		err := tc.Pool.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $1::pg_lsn
-			AND NOT EXISTS (SELECT FROM fkmat.join_state WHERE slot = $2 AND phase <> 'streaming')
-			AND EXISTS (SELECT FROM fkmat.join_state WHERE slot = $2)
-			FROM pg_replication_slots WHERE slot_name = $2`, target, tc.Slot).Scan(&ok)
-		if err == nil && ok != nil && *ok {
+		var streaming bool
+		err := tc.Pool.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2`,
+			target, tc.Slot).Scan(&ok)
+		if err == nil {
+			err = meta.QueryRow(ctx, `SELECT count(*) > 0 AND bool_and(phase = 'streaming') FROM fkmat.join_state WHERE slot = $1`,
+				tc.Slot).Scan(&streaming)
+		}
+		if err == nil && ok != nil && *ok && streaming {
 			return
 		}
 		select {

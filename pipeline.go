@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -59,6 +60,9 @@ type pipeline struct {
 	// held is a chunk received while collecting that belongs to the next
 	// batch.
 	held *cdc.Txn
+	// garbage is set when a batch dropped a generation of Redis keys
+	// (TRUNCATE); the sweeper deletes them.
+	garbage atomic.Bool
 	// stats
 	batches, txns, changes, upserted, deleted int64
 }
@@ -193,6 +197,9 @@ func (p *pipeline) applyBatch(ctx context.Context, b *batch) error {
 		if err := jr.store.Commit(ctx, muts[i], uint64(end)); err != nil {
 			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
 		}
+		if muts[i].ClearLeft || muts[i].ClearRight {
+			p.garbage.Store(true)
+		}
 	}
 	p.stream.Ack(end)
 	p.batches++
@@ -297,6 +304,9 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 			}
 			if err := jr.store.CommitPartial(ctx, m, txnID); err != nil {
 				return nil, fmt.Errorf("join %q: %w", jr.plan.Name, err)
+			}
+			if m.ClearLeft || m.ClearRight {
+				p.garbage.Store(true)
 			}
 			partial[i] = true
 		}

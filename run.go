@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/fkmat/fkmat/cdc"
@@ -132,6 +133,9 @@ func (d *daemon) stream(ctx context.Context) error {
 	d.log.Info("streaming", "slot", d.cfg.Slot, "start_lsn", start.String(), "joins", len(d.joins))
 	d.obs.attach(p)
 	d.obs.setPhase("streaming")
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	defer stopSweep()
+	go d.sweep(sweepCtx, &p.garbage)
 	runErr := p.run(ctx)
 	d.obs.setPhase("stopping")
 	d.flushAck(stream)
@@ -157,6 +161,38 @@ func (d *daemon) flushAck(stream *cdc.Stream) {
 		case <-stream.Done():
 			return
 		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// sweepInterval is how often the keys of dropped generations (after a
+// TRUNCATE or a rebuild) are deleted in the background.
+const sweepInterval = 30 * time.Second
+
+// sweep deletes garbage Redis keys in bounded steps until ctx is done: once
+// at start, then after batches that truncated a side (garbage is set). A
+// sweep SCANs the keyspace, so it does not run when nothing was dropped. The
+// store makes it safe next to the batch loop's commits.
+func (d *daemon) sweep(ctx context.Context, garbage *atomic.Bool) {
+	t := time.NewTicker(sweepInterval)
+	defer t.Stop()
+	garbage.Store(true)
+	for {
+		if garbage.Swap(false) {
+			for _, jr := range d.joins {
+				n, err := jr.store.Sweep(ctx)
+				if err != nil && ctx.Err() == nil {
+					d.log.Warn("sweeping old redis keys failed", "join", jr.plan.Name, "err", err)
+					garbage.Store(true) // try again next time
+				} else if n > 0 {
+					d.log.Info("swept old redis keys", "join", jr.plan.Name, "keys", n)
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
 		}
 	}
 }

@@ -7,15 +7,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
 )
-
-// backfillBatch is the number of source rows loaded per engine batch.
-const backfillBatch = 10_000
 
 // Backfill runs the consistent initial load of every join in cfg: it creates
 // the publication and a fresh slot with an exported snapshot, loads both
@@ -77,24 +73,14 @@ func (d *daemon) backfill(ctx context.Context) error {
 	if err := d.beginBackfill(ctx, epoch, slot.ConsistentPoint); err != nil {
 		return err
 	}
-	tx, err := d.source.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return fmt.Errorf("begin snapshot transaction: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(slot.SnapshotName)); err != nil {
-		return fmt.Errorf("import snapshot %s: %w", slot.SnapshotName, err)
-	}
-	var rows int64
 	for _, jr := range d.joins {
 		if err := jr.store.Init(ctx, epoch, jr.plan.Fingerprint); err != nil {
 			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
 		}
-		n, err := d.loadJoin(ctx, tx.Conn(), jr)
-		if err != nil {
-			return fmt.Errorf("backfill join %q: %w", jr.plan.Name, err)
-		}
-		rows += n
+	}
+	rows, err := d.load(ctx, slot.SnapshotName)
+	if err != nil {
+		return err
 	}
 	if err := d.finishBackfill(ctx, slot.ConsistentPoint); err != nil {
 		return err
@@ -192,102 +178,12 @@ func (d *daemon) finishBackfill(ctx context.Context, consistent cdc.LSN) error {
 	return tx.Commit(ctx, d.cfg.Slot, lsnOf(consistent))
 }
 
-// loadJoin reads the right table, then the left table, inside the snapshot
-// and feeds their rows through the join engine as inserts. The Redis
-// checkpoint counts batches (1, 2, ...) below the consistent point, which is
-// recorded last.
-func (d *daemon) loadJoin(ctx context.Context, conn *pgx.Conn, jr *joinRunner) (int64, error) {
-	p := jr.plan
-	var seq uint64
-	var total int64
-	flush := func(changes []join.Change) error {
-		if len(changes) == 0 {
-			return nil
-		}
-		tx, err := d.writer.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		m, err := jr.engine.Apply(ctx, changes, func(ctx context.Context, out join.Output) error {
-			return tx.Apply(ctx, &p.Target, out)
-		})
-		if err != nil {
-			return err
-		}
-		if err := tx.CommitRows(ctx); err != nil {
-			return err
-		}
-		seq++
-		total += int64(len(changes))
-		return jr.store.Commit(ctx, m, seq)
-	}
-	rightCols := append(append([]SourceColumn{}, p.Right.Key...), outputSources(p.Right.Values)...)
-	nk := len(p.Right.Key)
-	err := scanTable(ctx, conn, p.Right.Table, rightCols, backfillBatch, func(rows [][]join.Value) error {
-		changes := make([]join.Change, len(rows))
-		for i, r := range rows {
-			changes[i] = join.Change{Kind: join.RightUpsert, Right: join.RightRow{Key: r[:nk], Values: r[nk:]}}
-		}
-		return flush(changes)
-	})
-	if err != nil {
-		return total, err
-	}
-	leftCols := append(append(append([]SourceColumn{}, p.Left.Key...), p.Left.ForeignKey...), outputSources(p.Left.Values)...)
-	nk, nf := len(p.Left.Key), len(p.Left.ForeignKey)
-	err = scanTable(ctx, conn, p.Left.Table, leftCols, backfillBatch, func(rows [][]join.Value) error {
-		changes := make([]join.Change, len(rows))
-		for i, r := range rows {
-			changes[i] = join.Change{Kind: join.LeftUpsert, Left: join.LeftRow{PK: r[:nk], FK: r[nk : nk+nf], Values: r[nk+nf:]}}
-		}
-		return flush(changes)
-	})
-	return total, err
-}
-
 func outputSources(cols []OutputColumn) []SourceColumn {
 	out := make([]SourceColumn, len(cols))
 	for i, c := range cols {
 		out[i] = c.Source
 	}
 	return out
-}
-
-// scanTable streams the columns of table in Postgres text form (the same
-// form pgoutput sends) and hands them to fn in pages of at most page rows.
-func scanTable(ctx context.Context, conn *pgx.Conn, table TableName, cols []SourceColumn, page int,
-	fn func([][]join.Value) error) error {
-	names := make([]string, len(cols))
-	for i, c := range cols {
-		names[i] = pgx.Identifier{c.Name}.Sanitize()
-	}
-	sql := "SELECT " + strings.Join(names, ", ") + " FROM " + pgx.Identifier{table.Schema, table.Name}.Sanitize()
-	rr := conn.PgConn().ExecParams(ctx, sql, nil, nil, nil, nil)
-	batch := make([][]join.Value, 0, page)
-	for rr.NextRow() {
-		raw := rr.Values()
-		row := make([]join.Value, len(raw))
-		for i, b := range raw {
-			if b == nil {
-				row[i] = join.NullValue()
-			} else {
-				row[i] = join.TextValue(string(b))
-			}
-		}
-		batch = append(batch, row)
-		if len(batch) == page {
-			if err := fn(batch); err != nil {
-				_, _ = rr.Close()
-				return err
-			}
-			batch = make([][]join.Value, 0, page)
-		}
-	}
-	if _, err := rr.Close(); err != nil {
-		return fmt.Errorf("read %s: %w", table, err)
-	}
-	return fn(batch)
 }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

@@ -41,6 +41,9 @@ type Options struct {
 	// PageSize bounds the dependents resolved per fan-out page; zero means
 	// join.DefaultPageSize.
 	PageSize int
+	// ProgressBars, when set (a terminal), shows backfill progress bars on
+	// it; otherwise progress goes to Logger as periodic lines.
+	ProgressBars io.Writer
 	// MetricsAddr, when set, serves Prometheus /metrics, /healthz and
 	// /readyz on that address while Run runs.
 	MetricsAddr string
@@ -77,13 +80,13 @@ type daemon struct {
 // open connects to the source, the target and Redis, resolves the joins
 // against the source catalog, migrates the target's metadata schema, creates
 // (or checks) the target tables and opens each join's Redis state.
-func open(ctx context.Context, cfg *Config, opts Options) (d *daemon, err error) {
+func open(ctx context.Context, cfg *Config, opts Options) (_ *daemon, err error) {
 	opts.setDefaults()
-	d = &daemon{cfg: cfg, opts: opts, log: opts.Logger}
+	d := &daemon{cfg: cfg, opts: opts, log: opts.Logger}
+	// d, not the result: a failing return has already set the result to nil.
 	defer func() {
 		if err != nil {
 			d.close()
-			d = nil
 		}
 	}()
 	if d.source, err = connectPostgres(ctx, cfg.Source, "source"); err != nil {

@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/urfave/cli/v2"
+	"golang.org/x/term"
 
 	"github.com/fkmat/fkmat"
 )
@@ -152,7 +153,12 @@ func setup(c *cli.Context) (*fkmat.Config, fkmat.Options, error) {
 	if err != nil {
 		return nil, fkmat.Options{}, err
 	}
-	return cfg, fkmat.Options{Logger: log}, nil
+	opts := fkmat.Options{Logger: log}
+	// Progress bars on a terminal with text logs; plain lines otherwise.
+	if f, ok := c.App.ErrWriter.(*os.File); ok && term.IsTerminal(int(f.Fd())) && flagString(c, "log-format") == "text" {
+		opts.ProgressBars = f
+	}
+	return cfg, opts, nil
 }
 
 // signalContext is canceled by SIGINT or SIGTERM.

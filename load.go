@@ -1,0 +1,263 @@
+package fkmat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/fkmat/fkmat/join"
+)
+
+// loadPage is the number of rows loaded into Redis per pipelined round.
+const loadPage = 20_000
+
+// load is the initial load inside the exported snapshot: for every join, in
+// parallel, the target is filled by streaming the SQL join out of the source
+// with COPY into the target with COPY, and the Redis state is built from the
+// left and the right table, each streamed in its own snapshot transaction.
+// Memory is bounded by a few pages per stream, whatever the table sizes.
+func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
+	prog := newProgress(d.log.With("component", "backfill"), d.opts.ProgressBars)
+	defer prog.close()
+	pctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go prog.run(pctx)
+
+	g, gctx := errgroup.WithContext(ctx)
+	// Three streams at a time: the server's join and COPY, and fkmat's
+	// encoding and Redis writes, keep both cores busy.
+	g.SetLimit(3)
+	var targets []*task
+	for _, jr := range d.joins {
+		target := prog.add(jr.plan.Name+" target", d.estimate(ctx, jr.plan.Left.Table))
+		right := prog.add(jr.plan.Name+" right "+jr.plan.Right.Table.String(), d.estimate(ctx, jr.plan.Right.Table))
+		left := prog.add(jr.plan.Name+" left "+jr.plan.Left.Table.String(), d.estimate(ctx, jr.plan.Left.Table))
+		g.Go(func() error { return d.loadTarget(gctx, snapshot, jr.plan, target) })
+		g.Go(func() error { return d.loadRight(gctx, snapshot, jr, right) })
+		g.Go(func() error { return d.loadLeft(gctx, snapshot, jr, left) })
+		targets = append(targets, target)
+	}
+	if err := g.Wait(); err != nil {
+		return 0, fmt.Errorf("backfill: %w", err)
+	}
+	prog.report()
+	var total int64
+	for _, t := range targets {
+		total += t.done.Load()
+	}
+	return total, nil
+}
+
+// estimate is pg_class.reltuples of a table (0 when unknown).
+func (d *daemon) estimate(ctx context.Context, t TableName) int64 {
+	var n float64
+	err := d.source.QueryRow(ctx, `SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = to_regclass($1)`, tableIdent(t)).Scan(&n)
+	if err != nil {
+		return 0
+	}
+	return int64(n)
+}
+
+// inSnapshot runs fn on a source connection whose transaction sees the
+// exported snapshot.
+func inSnapshot(ctx context.Context, pool *pgxpool.Pool, snapshot string, fn func(*pgx.Conn) error) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("begin snapshot transaction: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
+		return fmt.Errorf("import snapshot %s: %w", snapshot, err)
+	}
+	return fn(conn.Conn())
+}
+
+// loadTarget pipes `COPY (<the SQL join>) TO STDOUT` from the snapshot into
+// `COPY <target> FROM STDIN`, in a target transaction that truncates the
+// table first (so COPY can FREEZE the rows).
+func (d *daemon) loadTarget(ctx context.Context, snapshot string, p *JoinPlan, t *task) error {
+	cols := make([]string, len(p.Target.Columns))
+	for i, c := range p.Target.Columns {
+		cols[i] = ident(c.Name)
+	}
+	pr, pw := io.Pipe()
+	out := make(chan error, 1)
+	go func() {
+		err := inSnapshot(ctx, d.source, snapshot, func(conn *pgx.Conn) error {
+			_, err := conn.PgConn().CopyTo(ctx, &rowCounter{w: pw, t: t}, "COPY ("+OracleSQL(p)+") TO STDOUT")
+			return err
+		})
+		pw.CloseWithError(err)
+		out <- err
+	}()
+	err := func() error {
+		conn, err := d.target.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Release()
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		if _, err := tx.Exec(ctx, "TRUNCATE "+p.Target.Ident()); err != nil {
+			return err
+		}
+		_, err = conn.Conn().PgConn().CopyFrom(ctx, pr, "COPY "+p.Target.Ident()+" ("+strings.Join(cols, ", ")+") FROM STDIN WITH (FREEZE)")
+		if err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}()
+	pr.CloseWithError(err) // unblock the producer if the consumer failed
+	if perr := <-out; perr != nil && !errors.Is(perr, io.ErrClosedPipe) {
+		return fmt.Errorf("copy join %q out of the source: %w", p.Name, perr)
+	}
+	if err != nil {
+		return fmt.Errorf("copy join %q into %s: %w", p.Name, p.Target.Ident(), err)
+	}
+	t.finish()
+	return nil
+}
+
+// rowCounter passes COPY text through, counting rows (one newline each:
+// COPY escapes newlines inside values).
+type rowCounter struct {
+	w io.Writer
+	t *task
+}
+
+func (r *rowCounter) Write(b []byte) (int, error) {
+	r.t.advance(strings.Count(string(b), "\n"))
+	return r.w.Write(b)
+}
+
+// loadRight streams the right table's key and projected columns into the
+// join's Redis state.
+func (d *daemon) loadRight(ctx context.Context, snapshot string, jr *joinRunner, t *task) error {
+	p := jr.plan
+	cols := append(append([]SourceColumn{}, p.Right.Key...), outputSources(p.Right.Values)...)
+	nk := len(p.Right.Key)
+	err := inSnapshot(ctx, d.source, snapshot, func(conn *pgx.Conn) error {
+		return scanTable(ctx, conn, p.Right.Table, cols, loadPage, func(rows [][]join.Value) error {
+			m := join.Mutations{PutRight: make(map[join.Key]join.RightState, len(rows))}
+			for _, r := range rows {
+				k, err := join.EncodeKey(p.Spec.RightKey, r[:nk])
+				if err != nil {
+					return fmt.Errorf("right key of %s: %w", p.Right.Table, err)
+				}
+				m.PutRight[k] = join.RightState{Key: r[:nk], Values: r[nk:]}
+			}
+			if err := jr.store.Load(ctx, m); err != nil {
+				return err
+			}
+			t.advance(len(rows))
+			return nil
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("load right rows of join %q: %w", p.Name, err)
+	}
+	t.finish()
+	return nil
+}
+
+// loadLeft streams the left table's key, foreign key and projected columns
+// into the join's Redis state: left rows with their value hash, and a
+// subscription for every non-NULL foreign key.
+func (d *daemon) loadLeft(ctx context.Context, snapshot string, jr *joinRunner, t *task) error {
+	p := jr.plan
+	cols := append(append(append([]SourceColumn{}, p.Left.Key...), p.Left.ForeignKey...), outputSources(p.Left.Values)...)
+	nk, nf := len(p.Left.Key), len(p.Left.ForeignKey)
+	err := inSnapshot(ctx, d.source, snapshot, func(conn *pgx.Conn) error {
+		return scanTable(ctx, conn, p.Left.Table, cols, loadPage, func(rows [][]join.Value) error {
+			m := join.Mutations{PutLeft: make(map[join.Key]join.LeftState, len(rows))}
+			for _, r := range rows {
+				pk, fk, vals := r[:nk], r[nk:nk+nf], r[nk+nf:]
+				k, err := join.EncodeKey(p.Spec.PK, pk)
+				if err != nil {
+					return fmt.Errorf("left key of %s: %w", p.Left.Table, err)
+				}
+				m.PutLeft[k] = join.NewLeftState(pk, fk, vals)
+				if anyNull(fk) {
+					continue
+				}
+				f, err := join.EncodeKey(p.Spec.FK, fk)
+				if err != nil {
+					return fmt.Errorf("foreign key of %s: %w", p.Left.Table, err)
+				}
+				m.AddSubs = append(m.AddSubs, join.Subscription{FK: f, PK: k})
+			}
+			if err := jr.store.Load(ctx, m); err != nil {
+				return err
+			}
+			t.advance(len(rows))
+			return nil
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("load left rows of join %q: %w", p.Name, err)
+	}
+	t.finish()
+	return nil
+}
+
+func anyNull(vs []join.Value) bool {
+	for _, v := range vs {
+		if v.Null {
+			return true
+		}
+	}
+	return false
+}
+
+// scanTable streams the columns of table in Postgres text form (the same
+// form pgoutput sends) and hands them to fn in pages of at most page rows.
+func scanTable(ctx context.Context, conn *pgx.Conn, table TableName, cols []SourceColumn, page int,
+	fn func([][]join.Value) error) error {
+	names := make([]string, len(cols))
+	for i, c := range cols {
+		names[i] = ident(c.Name)
+	}
+	sql := "SELECT " + strings.Join(names, ", ") + " FROM " + tableIdent(table)
+	rr := conn.PgConn().ExecParams(ctx, sql, nil, nil, nil, nil)
+	batch := make([][]join.Value, 0, page)
+	for rr.NextRow() {
+		raw := rr.Values()
+		row := make([]join.Value, len(raw))
+		for i, b := range raw {
+			if b == nil {
+				row[i] = join.NullValue()
+			} else {
+				row[i] = join.TextValue(string(b))
+			}
+		}
+		batch = append(batch, row)
+		if len(batch) == page {
+			if err := fn(batch); err != nil {
+				_, _ = rr.Close()
+				return err
+			}
+			batch = make([][]join.Value, 0, page)
+		}
+	}
+	if _, err := rr.Close(); err != nil {
+		return fmt.Errorf("read %s: %w", table, err)
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	return fn(batch)
+}

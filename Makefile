@@ -8,7 +8,7 @@ TEST_TIMEOUT ?= 20m
 
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: build demo test test-unit test-images lint
+.PHONY: build demo bench test test-unit test-images lint
 
 build:
 	$(GO) build -o $(BIN) ./cmd/fkmat
@@ -16,6 +16,10 @@ build:
 ## demo: throwaway Postgres + Redis, sample data, the real daemon, a live workload, verify, cleanup
 demo:
 	bash demo/demo.sh
+
+## bench: benchmarks, each figure side by side with its reference in one run (not part of make test)
+bench: test-images
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 60m ./bench/
 
 ## test: unit and integration tests, the whole suite (starts Docker, builds test images when missing)
 test: test-images

@@ -83,10 +83,51 @@ func inSnapshot(ctx context.Context, pool *pgxpool.Pool, snapshot string, fn fun
 	return fn(conn.Conn())
 }
 
-// loadTarget pipes `COPY (<the SQL join>) TO STDOUT` from the snapshot into
-// `COPY <target> FROM STDIN`, in a target transaction that truncates the
+// loadTarget fills the target with the SQL join as of the snapshot. When the
+// target is the source database, Postgres does it alone: `INSERT INTO target
+// SELECT <the join>` in a transaction that imports the snapshot. Otherwise
+// it pipes `COPY (<the join>) TO STDOUT` from the snapshot into `COPY target
+// FROM STDIN` on the target, in a target transaction that truncates the
 // table first (so COPY can FREEZE the rows).
 func (d *daemon) loadTarget(ctx context.Context, snapshot string, p *JoinPlan, t *task) error {
+	if d.cfg.Target == d.cfg.Source {
+		return d.insertTarget(ctx, snapshot, p, t)
+	}
+	return d.copyTarget(ctx, snapshot, p, t)
+}
+
+// insertTarget is loadTarget within one database.
+func (d *daemon) insertTarget(ctx context.Context, snapshot string, p *JoinPlan, t *task) error {
+	conn, err := d.source.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		return fmt.Errorf("begin snapshot transaction: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
+		return fmt.Errorf("import snapshot %s: %w", snapshot, err)
+	}
+	if _, err := tx.Exec(ctx, "TRUNCATE "+p.Target.Ident()); err != nil {
+		return fmt.Errorf("empty %s: %w", p.Target.Ident(), err)
+	}
+	tag, err := tx.Exec(ctx, "INSERT INTO "+p.Target.Ident()+" "+OracleSQL(p))
+	if err != nil {
+		return fmt.Errorf("fill %s with join %q: %w", p.Target.Ident(), p.Name, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("fill %s with join %q: %w", p.Target.Ident(), p.Name, err)
+	}
+	t.advance(int(tag.RowsAffected()))
+	t.finish()
+	return nil
+}
+
+// copyTarget is loadTarget across databases.
+func (d *daemon) copyTarget(ctx context.Context, snapshot string, p *JoinPlan, t *task) error {
 	cols := make([]string, len(p.Target.Columns))
 	for i, c := range p.Target.Columns {
 		cols[i] = ident(c.Name)
@@ -150,22 +191,20 @@ func (d *daemon) loadRight(ctx context.Context, snapshot string, jr *joinRunner,
 	p := jr.plan
 	cols := append(append([]SourceColumn{}, p.Right.Key...), outputSources(p.Right.Values)...)
 	nk := len(p.Right.Key)
-	err := inSnapshot(ctx, d.source, snapshot, func(conn *pgx.Conn) error {
-		return scanTable(ctx, conn, p.Right.Table, cols, loadPage, func(rows [][]join.Value) error {
-			m := join.Mutations{PutRight: make(map[join.Key]join.RightState, len(rows))}
-			for _, r := range rows {
-				k, err := join.EncodeKey(p.Spec.RightKey, r[:nk])
-				if err != nil {
-					return fmt.Errorf("right key of %s: %w", p.Right.Table, err)
-				}
-				m.PutRight[k] = join.RightState{Key: r[:nk], Values: r[nk:]}
+	err := scanParallel(ctx, d.source, snapshot, p.Right.Table, cols, func(ctx context.Context, rows [][]join.Value) error {
+		m := join.Mutations{PutRight: make(map[join.Key]join.RightState, len(rows))}
+		for _, r := range rows {
+			k, err := join.EncodeKey(p.Spec.RightKey, r[:nk])
+			if err != nil {
+				return fmt.Errorf("right key of %s: %w", p.Right.Table, err)
 			}
-			if err := jr.store.Load(ctx, m); err != nil {
-				return err
-			}
-			t.advance(len(rows))
-			return nil
-		})
+			m.PutRight[k] = join.RightState{Key: r[:nk], Values: r[nk:]}
+		}
+		if err := jr.store.Load(ctx, m); err != nil {
+			return err
+		}
+		t.advance(len(rows))
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("load right rows of join %q: %w", p.Name, err)
@@ -181,37 +220,71 @@ func (d *daemon) loadLeft(ctx context.Context, snapshot string, jr *joinRunner, 
 	p := jr.plan
 	cols := append(append(append([]SourceColumn{}, p.Left.Key...), p.Left.ForeignKey...), outputSources(p.Left.Values)...)
 	nk, nf := len(p.Left.Key), len(p.Left.ForeignKey)
-	err := inSnapshot(ctx, d.source, snapshot, func(conn *pgx.Conn) error {
-		return scanTable(ctx, conn, p.Left.Table, cols, loadPage, func(rows [][]join.Value) error {
-			m := join.Mutations{PutLeft: make(map[join.Key]join.LeftState, len(rows))}
-			for _, r := range rows {
-				pk, fk, vals := r[:nk], r[nk:nk+nf], r[nk+nf:]
-				k, err := join.EncodeKey(p.Spec.PK, pk)
-				if err != nil {
-					return fmt.Errorf("left key of %s: %w", p.Left.Table, err)
-				}
-				m.PutLeft[k] = join.NewLeftState(pk, fk, vals)
-				if anyNull(fk) {
-					continue
-				}
-				f, err := join.EncodeKey(p.Spec.FK, fk)
-				if err != nil {
-					return fmt.Errorf("foreign key of %s: %w", p.Left.Table, err)
-				}
-				m.AddSubs = append(m.AddSubs, join.Subscription{FK: f, PK: k})
+	err := scanParallel(ctx, d.source, snapshot, p.Left.Table, cols, func(ctx context.Context, rows [][]join.Value) error {
+		m := join.Mutations{PutLeft: make(map[join.Key]join.LeftState, len(rows))}
+		for _, r := range rows {
+			pk, fk, vals := r[:nk], r[nk:nk+nf], r[nk+nf:]
+			k, err := join.EncodeKey(p.Spec.PK, pk)
+			if err != nil {
+				return fmt.Errorf("left key of %s: %w", p.Left.Table, err)
 			}
-			if err := jr.store.Load(ctx, m); err != nil {
-				return err
+			m.PutLeft[k] = join.NewLeftState(pk, fk, vals)
+			if anyNull(fk) {
+				continue
 			}
-			t.advance(len(rows))
-			return nil
-		})
+			f, err := join.EncodeKey(p.Spec.FK, fk)
+			if err != nil {
+				return fmt.Errorf("foreign key of %s: %w", p.Left.Table, err)
+			}
+			m.AddSubs = append(m.AddSubs, join.Subscription{FK: f, PK: k})
+		}
+		if err := jr.store.Load(ctx, m); err != nil {
+			return err
+		}
+		t.advance(len(rows))
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("load left rows of join %q: %w", p.Name, err)
 	}
 	t.finish()
 	return nil
+}
+
+// loadWorkers is the number of goroutines encoding pages and writing them
+// to Redis per table: the round trips overlap, and reading goes on meanwhile.
+const loadWorkers = 3
+
+// scanParallel streams table like scanTable and hands its pages to
+// loadWorkers goroutines running fn; the first error stops everything.
+func scanParallel(ctx context.Context, pool *pgxpool.Pool, snapshot string, table TableName, cols []SourceColumn,
+	fn func(context.Context, [][]join.Value) error) error {
+	g, gctx := errgroup.WithContext(ctx)
+	pages := make(chan [][]join.Value, loadWorkers)
+	g.Go(func() error {
+		defer close(pages)
+		return inSnapshot(gctx, pool, snapshot, func(conn *pgx.Conn) error {
+			return scanTable(gctx, conn, table, cols, loadPage, func(rows [][]join.Value) error {
+				select {
+				case pages <- rows:
+					return nil
+				case <-gctx.Done():
+					return gctx.Err()
+				}
+			})
+		})
+	})
+	for range loadWorkers {
+		g.Go(func() error {
+			for rows := range pages {
+				if err := fn(gctx, rows); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	return g.Wait()
 }
 
 func anyNull(vs []join.Value) bool {

@@ -1,7 +1,8 @@
 // Package redisstore keeps the state of one fkmat join in Redis: the
 // subscriptions (foreign key -> dependent left rows), the left rows (key ->
 // foreign key, value hash, projected values), the right rows, and a meta hash
-// with the checkpoint LSN, the state epoch and the generations. It implements
+// with the checkpoint LSN, the state epoch, the generations and the number of
+// subscriptions. It implements
 // join.StateReader; Store.Commit persists a batch's join.Mutations together
 // with the batch's checkpoint, atomically and idempotently; a source
 // transaction too large for one batch is written in chunks by
@@ -12,7 +13,7 @@
 // Every key starts with Config.Prefix (e.g. "fkmat:<slot>:<join>"), so a Redis
 // ACL user can be limited to "~<prefix>:*":
 //
-//	<prefix>:meta               hash: epoch, fingerprint, layout, checkpoint, gen_left, gen_right, inflight
+//	<prefix>:meta               hash: epoch, fingerprint, layout, checkpoint, gen_left, gen_right, inflight, subs
 //	<prefix>:undo               hash: undo log of the partial transaction in flight
 //	<prefix>:s<gen>:{<shard>}   sorted set, all scores 0, member = FK ++ PK (join.Subscription.Member)
 //	<prefix>:l<gen>:{<bucket>}  hash: encoded left PK -> left row
@@ -39,6 +40,21 @@
 // a generation a concurrent commit just made current). Init starts random
 // generations, so keys left behind by a state whose meta hash was lost are
 // never mistaken for the new state's.
+//
+// # Subscription count
+//
+// The meta field subs counts the subscriptions of the current left
+// generation (Meta.Subscriptions), so that status reports it without scanning
+// 2^20 sets. Init sets it to 0; every write sets it in the MULTI that changes
+// the sets: a ClearLeft starts it from 0, then Commit adds len(AddSubs) -
+// len(DelSubs), exact because the engine's Mutations are net against the
+// state the batch read, and CommitPartial adds the members it finds absent
+// (added) or present (removed) in its pre-images, exact even for a chunk
+// sent twice. The replies of the ZADDs and ZREMs, which come after EXEC,
+// check the count: mutations that were not net (a batch applied again at a
+// new LSN) are corrected by one more MULTI right after. A state written
+// before the counter existed has no subs field and reads as unknown (-1), and
+// stays so (rather than counting from a wrong base) until Init or a ClearLeft.
 //
 // # Atomicity and replay
 //
@@ -76,9 +92,11 @@
 // member; a value is "=" and the old field value, "-" for a field or member
 // that was absent, or "+" for a member that was present (scores are all 0).
 // A Clear bumps the generation as in Commit and records the previous one
-// ("m:gen_left", "m:gen_right"); the chunk's writes to the new generation are
-// logged like any other, as absent, so a rollback leaves no keys in it. The
-// meta field inflight holds the transaction's id from the first chunk on.
+// ("m:gen_left", "m:gen_right"), and the first chunk records the
+// subscription count ("m:subs", "-" when unknown). The chunk's writes to the
+// new generation are logged like any other, as absent, so a rollback leaves
+// no keys in it. The meta field inflight holds the transaction's id from the
+// first chunk on.
 // While it is set, Commit and a partial commit of another transaction fail
 // with ErrInFlight, and Sweep deletes nothing, since Recover may make a
 // replaced generation current again.
@@ -88,8 +106,8 @@
 // an LSN not above the checkpoint it is a no-op. Recover HSCANs the log a
 // page (Config.PageSize entries) at a time, and for each page writes the
 // pre-images back and deletes their entries in one MULTI, so memory is
-// bounded and a crash midway loses no progress; the generations, the log
-// and the marker go last, in one more MULTI. Each step is idempotent and the
+// bounded and a crash midway loses no progress; the generations, the
+// subscription count, the log and the marker go last, in one more MULTI. Each step is idempotent and the
 // marker stays until the end, so an interrupted Recover is completed by
 // calling it again. While a transaction is in flight the log costs about as
 // much memory as the rows and members it touched. On the test host, 100k
@@ -163,6 +181,10 @@
 //     and others before it; all mutations set final values (no deltas), so a
 //     replay converges, but reads during a replay may see the batch's effect
 //     in part, which the join's value hashes already tolerate.
+//
+// The subscription count in the meta hash would not fit that plan, since a
+// slot's MULTI cannot write it: each slot would keep the count of its own
+// sets next to its checkpoint, and status would sum them.
 //
 // To keep a whole batch atomic on a Cluster instead, all keys of a join can be
 // put in one slot (one tag for the join): that makes the join a single hot

@@ -16,7 +16,7 @@ const (
 
 // keys names the Redis keys of one store:
 //
-//	<prefix>:meta                   hash: epoch, fingerprint, layout, checkpoint, generations, inflight
+//	<prefix>:meta                   hash: epoch, fingerprint, layout, checkpoint, generations, inflight, subs
 //	<prefix>:undo                   hash: undo log of a partial transaction (see partial.go)
 //	<prefix>:l<gen>:{<bucket>}      hash: encoded left PK -> left row
 //	<prefix>:r<gen>:{<bucket>}      hash: encoded right key -> right row

@@ -30,6 +30,10 @@ func (s *Store) Load(ctx context.Context, m join.Mutations) error {
 	w := s.plan(&m, cur)
 	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		s.queue(ctx, p, w)
+		// Loaded rows have distinct keys, so every add is a new member.
+		if len(m.AddSubs) > 0 {
+			p.HIncrBy(ctx, s.keys.meta(), fieldSubs, int64(len(m.AddSubs)))
+		}
 		return nil
 	})
 	if err != nil {

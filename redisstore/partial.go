@@ -24,7 +24,8 @@ const (
 	undoPresent = "+"
 	// undoValue starts the pre-image of a hash field that existed.
 	undoValue = "="
-	// undoMeta starts the field that records a meta field (a generation).
+	// undoMeta starts the field that records a meta field: a generation, or
+	// the subscription count (undoAbsent when it was unknown).
 	undoMeta = "m:"
 )
 
@@ -47,6 +48,11 @@ func inFlightError(txn uint64) error {
 // it), the generation a Clear replaces, and the in-flight marker txn in the
 // meta hash. Recover uses the log to bring the state back to the checkpoint.
 //
+// The subscription count (Meta.Subscriptions) is updated in the same MULTI
+// by the members the chunk really adds and removes, known from the
+// pre-images, so a chunk sent again is not counted twice; the first chunk
+// logs the count from before the transaction for Recover.
+//
 // While txn is in flight, Commit and a CommitPartial of another transaction
 // fail with ErrInFlight, and Sweep deletes nothing. Calling CommitPartial
 // again with the same chunk (after an error) is safe: its writes set final
@@ -65,9 +71,12 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn uint64)
 	var (
 		next    Meta
 		execErr error
+		planned int64 // the subscriptions the chunk adds, net
+		replies subReplies
 	)
 	key, undo := s.keys.meta(), s.keys.undo()
 	err = s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+		planned, replies = 0, subReplies{}
 		stored, err := readMeta(ctx, tx, key)
 		if err != nil {
 			return err
@@ -91,25 +100,32 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn uint64)
 		if err != nil {
 			return err
 		}
+		planned = pre.subs
+		next.Subscriptions = countSubs(stored.Subscriptions, m.ClearLeft, planned)
 		_, execErr = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			if stored.InFlight == 0 {
 				// A log without a marker cannot be valid: never keep its
 				// entries as this transaction's pre-images.
 				p.Unlink(ctx, undo)
 			}
+			subs := undoAbsent
+			if stored.Subscriptions >= 0 {
+				subs = strconv.FormatInt(stored.Subscriptions, 10)
+			}
+			p.HSetNX(ctx, undo, undoMeta+fieldSubs, subs)
 			if m.ClearLeft {
 				p.HSetNX(ctx, undo, undoMeta+fieldLeftGen, strconv.FormatUint(stored.LeftGen, 10))
 			}
 			if m.ClearRight {
 				p.HSetNX(ctx, undo, undoMeta+fieldRightGen, strconv.FormatUint(stored.RightGen, 10))
 			}
-			for i := 0; i < len(pre); i += 2 {
-				p.HSetNX(ctx, undo, pre[i], pre[i+1])
+			for i := 0; i < len(pre.entries); i += 2 {
+				p.HSetNX(ctx, undo, pre.entries[i], pre.entries[i+1])
 			}
-			s.queue(ctx, p, w)
-			p.HSet(ctx, key, fieldInFlight, strconv.FormatUint(txn, 10),
+			replies = s.queue(ctx, p, w)
+			p.HSet(ctx, key, appendSubs([]any{fieldInFlight, strconv.FormatUint(txn, 10),
 				fieldLeftGen, strconv.FormatUint(next.LeftGen, 10),
-				fieldRightGen, strconv.FormatUint(next.RightGen, 10))
+				fieldRightGen, strconv.FormatUint(next.RightGen, 10)}, next.Subscriptions)...)
 			if s.beforeExec != nil {
 				s.beforeExec(ctx, p)
 			}
@@ -120,23 +136,36 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn uint64)
 	if err := s.settle(ctx, err, execErr, next, "partial commit of "+strconv.FormatUint(txn, 10)); err != nil {
 		return fmt.Errorf("commit partial redis state of %d: %w", txn, err)
 	}
+	if err := s.fixSubs(ctx, next, replies.delta()-planned); err != nil {
+		return fmt.Errorf("commit partial redis state of %d: applied, but %w", txn, err)
+	}
 	return nil
 }
 
+// preImageSet is what preImages read.
+type preImageSet struct {
+	// entries are undo log entries, as field, value pairs.
+	entries []string
+	// subs is the number of members w adds that are absent minus the number
+	// of those it removes that are present.
+	subs int64
+}
+
 // preImages reads, in one pipeline, the current value of every field and
-// member w touches and returns undo log entries for them as field, value
-// pairs.
-func (s *Store) preImages(ctx context.Context, c redis.Cmdable, w writes) ([]string, error) {
+// member w touches and returns undo log entries for them, with the change
+// w makes to the number of subscriptions.
+func (s *Store) preImages(ctx context.Context, c redis.Cmdable, w writes) (preImageSet, error) {
 	type read struct {
 		key   string
 		items []string
 		hash  bool
+		add   bool // members of a ZADD
 		cmd   redis.Cmder
 	}
 	var reads []read
 	page := s.cfg.PageSize
 	p := c.Pipeline()
-	for _, group := range []map[string][]string{w.zrem, w.zadd} {
+	for gi, group := range []map[string][]string{w.zrem, w.zadd} {
 		for k, members := range group {
 			for chunk := range slices.Chunk(members, page) {
 				args := make([]any, 0, 2+len(chunk))
@@ -146,13 +175,13 @@ func (s *Store) preImages(ctx context.Context, c redis.Cmdable, w writes) ([]str
 				}
 				// Do, not ZMScore: go-redis turns an absent member's nil
 				// into score 0, which every present member has too.
-				reads = append(reads, read{k, chunk, false, p.Do(ctx, args...)})
+				reads = append(reads, read{k, chunk, false, gi == 1, p.Do(ctx, args...)})
 			}
 		}
 	}
 	for k, fields := range w.hdel {
 		for chunk := range slices.Chunk(fields, page) {
-			reads = append(reads, read{k, chunk, true, p.HMGet(ctx, k, chunk...)})
+			reads = append(reads, read{k, chunk, true, false, p.HMGet(ctx, k, chunk...)})
 		}
 	}
 	for k, pairs := range w.hset {
@@ -161,16 +190,16 @@ func (s *Store) preImages(ctx context.Context, c redis.Cmdable, w writes) ([]str
 			fields = append(fields, pairs[i].(string))
 		}
 		for chunk := range slices.Chunk(fields, page) {
-			reads = append(reads, read{k, chunk, true, p.HMGet(ctx, k, chunk...)})
+			reads = append(reads, read{k, chunk, true, false, p.HMGet(ctx, k, chunk...)})
 		}
 	}
+	var out preImageSet
 	if len(reads) == 0 {
-		return nil, nil
+		return out, nil
 	}
 	if _, err := p.Exec(ctx); err != nil {
-		return nil, fmt.Errorf("read pre-images: %w", err)
+		return out, fmt.Errorf("read pre-images: %w", err)
 	}
-	var out []string
 	for _, r := range reads {
 		var vals []any
 		var err error
@@ -184,22 +213,27 @@ func (s *Store) preImages(ctx context.Context, c redis.Cmdable, w writes) ([]str
 			err = fmt.Errorf("%d replies for %d items", len(vals), len(r.items))
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read pre-images of %s: %w", r.key, err)
+			return preImageSet{}, fmt.Errorf("read pre-images of %s: %w", r.key, err)
 		}
 		for i, v := range vals {
 			pre := undoAbsent
 			switch {
+			case v == nil && r.add:
+				out.subs++
 			case v == nil:
 			case !r.hash:
 				pre = undoPresent
+				if !r.add {
+					out.subs--
+				}
 			default:
 				str, ok := v.(string)
 				if !ok {
-					return nil, fmt.Errorf("read pre-images of %s: field value of type %T", r.key, v)
+					return preImageSet{}, fmt.Errorf("read pre-images of %s: field value of type %T", r.key, v)
 				}
 				pre = undoValue + str
 			}
-			out = append(out, s.undoField(r.key, r.items[i]), pre)
+			out.entries = append(out.entries, s.undoField(r.key, r.items[i]), pre)
 		}
 	}
 	return out, nil
@@ -420,10 +454,12 @@ func (s *Store) inFlight(ctx context.Context, tx *redis.Tx, cached Meta) (Meta, 
 	return stored, nil
 }
 
-// endRecover restores the generations recorded in the undo log, deletes the
-// log and clears the in-flight marker, in one MULTI/EXEC. It reports false,
-// and changes nothing, when the log still holds data entries (written during
-// the scan): they need another pass.
+// endRecover restores the generations and the subscription count recorded
+// in the undo log, deletes the log and clears the in-flight marker, in one
+// MULTI/EXEC. A log without the count (written by a version that did not
+// keep it) leaves the count unknown. It reports false, and changes nothing,
+// when the log still holds data entries (written during the scan): they need
+// another pass.
 func (s *Store) endRecover(ctx context.Context, cached Meta) (done bool, err error) {
 	var (
 		next    Meta
@@ -440,7 +476,7 @@ func (s *Store) endRecover(ctx context.Context, cached Meta) (done bool, err err
 			size *redis.IntCmd
 		)
 		if _, err := tx.Pipelined(ctx, func(p redis.Pipeliner) error {
-			gens = p.HMGet(ctx, undo, undoMeta+fieldLeftGen, undoMeta+fieldRightGen)
+			gens = p.HMGet(ctx, undo, undoMeta+fieldLeftGen, undoMeta+fieldRightGen, undoMeta+fieldSubs)
 			size = p.HLen(ctx, undo)
 			return nil
 		}); err != nil {
@@ -459,15 +495,24 @@ func (s *Store) endRecover(ctx context.Context, cached Meta) (done bool, err err
 				return fmt.Errorf("read undo log: generation %q", v)
 			}
 		}
+		next.Subscriptions = -1
+		if v, ok := gens.Val()[2].(string); ok {
+			recorded++
+			next.Subscriptions = parseSubs(v) // undoAbsent: unknown before
+		}
 		if size.Val() > recorded {
 			next = stored
 			return nil
 		}
 		done = true
 		_, execErr = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.HSet(ctx, key, fieldLeftGen, strconv.FormatUint(next.LeftGen, 10),
-				fieldRightGen, strconv.FormatUint(next.RightGen, 10))
-			p.HDel(ctx, key, fieldInFlight)
+			p.HSet(ctx, key, appendSubs([]any{fieldLeftGen, strconv.FormatUint(next.LeftGen, 10),
+				fieldRightGen, strconv.FormatUint(next.RightGen, 10)}, next.Subscriptions)...)
+			if next.Subscriptions < 0 {
+				p.HDel(ctx, key, fieldInFlight, fieldSubs)
+			} else {
+				p.HDel(ctx, key, fieldInFlight)
+			}
 			p.Unlink(ctx, undo)
 			return nil
 		})

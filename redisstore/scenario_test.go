@@ -15,9 +15,13 @@ import (
 
 // replayingStore adapts a Store to jointest.StateStore: every batch is
 // committed at the next LSN and then committed again (a replay, which must
-// change nothing), and garbage is swept now and then.
+// change nothing), every seventh is applied once more at a new LSN (which
+// must change nothing either, though its mutations are then not net), and
+// garbage is swept now and then. After each batch the subscription counter
+// must equal the subscriptions in Redis.
 type replayingStore struct {
 	*Store
+	t   *testing.T
 	lsn uint64
 }
 
@@ -28,11 +32,18 @@ func (s *replayingStore) Apply(ctx context.Context, m join.Mutations) error {
 			return err
 		}
 	}
+	if s.lsn%7 == 0 {
+		s.lsn++
+		if err := s.Commit(ctx, m, s.lsn); err != nil {
+			return err
+		}
+	}
 	if m.ClearLeft || m.ClearRight || s.lsn%25 == 0 {
 		if _, err := s.Sweep(ctx); err != nil {
 			return err
 		}
 	}
+	subsCount(s.t, s.Store, fmt.Sprintf("after the commit at %d", s.lsn))
 	return nil
 }
 
@@ -77,7 +88,7 @@ func TestJoinScenarios(t *testing.T) {
 								LeftValues: 2, RightValues: 2, PageSize: page},
 							Seed: uint64(seed), Batches: 100, MaxBatch: 40, TruncateOneIn: 100,
 						}
-						if _, err := jointest.Run(ctx, sc, &replayingStore{Store: s}); err != nil {
+						if _, err := jointest.Run(ctx, sc, &replayingStore{Store: s, t: t}); err != nil {
 							t.Fatal(err)
 						}
 					})
@@ -92,8 +103,12 @@ func TestJoinScenarios(t *testing.T) {
 // and CommitPartial per chunk, each chunk reading what the previous ones
 // wrote) and then finished. Now and then the process "dies" after some of
 // the chunks, before the target commit: Recover must bring Redis back to the
-// checkpoint exactly (raw keys compared), and the replayed transaction must
-// leave the target equal to the SQL join and the state equal to the source.
+// checkpoint exactly (raw keys compared, the subscription counter included),
+// and the replayed transaction must leave the target equal to the SQL join
+// and the state equal to the source. Some chunks are sent twice (a retry).
+// After every step the subscription counter must equal the subscriptions in
+// Redis, and after every batch the left rows of the source with a foreign
+// key.
 func TestJoinScenariosChunked(t *testing.T) {
 	t.Parallel()
 	tc := testenv.New(t)
@@ -157,6 +172,15 @@ func runChunked(t *testing.T, s *Store, spec join.Spec, seed uint64) {
 	for batch := range 80 {
 		changes := g.Batch(1 + r.IntN(40))
 		lsn++
+		commitPartial := func(m join.Mutations) {
+			t.Helper()
+			for range 1 + btoi(r.IntN(4) == 0) {
+				if err := s.CommitPartial(ctx, m, lsn); err != nil {
+					t.Fatalf("batch %d: %v", batch, err)
+				}
+				subsCount(t, s, fmt.Sprintf("batch %d, after a chunk", batch))
+			}
+		}
 		if r.IntN(4) == 0 {
 			if err := s.Commit(ctx, apply(changes), lsn); err != nil {
 				t.Fatalf("batch %d: %v", batch, err)
@@ -174,9 +198,7 @@ func runChunked(t *testing.T, s *Store, spec join.Spec, seed uint64) {
 				before, rows := dump(t, s, false), maps.Clone(tgt.Rows)
 				done := r.IntN(len(chunks) + 1)
 				for _, c := range chunks[:done] {
-					if err := s.CommitPartial(ctx, apply(c), lsn); err != nil {
-						t.Fatalf("batch %d: %v", batch, err)
-					}
+					commitPartial(apply(c))
 				}
 				if r.IntN(2) == 0 { // a new process, or the stream restarting the transaction
 					if s, err = Open(ctx, s.rdb, s.Config()); err != nil {
@@ -193,16 +215,18 @@ func runChunked(t *testing.T, s *Store, spec join.Spec, seed uint64) {
 				if d := diffDumps(dump(t, s, false), before); d != "" {
 					t.Fatalf("batch %d: raw state after Recover from %d of %d chunks: %s", batch, done, len(chunks), d)
 				}
+				subsCount(t, s, fmt.Sprintf("batch %d, after Recover", batch))
 				tgt.Rows = rows // the target transaction was rolled back too
 			}
 			for _, c := range chunks {
-				if err := s.CommitPartial(ctx, apply(c), lsn); err != nil {
-					t.Fatalf("batch %d: %v", batch, err)
-				}
+				commitPartial(apply(c))
 			}
 			if err := s.FinishPartial(ctx, lsn); err != nil {
 				t.Fatalf("batch %d: %v", batch, err)
 			}
+		}
+		if n, want := subsCount(t, s, fmt.Sprintf("batch %d", batch)), sourceSubs(spec, g.Src); n != want {
+			t.Fatalf("batch %d: %d subscriptions, the source has %d left rows with a foreign key", batch, n, want)
 		}
 		if err := tgt.Diff(g.Src.Join()); err != nil {
 			t.Fatalf("batch %d: %v", batch, err)
@@ -217,6 +241,18 @@ func runChunked(t *testing.T, s *Store, spec join.Spec, seed uint64) {
 		}
 	}
 	t.Logf("%d batches, %d in chunks, %d of them recovered and replayed", 80, chunked, crashed)
+}
+
+// sourceSubs returns the number of subscriptions the source implies: its
+// left rows whose foreign key has no NULL.
+func sourceSubs(spec join.Spec, src *jointest.Source) int64 {
+	var n int64
+	for _, row := range src.Left {
+		if _, err := join.EncodeKey(spec.FK, row.FK); err == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // cloneChanges deep-copies changes: Apply owns the values it is given, and a

@@ -58,6 +58,13 @@ type Meta struct {
 	// CommitPartial and not yet finished (FinishPartial) or rolled back
 	// (Recover); 0 when there is none.
 	InFlight uint64
+	// Subscriptions is the number of subscriptions in the current left
+	// generation, kept exact by every write in the meta field subs, so that
+	// it is known without scanning the subscription sets; -1 when unknown: a
+	// state written before the counter existed, until the next Init or left
+	// Clear starts it from 0. While a partial transaction is in flight it
+	// counts the chunks written so far; Recover restores it.
+	Subscriptions int64
 }
 
 // Fields of the meta hash.
@@ -69,9 +76,10 @@ const (
 	fieldLeftGen     = "gen_left"
 	fieldRightGen    = "gen_right"
 	fieldInFlight    = "inflight"
+	fieldSubs        = "subs"
 )
 
-var metaFields = []string{fieldEpoch, fieldFingerprint, fieldLayout, fieldCheckpoint, fieldLeftGen, fieldRightGen, fieldInFlight}
+var metaFields = []string{fieldEpoch, fieldFingerprint, fieldLayout, fieldCheckpoint, fieldLeftGen, fieldRightGen, fieldInFlight, fieldSubs}
 
 // Store keeps one join's state in Redis: subscriptions, left and right rows
 // and the meta hash. It implements join.StateReader; Commit persists a
@@ -172,8 +180,9 @@ func (s *Store) InFlight() uint64 {
 }
 
 // Init (re)initialises the state: it records epoch (see NewEpoch),
-// fingerprint and the store's layout, sets the checkpoint to 0 and starts
-// new, empty generations for both sides, atomically. A partial transaction
+// fingerprint and the store's layout, sets the checkpoint and the
+// subscription count to 0 and starts new, empty generations for both sides,
+// atomically. A partial transaction
 // in flight is forgotten with its undo log. Existing data becomes garbage
 // that Sweep deletes; Init itself is O(1).
 func (s *Store) Init(ctx context.Context, epoch, fingerprint string) error {
@@ -220,12 +229,34 @@ func newGen(old uint64) uint64 {
 }
 
 func metaArgs(m Meta) []any {
-	return []any{
+	args := []any{
 		fieldEpoch, m.Epoch, fieldFingerprint, m.Fingerprint, fieldLayout, m.Layout,
 		fieldCheckpoint, strconv.FormatUint(m.Checkpoint, 10),
 		fieldLeftGen, strconv.FormatUint(m.LeftGen, 10),
 		fieldRightGen, strconv.FormatUint(m.RightGen, 10),
 	}
+	return appendSubs(args, m.Subscriptions)
+}
+
+// appendSubs appends to HSET arguments of the meta hash the subscription
+// count n, unless it is unknown (negative): the field stays absent then.
+func appendSubs(args []any, n int64) []any {
+	if n < 0 {
+		return args
+	}
+	return append(args, fieldSubs, strconv.FormatInt(n, 10))
+}
+
+// parseSubs parses the subs field of the meta hash ("" when absent). An
+// absent field (a state from before the counter) and a value no write of
+// this package produces are both unknown: status then says so rather than
+// printing a wrong number, and the failure of a statistic stops nothing.
+func parseSubs(v string) int64 {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return -1
+	}
+	return n
 }
 
 // readMeta reads and parses the meta hash at key.
@@ -249,7 +280,7 @@ func readMeta(ctx context.Context, c redis.Cmdable, key string) (Meta, error) {
 		// Commit drops the epoch when it damaged the state.
 		return Meta{}, fmt.Errorf("%w: meta hash %s has no epoch", ErrNoState, key)
 	}
-	m := Meta{Epoch: str[0], Fingerprint: str[1], Layout: str[2]}
+	m := Meta{Epoch: str[0], Fingerprint: str[1], Layout: str[2], Subscriptions: parseSubs(str[7])}
 	for i, dst := range []*uint64{&m.Checkpoint, &m.LeftGen, &m.RightGen, &m.InFlight} {
 		f := str[3+i]
 		if f == "" && metaFields[3+i] == fieldInFlight {

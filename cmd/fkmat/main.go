@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 
@@ -27,6 +28,18 @@ const (
 )
 
 func main() {
+	// FKMAT_CPUPROFILE=file writes a CPU profile of the whole run (for
+	// make bench and performance work).
+	if path := os.Getenv("FKMAT_CPUPROFILE"); path != "" {
+		if f, err := os.Create(path); err == nil {
+			if pprof.StartCPUProfile(f) == nil {
+				code := run(os.Args, os.Stdout, os.Stderr)
+				pprof.StopCPUProfile()
+				_ = f.Close()
+				os.Exit(code)
+			}
+		}
+	}
 	os.Exit(run(os.Args, os.Stdout, os.Stderr))
 }
 
@@ -78,20 +91,34 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitFailure
 }
 
-// commonFlags are accepted before and after every subcommand.
+// commonFlags are accepted before and after every subcommand. Their
+// environment variables (commonEnv) are read by flagString, not by
+// urfave/cli: it would apply them to the subcommand's copy of the flag and
+// so let them beat a flag given before the subcommand.
 func commonFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "config", Usage: "join definition file (YAML)", EnvVars: []string{"FKMAT_CONFIG"}},
-		&cli.StringFlag{Name: "source", Usage: "source database URL", EnvVars: []string{"FKMAT_SOURCE_URL"}},
-		&cli.StringFlag{Name: "target", Usage: "target database URL (default: source)", EnvVars: []string{"FKMAT_TARGET_URL"}},
-		&cli.StringFlag{Name: "redis", Usage: "Redis URL", EnvVars: []string{"FKMAT_REDIS_URL"}},
-		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug | info | warn | error", EnvVars: []string{"FKMAT_LOG_LEVEL"}},
-		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text | json", EnvVars: []string{"FKMAT_LOG_FORMAT"}},
+		&cli.StringFlag{Name: "config", Usage: "join definition file (YAML) [$FKMAT_CONFIG]"},
+		&cli.StringFlag{Name: "source", Usage: "source database URL [$FKMAT_SOURCE_URL]"},
+		&cli.StringFlag{Name: "target", Usage: "target database URL (default: source) [$FKMAT_TARGET_URL]"},
+		&cli.StringFlag{Name: "redis", Usage: "Redis URL [$FKMAT_REDIS_URL]"},
+		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug | info | warn | error [$FKMAT_LOG_LEVEL]"},
+		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text | json [$FKMAT_LOG_FORMAT]"},
 	}
 }
 
-// flagString returns the value of a common flag from the innermost context
-// that set it (flag or environment), else its default.
+// commonEnv names the environment variable of each common flag.
+var commonEnv = map[string]string{
+	"config":     "FKMAT_CONFIG",
+	"source":     "FKMAT_SOURCE_URL",
+	"target":     "FKMAT_TARGET_URL",
+	"redis":      "FKMAT_REDIS_URL",
+	"log-level":  "FKMAT_LOG_LEVEL",
+	"log-format": "FKMAT_LOG_FORMAT",
+}
+
+// flagString returns the value of a common flag: from the innermost context
+// whose command line sets it (after the subcommand beats before it), else
+// from its environment variable, else its default. Flags beat env.
 func flagString(c *cli.Context, name string) string {
 	for _, ctx := range c.Lineage() {
 		if ctx.Command != nil || ctx.App != nil {
@@ -99,6 +126,9 @@ func flagString(c *cli.Context, name string) string {
 				return ctx.String(name)
 			}
 		}
+	}
+	if v := os.Getenv(commonEnv[name]); v != "" {
+		return v
 	}
 	return c.String(name)
 }

@@ -30,10 +30,14 @@ func statusCommand() *cli.Command {
 				return enc.Encode(st)
 			}
 			w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "JOIN\tPHASE\tSLOT\tCONFIRMED_FLUSH\tCURRENT_WAL\tLAG_BYTES\tCHECKPOINT\tREDIS\tTARGET_ROWS")
+			fmt.Fprintln(w, "JOIN\tPHASE\tSLOT\tCONFIRMED_FLUSH\tCURRENT_WAL\tLAG_BYTES\tCHECKPOINT\tREDIS\tTARGET_ROWS\tSUBSCRIPTIONS")
 			for _, s := range st {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\n", s.Join, s.Phase, s.Slot, s.ConfirmedFlushLSN,
-					s.CurrentWALLSN, s.LagBytes, s.CheckpointLSN, s.RedisState, s.TargetRows)
+				subs := fmt.Sprint(s.Subscriptions)
+				if s.Subscriptions < 0 {
+					subs = "unknown"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\n", s.Join, s.Phase, s.Slot, s.ConfirmedFlushLSN,
+					s.CurrentWALLSN, s.LagBytes, s.CheckpointLSN, s.RedisState, s.TargetRows, subs)
 			}
 			return w.Flush()
 		},

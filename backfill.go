@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"

@@ -117,7 +117,7 @@ type JoinStatus struct {
 	RedisCheckpoint   string `json:"redis_checkpoint_lsn"`
 	RedisState        string `json:"redis_state"` // ok, lost, foreign
 	TargetRows        int64  `json:"target_rows"`
-	Subscriptions     int64  `json:"subscriptions"`
+	Subscriptions     int64  `json:"subscriptions"` // -1 when unknown
 }
 
 // Status reports each join's replication and checkpoint state.
@@ -161,6 +161,7 @@ func Status(ctx context.Context, cfg *Config, opts Options) ([]JoinStatus, error
 			s.RedisState = "foreign"
 		default:
 			s.RedisCheckpoint = cdc.LSN(meta.Checkpoint).String()
+			s.Subscriptions = meta.Subscriptions
 		}
 		if err := d.target.QueryRow(ctx, "SELECT count(*) FROM "+jr.plan.Target.Ident()).Scan(&s.TargetRows); err != nil {
 			return nil, fmt.Errorf("count rows of %s: %w", jr.plan.Target.Ident(), err)
@@ -172,27 +173,63 @@ func Status(ctx context.Context, cfg *Config, opts Options) ([]JoinStatus, error
 
 // Teardown drops the slot, the publication, every join's Redis state and
 // fkmat's metadata rows for the slot; with dropTarget also the targets.
+//
+// It works from the configuration alone, without resolving the joins against
+// the source catalog or checking the targets' shape, so that it also cleans
+// up after the source tables changed (the fix a stopped daemon names for a
+// retyped column). A target is dropped only when fkmat built it for the
+// join, or when it has exactly the join's shape: never a table that merely
+// has the configured name.
 func Teardown(ctx context.Context, cfg *Config, dropTarget bool, opts Options) error {
 	opts.setDefaults()
-	d, err := open(ctx, cfg, opts)
+	target, err := connectPostgres(ctx, cfg.Target, "target")
 	if err != nil {
 		return err
 	}
-	defer d.close()
-	if err := d.cdc.Teardown(ctx); err != nil {
+	defer target.Close()
+	if err := migrate(ctx, target); err != nil {
 		return err
 	}
-	for _, jr := range d.joins {
-		if err := deleteKeys(ctx, d.rdb, jr.store.Config().Prefix+":"); err != nil {
-			return fmt.Errorf("delete redis state of join %q: %w", jr.plan.Name, err)
-		}
-		if dropTarget {
-			if err := d.writer.DropTable(ctx, &jr.plan.Target); err != nil {
+	rdb, err := connectRedis(ctx, cfg.Redis)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = rdb.Close() }()
+	var tables []cdc.TableName
+	for _, j := range cfg.Joins {
+		tables = append(tables, cdc.TableName{Schema: j.Left.Table.Schema, Name: j.Left.Table.Name},
+			cdc.TableName{Schema: j.Right.Table.Schema, Name: j.Right.Table.Name})
+	}
+	client, err := cdc.New(cdc.Config{ConnString: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication, Tables: tables, Logger: opts.Logger})
+	if err != nil {
+		return err
+	}
+	w := sink.NewWriter(target)
+	var drop []*sink.Table
+	if dropTarget {
+		// Check every target before anything is destroyed.
+		for _, j := range cfg.Joins {
+			t, err := droppableTarget(ctx, cfg, target, w, j)
+			if err != nil {
 				return err
 			}
+			drop = append(drop, t)
 		}
 	}
-	tx, err := d.target.Begin(ctx)
+	if err := client.Teardown(ctx); err != nil {
+		return err
+	}
+	for _, j := range cfg.Joins {
+		if err := deleteKeys(ctx, rdb, redisPrefix(cfg.Slot, j.Name)+":"); err != nil {
+			return fmt.Errorf("delete redis state of join %q: %w", j.Name, err)
+		}
+	}
+	for _, t := range drop {
+		if err := w.DropTable(ctx, t); err != nil {
+			return err
+		}
+	}
+	tx, err := target.Begin(ctx)
 	if err != nil {
 		return err
 	}
@@ -203,4 +240,38 @@ func Teardown(ctx context.Context, cfg *Config, dropTarget bool, opts Options) e
 		}
 	}
 	return tx.Commit(ctx)
+}
+
+// droppableTarget returns j's target if teardown may drop it: fkmat's
+// metadata says a backfill of this join wrote it, or it does not exist, or
+// it has the shape the join produces from the current source tables.
+func droppableTarget(ctx context.Context, cfg *Config, target Querier, w *sink.Writer, j JoinConfig) (*sink.Table, error) {
+	t := &sink.Table{Schema: j.Target.Table.Schema, Name: j.Target.Table.Name}
+	var owned, exists bool
+	err := target.QueryRow(ctx, `
+		SELECT EXISTS (SELECT FROM fkmat.join_state WHERE slot = $1 AND join_name = $2 AND target_schema = $3 AND target_table = $4),
+			to_regclass($5) IS NOT NULL`,
+		cfg.Slot, j.Name, t.Schema, t.Name, t.Ident()).Scan(&owned, &exists)
+	if err != nil {
+		return nil, fmt.Errorf("look up target of join %q: %w", j.Name, err)
+	}
+	if owned || !exists {
+		return t, nil
+	}
+	one := *cfg
+	one.Joins = []JoinConfig{j}
+	source, err := connectPostgres(ctx, cfg.Source, "source")
+	if err != nil {
+		return nil, err
+	}
+	defer source.Close()
+	plans, err := Resolve(ctx, source, &one)
+	if err == nil {
+		_, err = w.EnsureTable(ctx, &plans[0].Target)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("join %q: not dropping %s: fkmat did not build it for this join and its shape does not match (%v); drop it yourself if it is yours to drop",
+			j.Name, t.Ident(), err)
+	}
+	return t, nil
 }

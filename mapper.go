@@ -68,39 +68,60 @@ func (m *mapper) layoutOf(rel *cdc.Relation) (*layout, error) {
 		tp = &m.plan.Right
 	}
 	l := &layout{side: s}
-	var err error
-	if l.key, err = positions(rel, tp.Key); err != nil {
-		return nil, err
-	}
+	// The left key and the projected columns are target columns; the
+	// foreign key (unless projected) and the right key live only in the
+	// join state.
+	inTarget := map[string]bool{}
 	if s == sideLeft {
-		if l.fk, err = positions(rel, tp.ForeignKey); err != nil {
-			return nil, err
+		for _, k := range tp.Key {
+			inTarget[k.Name] = true
 		}
 	}
 	vals := make([]SourceColumn, len(tp.Values))
 	for i, v := range tp.Values {
 		vals[i] = v.Source
+		inTarget[v.Source.Name] = true
 	}
-	if l.values, err = positions(rel, vals); err != nil {
+	var err error
+	if l.key, err = positions(rel, tp.Key, inTarget); err != nil {
+		return nil, err
+	}
+	if s == sideLeft {
+		if l.fk, err = positions(rel, tp.ForeignKey, inTarget); err != nil {
+			return nil, err
+		}
+	}
+	if l.values, err = positions(rel, vals, inTarget); err != nil {
 		return nil, err
 	}
 	m.layouts[rel] = l
 	return l, nil
 }
 
-func positions(rel *cdc.Relation, cols []SourceColumn) ([]int, error) {
+// positions finds cols in rel by name. A column that is missing or has
+// another type is an error naming the fix: the transactions laid out the new
+// way stay in the slot and cannot be joined, so restoring the column does not
+// help them and only a rebuild gets past them. A rebuild keeps a target table
+// whose columns still fit (backfill --force); a target column of the old
+// type, or one the configuration no longer produces, must be dropped first.
+func positions(rel *cdc.Relation, cols []SourceColumn, inTarget map[string]bool) ([]int, error) {
 	pos := make([]int, len(cols))
 	for i, c := range cols {
 		j := rel.ColumnIndex(c.Name)
 		if j < 0 {
 			return nil, fmt.Errorf("%w: column %q of %s.%s, used by the join, was dropped or renamed; "+
-				"restore it, or change the configuration and run fkmat backfill --force",
+				"restore it (same name and type) and run fkmat backfill --force, or remove it from the configuration "+
+				"and rebuild with fkmat teardown --drop-target and fkmat backfill",
 				ErrSchemaChanged, c.Name, rel.Namespace, rel.Name)
 		}
 		if rel.Columns[j].Type != c.TypeOID {
-			return nil, fmt.Errorf("%w: column %q of %s.%s, used by the join, changed type (was %s, type oid %d now %d); "+
-				"run fkmat backfill --force to rebuild the target with the new type",
-				ErrSchemaChanged, c.Name, rel.Namespace, rel.Name, c.Type, c.TypeOID, rel.Columns[j].Type)
+			fix := "run fkmat backfill --force to rebuild the join with the new type"
+			if inTarget[c.Name] {
+				fix = "the target column has the old type: rebuild with fkmat teardown --drop-target and fkmat backfill " +
+					"(or restore the old type and run fkmat backfill --force)"
+			}
+			return nil, fmt.Errorf("%w: column %q of %s.%s, used by the join, changed type (was %s, type oid %d now %d); %s",
+				ErrSchemaChanged, c.Name, rel.Namespace, rel.Name, c.Type, c.TypeOID, rel.Columns[j].Type, fix)
 		}
 		pos[i] = j
 	}

@@ -2,6 +2,7 @@ package fkmat
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/fkmat/fkmat/cdc"
@@ -106,5 +107,40 @@ func TestMapperSchemaChange(t *testing.T) {
 	}
 	if _, err := m.appendChanges(nil, &cdc.Change{Kind: cdc.ChangeSchema, Schema: &cdc.SchemaChange{Old: added, New: added}}); err != nil {
 		t.Errorf("added column: %v", err)
+	}
+}
+
+// TestMapperSchemaChangeFix: the fix named in the error works for the
+// column at hand: a retyped target column needs the target dropped, a
+// retyped column that only the join state holds needs a forced backfill.
+func TestMapperSchemaChangeFix(t *testing.T) {
+	t.Parallel()
+	customersRetyped := rel("customers", cdc.Column{Name: "id", Type: oidText, Key: true}, cdc.Column{Name: "name", Type: oidText})
+	ordersRetyped := rel("orders", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "note", Type: oidText},
+		cdc.Column{Name: "customer_id", Type: oidText})
+	ordersDropped := rel("orders", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "note", Type: oidText})
+	for _, tc := range []struct {
+		name      string
+		rel       *cdc.Relation
+		want, not []string
+	}{
+		{"right key retyped", customersRetyped, []string{`"id"`, "public.customers", "changed type", "fkmat backfill --force"}, []string{"teardown"}},
+		{"target column retyped", ordersRetyped, []string{`"customer_id"`, "changed type", "fkmat teardown --drop-target"}, nil},
+		{"dropped", ordersDropped, []string{`"customer_id"`, "dropped", "restore it", "fkmat backfill --force"}, nil},
+	} {
+		_, err := newMapper(testPlan()).appendChanges(nil, &cdc.Change{Kind: cdc.ChangeSchema, Schema: &cdc.SchemaChange{Old: tc.rel, New: tc.rel}})
+		if !errors.Is(err, ErrSchemaChanged) {
+			t.Fatalf("%s: err = %v, want ErrSchemaChanged", tc.name, err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %q does not mention %s", tc.name, err, w)
+			}
+		}
+		for _, w := range tc.not {
+			if strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %q mentions %s", tc.name, err, w)
+			}
+		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fkmat/fkmat/sink"
 )
 
 // VerifyReport compares one target with its SQL join.
@@ -42,6 +44,9 @@ func Verify(ctx context.Context, cfg *Config, opts Options) ([]VerifyReport, err
 	}
 	reports := make([]VerifyReport, 0, len(plans))
 	if cfg.Target == cfg.Source {
+		if err := checkTargets(ctx, source, plans); err != nil {
+			return nil, err
+		}
 		for _, p := range plans {
 			r, err := verifySameDB(ctx, source, p)
 			if err != nil {
@@ -56,6 +61,9 @@ func Verify(ctx context.Context, cfg *Config, opts Options) ([]VerifyReport, err
 		return nil, err
 	}
 	defer target.Close()
+	if err := checkTargets(ctx, target, plans); err != nil {
+		return nil, err
+	}
 	for _, p := range plans {
 		r, err := verifyMerge(ctx, source, target, p)
 		if err != nil {
@@ -64,6 +72,19 @@ func Verify(ctx context.Context, cfg *Config, opts Options) ([]VerifyReport, err
 		reports = append(reports, r)
 	}
 	return reports, nil
+}
+
+// checkTargets makes sure every target has the columns the comparison
+// reads: the join's definition may resolve differently since the target was
+// built (a column added to a source table under the default "all columns").
+func checkTargets(ctx context.Context, target *pgxpool.Pool, plans []*JoinPlan) error {
+	w := sink.NewWriter(target)
+	for _, p := range plans {
+		if err := w.CheckTable(ctx, &p.Target); err != nil {
+			return fmt.Errorf("verify join %q: %w", p.Name, err)
+		}
+	}
+	return nil
 }
 
 // OracleSQL returns the SQL join a plan maintains, with the target's column

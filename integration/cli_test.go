@@ -150,7 +150,8 @@ func TestCLI(t *testing.T) {
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil || len(st) != 1 {
 		t.Fatalf("status --json: exit %d, %q", r.code, r.stdout)
 	}
-	if st[0].Phase != "streaming" || st[0].TargetRows != 31 || !st[0].SlotExists || st[0].RedisState != "ok" {
+	// 31 orders, all with a customer_id: 31 subscriptions.
+	if st[0].Phase != "streaming" || st[0].TargetRows != 31 || !st[0].SlotExists || st[0].RedisState != "ok" || st[0].Subscriptions != 31 {
 		t.Fatalf("status = %+v", st[0])
 	}
 	if r := keep(runCLI(t, env, "verify")); r.code != 0 || !strings.Contains(r.stdout, "equal") {

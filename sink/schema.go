@@ -43,6 +43,22 @@ func (w *Writer) EnsureTable(ctx context.Context, t *Table) (bool, error) {
 	return true, nil
 }
 
+// CheckTable checks that the target table exists with the shape EnsureTable
+// would create, without creating anything.
+func (w *Writer) CheckTable(ctx context.Context, t *Table) error {
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	cols, key, exists, err := w.describe(ctx, t)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		return fmt.Errorf("target table %s does not exist; create it with fkmat migrate (or fkmat run)", t.Ident())
+	}
+	return compareShape(t, cols, key)
+}
+
 // DropTable drops the target table if it exists.
 func (w *Writer) DropTable(ctx context.Context, t *Table) error {
 	if _, err := w.pool.Exec(ctx, "DROP TABLE IF EXISTS "+t.Ident()); err != nil {

@@ -1,0 +1,242 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/sink"
+)
+
+// targetColumns returns the column names of a table in order.
+func targetColumns(t *testing.T, tc *testenv.Case, table string) string {
+	t.Helper()
+	var cols string
+	err := tc.Pool.QueryRow(context.Background(), `SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute
+		WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, table).Scan(&cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cols
+}
+
+// TestColumnAddedMidStream: columns added to both source tables while the
+// daemon streams (between transactions and in the middle of one) do not
+// disturb the join, with explicit column lists and with the default "all
+// columns": the target keeps the columns it was built with and keeps
+// following every change.
+func TestColumnAddedMidStream(t *testing.T) {
+	const defaultColumnsYAML = `
+joins:
+  - name: orders_enriched
+    type: left
+    left:
+      table: public.orders
+      foreign_key: [customer_id]
+    right:
+      table: public.customers
+    target:
+      table: public.orders_enriched
+`
+	for _, c := range []struct{ name, yml string }{{"explicit", leftJoinYAML}, {"default", defaultColumnsYAML}} {
+		t.Run(c.name, func(t *testing.T) {
+			tc := testenv.New(t)
+			sqlExec(t, tc, shop,
+				`INSERT INTO customers SELECT g, 'c' || g, 't' FROM generate_series(1, 10) g`,
+				`INSERT INTO orders SELECT g, 1 + g % 11, g, 'n' FROM generate_series(1, 50) g`)
+			cfg := daemonConfig(t, tc, c.yml)
+			d := startDaemon(t, cfg, fkmat.Options{})
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
+			// The SQL join the target was built for: the columns resolved at
+			// the start (the default "all columns" grows with the table).
+			oracle := *cfg
+			oracle.Joins = append([]fkmat.JoinConfig(nil), cfg.Joins...)
+			if c.name == "default" {
+				// The definition now resolves to more columns than the target
+				// has: verify either compares the columns the target was built
+				// with, or says that the shapes differ (not a raw SQL error).
+				reports, err := fkmat.Verify(context.Background(), cfg, fkmat.Options{})
+				switch {
+				case err == nil:
+					if len(reports) != 1 || !reports[0].Equal() {
+						t.Errorf("verify with the grown default columns: %+v", reports)
+					}
+				case !errors.Is(err, sink.ErrShapeMismatch) || !strings.Contains(err.Error(), `"extra"`):
+					t.Errorf("verify with the grown default columns: %v, want a shape mismatch naming \"extra\"", err)
+				}
+			}
+			if err := d.stop(t); err != nil {
+				t.Fatalf("clean shutdown returned %v", err)
+			}
+		})
+	}
+}
+
+// TestJoinColumnChangedMidStream: a join column dropped or retyped while
+// the daemon streams stops it at the first transaction laid out the new way,
+// with an error that names the column and the fix, and that transaction is
+// not acknowledged (confirmed_flush_lsn and the target checkpoint stay before
+// its commit), also across a restart. Applying the fix the message names
+// brings the target back to its SQL join.
+func TestJoinColumnChangedMidStream(t *testing.T) {
+	cases := []struct {
+		name  string
+		alter string   // the change while streaming
+		want  []string // in the error
+		fix   func(t *testing.T, tc *testenv.Case, cfg *fkmat.Config)
+	}{{
+		name:  "dropped",
+		alter: `ALTER TABLE orders DROP COLUMN customer_id`,
+		want:  []string{`"customer_id"`, "public.orders", "dropped", "restore it", "fkmat backfill --force"},
+		fix: func(t *testing.T, tc *testenv.Case, cfg *fkmat.Config) {
+			sqlExec(t, tc, `ALTER TABLE orders ADD COLUMN customer_id bigint`, `UPDATE orders SET customer_id = 1 + id % 6`)
+			backfillForce(t, cfg)
+		},
+	}, {
+		name:  "target column retyped",
+		alter: `ALTER TABLE orders ALTER COLUMN customer_id TYPE integer`,
+		want:  []string{`"customer_id"`, "public.orders", "changed type", "fkmat teardown --drop-target", "fkmat backfill"},
+		fix: func(t *testing.T, tc *testenv.Case, cfg *fkmat.Config) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := fkmat.Teardown(ctx, cfg, true, fkmat.Options{}); err != nil {
+				t.Fatalf("fkmat teardown --drop-target: %v", err)
+			}
+			backfillForce(t, cfg)
+		},
+	}, {
+		name:  "right key retyped",
+		alter: `ALTER TABLE customers ALTER COLUMN id TYPE integer`,
+		want:  []string{`"id"`, "public.customers", "changed type", "fkmat backfill --force"},
+		fix: func(t *testing.T, tc *testenv.Case, cfg *fkmat.Config) {
+			backfillForce(t, cfg)
+		},
+	}}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tc := testenv.New(t)
+			enableWALInspect(t, tc)
+			sqlExec(t, tc, shop,
+				`INSERT INTO customers SELECT g, 'c' || g, 't' FROM generate_series(1, 5) g`,
+				`INSERT INTO orders SELECT g, 1 + g % 6, g, 'n' FROM generate_series(1, 30) g`)
+			cfg := daemonConfig(t, tc, leftJoinYAML)
+			d := startDaemon(t, cfg, fkmat.Options{})
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
+
+			sqlExec(t, tc, c.alter)
+			end := commitTxn(t, tc, `INSERT INTO customers (id, name, tier) VALUES (100, 'new', 'n')`,
+				`INSERT INTO orders (id, amount, note) VALUES (100, 1, 'new')`)
+			var err error
+			select {
+			case err = <-d.done:
+				d.cancel = nil
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the daemon kept running after a join column was %s", c.name)
+			}
+			if !errors.Is(err, fkmat.ErrSchemaChanged) {
+				t.Errorf("error %v is not ErrSchemaChanged", err)
+			}
+			for _, w := range c.want {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("error %v does not mention %s", err, w)
+				}
+			}
+			checkNotAcknowledged(t, tc, end)
+
+			// The transaction stays in the slot with the new shape: a
+			// restart without the fix stops again rather than skip it.
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := fkmat.Run(ctx, cfg, fkmat.Options{}); err == nil {
+				t.Fatal("restart without the fix returned nil")
+			} else {
+				t.Logf("restart without the fix: %v", err)
+			}
+			checkNotAcknowledged(t, tc, end)
+
+			c.fix(t, tc, cfg)
+			d = startDaemon(t, cfg, fkmat.Options{})
+			waitCaughtUp(t, tc, d)
+			sqlExec(t, tc, `UPDATE customers SET name = 'after fix' WHERE id = 1`, `UPDATE orders SET customer_id = 100 WHERE id = 1`)
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
+		})
+	}
+}
+
+func backfillForce(t *testing.T, cfg *fkmat.Config) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := fkmat.BackfillIfNeeded(ctx, cfg, true, fkmat.Options{}); err != nil {
+		t.Fatalf("fkmat backfill --force: %v", err)
+	}
+}
+
+// checkNotAcknowledged checks for a second that neither the slot nor the
+// target checkpoint covers the transaction ending at end.
+func checkNotAcknowledged(t *testing.T, tc *testenv.Case, e pglogrepl.LSN) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if c := confirmedFlush(t, tc); c >= e {
+			t.Fatalf("confirmed_flush_lsn %s covers the transaction ending at %s, which was not applied", c, e)
+		}
+		if cp := targetCheckpoint(t, tc); cp >= e {
+			t.Fatalf("target checkpoint %s covers the transaction ending at %s, which was not applied", cp, e)
+		}
+	}
+}
+
+// TestTeardownDropTarget: teardown --drop-target works from the
+// configuration alone, so it also drops a target fkmat built whose source
+// columns have since been retyped (the fix a stopped daemon names), but it
+// never drops a table of the configured name that fkmat did not build and
+// that does not have the join's shape.
+func TestTeardownDropTarget(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'a', 'x')`, `INSERT INTO orders VALUES (1, 1, 1, 'n')`,
+		`CREATE TABLE orders_enriched (mine int)`, `INSERT INTO orders_enriched VALUES (42)`)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := fkmat.Teardown(ctx, cfg, true, fkmat.Options{})
+	if err == nil || !strings.Contains(err.Error(), "not dropping") {
+		t.Fatalf("teardown --drop-target of a foreign table: %v, want a refusal", err)
+	}
+	if n := queryInt(t, tc, `SELECT count(*) FROM orders_enriched WHERE mine = 42`); n != 1 {
+		t.Fatal("teardown dropped or changed a table fkmat did not build")
+	}
+
+	sqlExec(t, tc, `DROP TABLE orders_enriched`)
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	sqlExec(t, tc, `ALTER TABLE orders ALTER COLUMN customer_id TYPE integer`)
+	if err := fkmat.Teardown(ctx, cfg, true, fkmat.Options{}); err != nil {
+		t.Fatalf("teardown --drop-target after a retype: %v", err)
+	}
+	if n := queryInt(t, tc, `SELECT count(*) FROM pg_class WHERE relname = 'orders_enriched'`); n != 0 {
+		t.Fatal("the target still exists after teardown --drop-target")
+	}
+	if n := queryInt(t, tc, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, tc.Slot); n != 0 {
+		t.Fatal("the slot still exists after teardown")
+	}
+	if n, err := tc.Redis.Keys(ctx, "fkmat:"+tc.Slot+":*").Result(); err != nil || len(n) != 0 {
+		t.Fatalf("redis keys after teardown: %v, %v", n, err)
+	}
+	// And a fresh start rebuilds it with the new type.
+	d = startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+}

@@ -31,6 +31,7 @@ func Backfill(ctx context.Context, cfg *Config, opts Options) error {
 // backfilled, an earlier backfill was interrupted, or the Redis state is
 // lost; with force it always rebuilds. Otherwise it does nothing.
 func BackfillIfNeeded(ctx context.Context, cfg *Config, force bool, opts Options) error {
+	opts.Force = force
 	d, err := open(ctx, cfg, opts)
 	if err != nil {
 		return err

@@ -44,6 +44,10 @@ type Options struct {
 	// ProgressBars, when set (a terminal), shows backfill progress bars on
 	// it; otherwise progress goes to Logger as periodic lines.
 	ProgressBars io.Writer
+	// Force lets a rebuild (backfill --force) replace a target that fkmat
+	// built for the join but whose shape no longer matches the definition
+	// (e.g. a column added to a table joined with the default "all columns").
+	Force bool
 	// MetricsAddr, when set, serves Prometheus /metrics, /healthz and
 	// /readyz on that address while Run runs.
 	MetricsAddr string
@@ -106,7 +110,7 @@ func open(ctx context.Context, cfg *Config, opts Options) (_ *daemon, err error)
 	}
 	d.writer = sink.NewWriter(d.target)
 	for _, p := range d.plans {
-		if _, err := d.writer.EnsureTable(ctx, &p.Target); err != nil {
+		if err := d.ensureTarget(ctx, p); err != nil {
 			return nil, fmt.Errorf("join %q: %w", p.Name, err)
 		}
 	}
@@ -308,4 +312,32 @@ func deleteKeys(ctx context.Context, rdb redis.UniversalClient, prefix string) e
 		return rdb.Unlink(ctx, batch...).Err()
 	}
 	return nil
+}
+
+// ensureTarget creates the target or checks its shape. A target fkmat built
+// for this join whose shape no longer matches is recreated under
+// Options.Force (a rebuild), and otherwise reported with that fix.
+func (d *daemon) ensureTarget(ctx context.Context, p *JoinPlan) error {
+	_, err := d.writer.EnsureTable(ctx, &p.Target)
+	if !errors.Is(err, sink.ErrShapeMismatch) {
+		return err
+	}
+	var owned bool
+	if qerr := d.target.QueryRow(ctx, `SELECT EXISTS (SELECT FROM fkmat.join_state
+		WHERE slot = $1 AND join_name = $2 AND target_schema = $3 AND target_table = $4)`,
+		d.cfg.Slot, p.Name, p.Target.Schema, p.Target.Name).Scan(&owned); qerr != nil {
+		return fmt.Errorf("look up the owner of %s: %w", p.Target.Ident(), qerr)
+	}
+	if !owned {
+		return err
+	}
+	if !d.opts.Force {
+		return fmt.Errorf("%w; fkmat built this table for the join: run fkmat backfill --force to rebuild it with the new shape", err)
+	}
+	d.log.Warn("recreating the target with the join's new shape", "target", p.Target.Ident())
+	if err := d.writer.DropTable(ctx, &p.Target); err != nil {
+		return err
+	}
+	_, err = d.writer.EnsureTable(ctx, &p.Target)
+	return err
 }

@@ -93,6 +93,27 @@ joins:
 			if err := d.stop(t); err != nil {
 				t.Fatalf("clean shutdown returned %v", err)
 			}
+			if c.name != "default" {
+				return
+			}
+			// The grown definition: run refuses, naming the rebuild; the
+			// rebuild recreates the target with the new column.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			err := fkmat.Run(ctx, cfg, fkmat.Options{})
+			if !errors.Is(err, sink.ErrShapeMismatch) || !strings.Contains(err.Error(), "fkmat backfill --force") {
+				t.Fatalf("run with the grown definition = %v, want a shape mismatch naming fkmat backfill --force", err)
+			}
+			if err := fkmat.BackfillIfNeeded(ctx, cfg, true, fkmat.Options{}); err != nil {
+				t.Fatalf("backfill --force: %v", err)
+			}
+			if cols := targetColumns(t, tc, "orders_enriched"); !strings.Contains(cols, "extra") {
+				t.Fatalf("rebuilt target columns %s lack the added column", cols)
+			}
+			d = startDaemon(t, cfg, fkmat.Options{})
+			sqlExec(t, tc, `UPDATE orders SET extra = 11 WHERE id = 2`)
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
 		})
 	}
 }

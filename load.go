@@ -15,7 +15,7 @@ import (
 )
 
 // loadPage is the number of rows loaded into Redis per pipelined round.
-const loadPage = 20_000
+const loadPage = 10_000
 
 // load is the initial load inside the exported snapshot: for every join, in
 // parallel, the target is filled by streaming the SQL join out of the source
@@ -46,7 +46,9 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 	if err := g.Wait(); err != nil {
 		return 0, fmt.Errorf("backfill: %w", err)
 	}
-	prog.report()
+	if prog.bars == nil {
+		prog.report()
+	}
 	var total int64
 	for _, t := range targets {
 		total += t.done.Load()
@@ -260,7 +262,7 @@ const loadWorkers = 3
 func scanParallel(ctx context.Context, pool *pgxpool.Pool, snapshot string, table TableName, cols []SourceColumn,
 	fn func(context.Context, [][]join.Value) error) error {
 	g, gctx := errgroup.WithContext(ctx)
-	pages := make(chan [][]join.Value, loadWorkers)
+	pages := make(chan [][]join.Value, 1)
 	g.Go(func() error {
 		defer close(pages)
 		return inSnapshot(gctx, pool, snapshot, func(conn *pgx.Conn) error {

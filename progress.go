@@ -48,7 +48,7 @@ func (p *progress) add(name string, estimate int64) *task {
 	t.total.Store(max(estimate, 1))
 	if p.bars != nil {
 		t.bar = p.bars.AddBar(t.total.Load(),
-			mpb.PrependDecorators(decor.Name(name, decor.WC{C: decor.DindentRight | decor.DextraSpace}),
+			mpb.PrependDecorators(decor.Name(name, decor.WCSyncSpaceR),
 				decor.CountersNoUnit("%d / %d", decor.WCSyncWidth)),
 			mpb.AppendDecorators(decor.AverageSpeed(nil, "%.0f rows/s", decor.WCSyncSpace),
 				decor.Name(" eta "), decor.AverageETA(decor.ET_STYLE_GO)),

@@ -21,8 +21,8 @@ var files embed.FS
 // run from several processes at once (a Postgres advisory lock serializes
 // them).
 func Up(ctx context.Context, db *sql.DB) error {
-	if _, err := db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+Schema); err != nil {
-		return fmt.Errorf("create schema %s: %w", Schema, err)
+	if err := createSchema(ctx, db); err != nil {
+		return err
 	}
 	p, err := provider(db)
 	if err != nil {
@@ -30,6 +30,27 @@ func Up(ctx context.Context, db *sql.DB) error {
 	}
 	if _, err := p.Up(ctx); err != nil {
 		return fmt.Errorf("apply migrations: %w", err)
+	}
+	return nil
+}
+
+// createSchema creates the schema under a transaction-scoped advisory lock:
+// CREATE SCHEMA IF NOT EXISTS alone races between concurrent processes
+// (unique violation on pg_namespace).
+func createSchema(ctx context.Context, db *sql.DB) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("create schema %s: %w", Schema, err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext('fkmat.migrations'))"); err != nil {
+		return fmt.Errorf("create schema %s: lock: %w", Schema, err)
+	}
+	if _, err := tx.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+Schema); err != nil {
+		return fmt.Errorf("create schema %s: %w", Schema, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("create schema %s: %w", Schema, err)
 	}
 	return nil
 }

@@ -260,6 +260,10 @@ func (d *daemon) assess(ctx context.Context) (reason string, lost bool, err erro
 	if err != nil {
 		return "", false, err
 	}
+	targetLSN, err := d.writer.Checkpoint(ctx, d.cfg.Slot)
+	if err != nil {
+		return "", false, err
+	}
 	for _, jr := range d.joins {
 		st, err := d.loadJoinState(ctx, jr.plan.Name)
 		if err != nil {
@@ -287,6 +291,12 @@ func (d *daemon) assess(ctx context.Context) (reason string, lost bool, err erro
 			return fmt.Sprintf("the Redis state of join %q is foreign (epoch %s, the target was built with %s)", jr.plan.Name, meta.Epoch, st.epoch), true, nil
 		case meta.Layout != jr.store.Layout():
 			return fmt.Sprintf("the Redis state of join %q has another layout (%s)", jr.plan.Name, meta.Layout), true, nil
+		case meta.Checkpoint > uint64(targetLSN):
+			// Redis is committed after the target, so it is never ahead of
+			// it: the target was restored from an older backup, or the state
+			// belongs to another run. Streaming from it would skip changes.
+			return fmt.Sprintf("the Redis state of join %q is ahead of the target (%s > %s)",
+				jr.plan.Name, cdc.LSN(meta.Checkpoint), cdc.LSN(targetLSN)), true, nil
 		}
 	}
 	return "", false, nil

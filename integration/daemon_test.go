@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -256,3 +257,30 @@ func TestDaemonLostRedisState(t *testing.T) {
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+// TestDaemonRedisAheadOfTarget: a target restored from an older backup (its
+// checkpoint behind Redis') is detected as foreign state, never streamed
+// from (which would skip changes).
+func TestDaemonRedisAheadOfTarget(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'a', 't1')`, `INSERT INTO orders VALUES (1, 1, 1, 'n')`)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	sqlExec(t, tc, `INSERT INTO orders VALUES (2, 1, 2, 'n')`)
+	waitCaughtUp(t, tc, d)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	// "Restore" an older target: lose the last row and move the checkpoint back.
+	sqlExec(t, tc, `DELETE FROM orders_enriched WHERE id = 2`, `UPDATE fkmat.checkpoint SET lsn = '0/1'`)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := fkmat.Run(ctx, cfg, fkmat.Options{OnLostState: fkmat.LostStateRefuse})
+	if !errors.Is(err, fkmat.ErrLostState) || !strings.Contains(err.Error(), "ahead of the target") {
+		t.Fatalf("Run = %v, want ErrLostState (redis ahead of the target)", err)
+	}
+	d = startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+}

@@ -8,7 +8,7 @@ TEST_TIMEOUT ?= 20m
 
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: build demo bench test test-unit test-images lint
+.PHONY: build demo bench test test-unit test-images lint soak
 
 build:
 	$(GO) build -o $(BIN) ./cmd/fkmat
@@ -24,6 +24,10 @@ bench: test-images
 ## test: unit and integration tests, the whole suite (starts Docker, builds test images when missing)
 test: test-images
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+## soak: the fault-injection tests, long (FKMAT_FAULT_OPS, default 100000 ops; FKMAT_FAULT_SEED replays a run)
+soak: test-images
+	FKMAT_FAULT_OPS=$${FKMAT_FAULT_OPS:-100000} $(GO) test -count=1 -v -run '^TestFault' -timeout 40m ./integration/
 
 ## test-unit: tests that need no Docker (integration tests skip under -short)
 test-unit:

@@ -26,12 +26,13 @@ func Check(ctx context.Context, cfg *Config, opts Options) error {
 			problems = append(problems, err.Error())
 		}
 	}
+	var plans []*JoinPlan
 	source, err := connectPostgres(ctx, cfg.Source, "source")
 	if err != nil {
 		add(fmt.Errorf("%v; check the source URL and that Postgres is running", err))
 	} else {
 		defer source.Close()
-		plans, err := Resolve(ctx, source, cfg)
+		plans, err = Resolve(ctx, source, cfg)
 		add(err)
 		if err == nil {
 			client, err := cdc.New(cdc.Config{ConnString: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication,
@@ -42,14 +43,38 @@ func Check(ctx context.Context, cfg *Config, opts Options) error {
 					add(e)
 				}
 			}
+			probs, err := sourceGrantProblems(ctx, source, cfg, plans)
+			problems = append(problems, probs...)
+			add(err)
+		} else {
+			plans = nil
 		}
 	}
+	target := source
 	if cfg.Target != cfg.Source {
-		target, err := connectPostgres(ctx, cfg.Target, "target")
+		target, err = connectPostgres(ctx, cfg.Target, "target")
 		if err != nil {
 			add(fmt.Errorf("%v; check the target URL", err))
 		} else {
-			target.Close()
+			defer target.Close()
+		}
+	}
+	if target != nil && plans != nil {
+		probs, err := targetGrantProblems(ctx, target, plans)
+		problems = append(problems, probs...)
+		add(err)
+		// An existing target must already have the join's shape; check it
+		// without creating anything.
+		w := sink.NewWriter(target)
+		for _, p := range plans {
+			var exists bool
+			if err := target.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, p.Target.Ident()).Scan(&exists); err != nil {
+				add(fmt.Errorf("look up target %s: %w", p.Target.Ident(), err))
+			} else if exists {
+				if err := w.CheckTable(ctx, &p.Target); err != nil {
+					add(fmt.Errorf("join %q: %w", p.Name, err))
+				}
+			}
 		}
 	}
 	if rdb, err := connectRedis(ctx, cfg.Redis); err != nil {

@@ -61,6 +61,12 @@ func IsTerminal(err error) bool {
 		return false // retried up to Config.SlotBusyTimeout
 	}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		// SQLSTATE 55000 while connecting is "database is not currently
+		// accepting connections" (ALLOW_CONNECTIONS false during
+		// maintenance): the database comes back, like a restarting server.
+		if _, connecting := errors.AsType[*pgconn.ConnectError](err); connecting && pgErr.Code == "55000" {
+			return false
+		}
 		return !retryableClass(pgErr.Code)
 	}
 	return false

@@ -128,6 +128,15 @@ func TestMapError(t *testing.T) {
 			t.Errorf("terminal form %v", term)
 		}
 	})
+	t.Run("database not accepting connections", func(t *testing.T) {
+		t.Parallel()
+		pgErr := &pgconn.PgError{Severity: "FATAL", Code: "55000", Message: `database "shop" is not currently accepting connections`}
+		// pgconn.ConnectError cannot be built here; while connecting it is
+		// retried (integration TestFaultTargetUnavailable).
+		if !IsTerminal(pgErr) {
+			t.Errorf("a 55000 outside connect stays terminal")
+		}
+	})
 	t.Run("network", func(t *testing.T) {
 		t.Parallel()
 		if IsTerminal(errors.New("read tcp: connection reset by peer")) {

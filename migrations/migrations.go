@@ -46,8 +46,18 @@ func createSchema(ctx context.Context, db *sql.DB) error {
 	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext('fkmat.migrations'))"); err != nil {
 		return fmt.Errorf("create schema %s: lock: %w", Schema, err)
 	}
-	if _, err := tx.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+Schema); err != nil {
-		return fmt.Errorf("create schema %s: %w", Schema, err)
+	// CREATE SCHEMA IF NOT EXISTS checks CREATE on the database before it
+	// looks for the schema: a least-privilege role that was given an
+	// existing schema (CREATE SCHEMA fkmat AUTHORIZATION role) must not
+	// need it.
+	var exists bool
+	if err := tx.QueryRowContext(ctx, "SELECT to_regnamespace($1) IS NOT NULL", Schema).Scan(&exists); err != nil {
+		return fmt.Errorf("look up schema %s: %w", Schema, err)
+	}
+	if !exists {
+		if _, err := tx.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+Schema); err != nil {
+			return fmt.Errorf("create schema %s: %w", Schema, err)
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("create schema %s: %w", Schema, err)

@@ -134,6 +134,7 @@ func compareShape(t *Table, have []Column, haveKey []string) error {
 	if len(p) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %s: %s; drop it (fkmat teardown --drop-target) or choose another target.table",
+	// teardown --drop-target drops only a table fkmat built for the join.
+	return fmt.Errorf("%w: %s: %s; drop it (fkmat teardown --drop-target if fkmat built it, else yourself) or choose another target.table",
 		ErrShapeMismatch, t.Ident(), strings.Join(p, "; "))
 }

@@ -12,10 +12,13 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/urfave/cli/v2"
 	"golang.org/x/term"
 
 	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/sink"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -84,6 +87,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case errors.As(err, &ee):
 		return ee.code
 	case errors.As(err, &ce):
+		return exitUsage
+	case errors.Is(err, sink.ErrShapeMismatch), errors.Is(err, cdc.ErrWALLevel), errors.Is(err, cdc.ErrReplicationPrivilege):
+		// Configuration problems found only on the way (fkmat check reports
+		// them too): an existing target of another shape, a server without
+		// wal_level=logical, a role without REPLICATION.
 		return exitUsage
 	case strings.Contains(err.Error(), "flag provided but not defined"), strings.HasPrefix(err.Error(), "No help topic"):
 		return exitUsage
@@ -183,6 +191,7 @@ func setup(c *cli.Context) (*fkmat.Config, fkmat.Options, error) {
 	if err != nil {
 		return nil, fkmat.Options{}, err
 	}
+	redis.SetLogger(redisLogger{log.With("component", "redis")})
 	opts := fkmat.Options{Logger: log}
 	// Progress bars on a terminal with text logs; plain lines otherwise.
 	if f, ok := c.App.ErrWriter.(*os.File); ok && term.IsTerminal(int(f.Fd())) && flagString(c, "log-format") == "text" {

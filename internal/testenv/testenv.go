@@ -341,6 +341,28 @@ func (e *Env) RestartRedis(ctx context.Context) error {
 	return e.StartRedis(ctx)
 }
 
+// PausePostgres freezes the Postgres container (docker pause): connections
+// stay open but nothing answers until UnpausePostgres.
+func (e *Env) PausePostgres(ctx context.Context) error { return dockerPause(ctx, "pause", e.pg) }
+
+// UnpausePostgres resumes a paused Postgres container.
+func (e *Env) UnpausePostgres(ctx context.Context) error { return dockerPause(ctx, "unpause", e.pg) }
+
+// PauseRedis freezes the Redis container (docker pause) until UnpauseRedis.
+func (e *Env) PauseRedis(ctx context.Context) error { return dockerPause(ctx, "pause", e.rd) }
+
+// UnpauseRedis resumes a paused Redis container.
+func (e *Env) UnpauseRedis(ctx context.Context) error { return dockerPause(ctx, "unpause", e.rd) }
+
+// dockerPause runs `docker pause|unpause` on c with the docker CLI.
+func dockerPause(ctx context.Context, verb string, c *testcontainers.DockerContainer) error {
+	out, err := exec.CommandContext(ctx, "docker", verb, c.GetContainerID()).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("docker %s: %w: %s", verb, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 func (e *Env) terminate(ctx context.Context) error {
 	if e.admin != nil {
 		e.admin.Close()

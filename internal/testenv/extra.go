@@ -1,0 +1,88 @@
+package testenv
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/url"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/moby/moby/api/types/container"
+	"github.com/testcontainers/testcontainers-go"
+	"github.com/testcontainers/testcontainers-go/wait"
+)
+
+// ExtraPostgres starts a Postgres container of its own, next to the shared
+// one, with the given server arguments instead of PostgresArgs (e.g.
+// wal_level=replica to test what fkmat says about it), bound to loopback
+// like the shared one and removed when the test ends. It returns a superuser
+// URL for its "postgres" database; the password is e's.
+func (e *Env) ExtraPostgres(t testing.TB, args ...string) *Extra {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	port, err := freeLoopbackPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := testcontainers.Run(ctx, envOr("FKMAT_TEST_POSTGRES_IMAGE", DefaultPostgresImage),
+		testcontainers.WithEnv(map[string]string{"POSTGRES_PASSWORD": e.Password, "POSTGRES_USER": "postgres", "POSTGRES_DB": "postgres"}),
+		testcontainers.WithCmd(append([]string{"postgres"}, args...)...),
+		testcontainers.WithExposedPorts("5432/tcp"),
+		testcontainers.WithConfigModifier(func(c *container.Config) { c.StopSignal = "SIGINT" }),
+		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
+			hc.PortBindings = loopbackBinding("5432/tcp", port)
+		}),
+		testcontainers.WithWaitStrategy(wait.ForLog("database system is ready to accept connections").
+			WithStartupTimeout(2*time.Minute)),
+	)
+	if c != nil {
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := c.Terminate(ctx); err != nil {
+				t.Errorf("testenv: remove extra postgres: %v", err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatalf("testenv: start extra postgres: %v", err)
+	}
+	if err := assertLoopback(ctx, c, "5432/tcp", port); err != nil {
+		t.Fatal(err)
+	}
+	u := (&url.URL{Scheme: "postgres", User: url.UserPassword("postgres", e.Password),
+		Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Path: "/postgres", RawQuery: "sslmode=disable"}).String()
+	for {
+		conn, err := pgx.Connect(ctx, u)
+		if err == nil {
+			_ = conn.Close(ctx)
+			return &Extra{URL: u, c: c}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("testenv: extra postgres does not answer: %v", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// Extra is a Postgres container started by ExtraPostgres.
+type Extra struct {
+	// URL connects to its "postgres" database as the superuser.
+	URL string
+	c   *testcontainers.DockerContainer
+}
+
+// ReadFile returns a file of the container (e.g. its server certificate).
+func (x *Extra) ReadFile(ctx context.Context, path string) ([]byte, error) {
+	r, err := x.c.CopyFileFromContainer(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	return io.ReadAll(r)
+}

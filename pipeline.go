@@ -2,6 +2,7 @@ package fkmat
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -43,6 +44,29 @@ type joinRunner struct {
 	engine *join.Engine
 	store  *redisstore.Store
 	mapper *mapper
+	// epoch is the Redis state's epoch the daemon started streaming with.
+	epoch string
+}
+
+// errStateChanged means a join's Redis state vanished or was replaced while
+// the daemon ran; the pipeline restarts and the start-up checks decide
+// (rebuild or refuse).
+var errStateChanged = errors.New("redis state lost or replaced while running")
+
+// verifyState checks, after the engine's reads and before the target
+// commit, that the join's Redis state is still the one the daemon started
+// with. If it vanished (FLUSHALL, eviction) the reads may have seen empty
+// state and the output would be wrong: nothing is committed. A loss after
+// this check is harmless: the reads came before it.
+func (jr *joinRunner) verifyState(ctx context.Context) error {
+	m, err := jr.store.Meta(ctx)
+	if errors.Is(err, redisstore.ErrNoState) || (err == nil && m.Epoch != jr.epoch) {
+		return fmt.Errorf("join %q: %w", jr.plan.Name, errStateChanged)
+	}
+	if err != nil {
+		return fmt.Errorf("join %q: %w", jr.plan.Name, err)
+	}
+	return nil
 }
 
 // pipeline is the batch loop: cdc → join → sink → redisstore → ack.
@@ -180,6 +204,13 @@ func (p *pipeline) applyBatch(ctx context.Context, b *batch) error {
 		var err error
 		if muts[i], err = jr.engine.Apply(ctx, perJoin[i], emit); err != nil {
 			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
+		}
+	}
+	for i, jr := range p.joins {
+		if len(perJoin[i]) > 0 {
+			if err := jr.verifyState(ctx); err != nil {
+				return err
+			}
 		}
 	}
 	if tx != nil {

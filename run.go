@@ -105,6 +105,11 @@ func (d *daemon) stream(ctx context.Context) error {
 	}
 	start := cdc.LSN(targetLSN)
 	for _, jr := range d.joins {
+		meta, err := jr.store.Meta(ctx)
+		if err != nil {
+			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
+		}
+		jr.epoch = meta.Epoch
 		// A crash in the middle of a large transaction left its partial
 		// Redis state behind: undo it; the transaction is replayed.
 		if undone, err := jr.store.Recover(ctx); err != nil {

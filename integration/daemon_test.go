@@ -284,3 +284,50 @@ func TestDaemonRedisAheadOfTarget(t *testing.T) {
 	waitCaughtUp(t, tc, d)
 	assertOracle(t, cfg)
 }
+
+// TestDaemonLostStateWhileRunning: the join's Redis keys vanish under a
+// running daemon (FLUSHALL, eviction). The next batch's reads see empty
+// state; nothing computed from it may reach the target: with refuse, the
+// daemon stops with the target exactly as before the loss.
+func TestDaemonLostStateWhileRunning(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'ann', 'gold'), (2, 'bob', 'silver')`,
+		`INSERT INTO orders SELECT g, 1 + g % 2, g, 'n' FROM generate_series(1, 20) g`)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	d := startDaemon(t, cfg, fkmat.Options{OnLostState: fkmat.LostStateRefuse})
+	waitCaughtUp(t, tc, d)
+	snapshot := func() string {
+		var s string
+		if err := tc.Pool.QueryRow(context.Background(), `SELECT md5(string_agg(t::text, ',' ORDER BY id)) FROM orders_enriched t`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := snapshot()
+	prefix := "fkmat:" + tc.Slot + ":orders_enriched:"
+	if err := tc.Redis.Del(context.Background(), prefix+"meta").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := testenv.DeleteKeys(context.Background(), tc.Redis, prefix); err != nil {
+		t.Fatal(err)
+	}
+	// With the state gone, these would be resolved against nothing: order 3
+	// would lose its customer's columns.
+	sqlExec(t, tc, `UPDATE orders SET amount = amount + 1 WHERE id = 3`, `UPDATE customers SET name = 'ANN' WHERE id = 1`)
+	select {
+	case err := <-d.done:
+		d.cancel = nil
+		if !errors.Is(err, fkmat.ErrLostState) {
+			t.Fatalf("daemon stopped with %v, want ErrLostState", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("daemon did not notice the lost state")
+	}
+	if after := snapshot(); after != before {
+		t.Fatal("rows computed from the lost state reached the target")
+	}
+	// A rebuild converges.
+	d = startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+}

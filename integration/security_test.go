@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -15,7 +14,6 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -79,7 +77,7 @@ func withEnv(env []string, key, val string) []string {
 type childRun struct {
 	*daemon
 	cmd    *exec.Cmd
-	stderr *lockedBuffer
+	stderr *syncBuffer
 }
 
 // startRunCLI starts `fkmat run args...` with env; it is killed at cleanup if
@@ -88,7 +86,7 @@ func startRunCLI(t *testing.T, env []string, args ...string) *childRun {
 	t.Helper()
 	cmd := exec.Command(fkmatBinary(t), append([]string{"run"}, args...)...)
 	cmd.Env = env
-	buf := &lockedBuffer{}
+	buf := &syncBuffer{}
 	cmd.Stderr, cmd.Stdout = buf, buf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -117,24 +115,6 @@ func (d *childRun) term(t *testing.T) error {
 		t.Fatalf("fkmat run did not exit within 15 s of SIGTERM\n%s", d.stderr.String())
 		return nil
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a writer and a reader.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // minimalGrants are the least privileges of README "Security" for a role

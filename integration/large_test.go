@@ -73,19 +73,9 @@ func TestLargeTransactionInterrupted(t *testing.T) {
 	sqlExec(t, tc, `BEGIN; UPDATE customers SET name = name || '+';
 		INSERT INTO orders SELECT g, g % 150, 2, 'y' FROM generate_series(1001, 150000) g;
 		UPDATE orders SET customer_id = customer_id + 1 WHERE id <= 1000; COMMIT`)
-	meta := "fkmat:" + tc.Slot + ":orders_enriched:meta"
+	meta := waitInFlight(t, tc)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for {
-		v, err := tc.Redis.HGet(ctx, meta, "inflight").Result()
-		if err == nil && v != "" && v != "0" {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("never saw the transaction in flight")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 	if err := d.stop(t); err != nil {
 		t.Fatalf("stop mid-transaction: %v", err)
 	}
@@ -122,19 +112,9 @@ func TestLargeTransactionKilled(t *testing.T) {
 	sqlExec(t, tc, `BEGIN; UPDATE customers SET name = name || '+';
 		INSERT INTO orders SELECT g, g % 150, 2, 'y' FROM generate_series(1001, 150000) g;
 		DELETE FROM orders WHERE id % 7 = 0; COMMIT`)
-	meta := "fkmat:" + tc.Slot + ":orders_enriched:meta"
+	meta := waitInFlight(t, tc)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for {
-		v, err := tc.Redis.HGet(ctx, meta, "inflight").Result()
-		if err == nil && v != "" && v != "0" {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("never saw the transaction in flight")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -145,4 +125,23 @@ func TestLargeTransactionKilled(t *testing.T) {
 	_, d = startCLI()
 	waitCaughtUp(t, tc, d)
 	assertOracle(t, cfg)
+}
+
+// waitInFlight waits until the join's Redis state has a partially applied
+// large transaction (its in-flight marker) and returns the meta hash key.
+func waitInFlight(t *testing.T, tc *testenv.Case) string {
+	t.Helper()
+	meta := "fkmat:" + tc.Slot + ":orders_enriched:meta"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		v, err := tc.Redis.HGet(ctx, meta, "inflight").Result()
+		if err == nil && v != "" && v != "0" {
+			return meta
+		}
+		if ctx.Err() != nil {
+			t.Fatal("never saw the transaction in flight")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

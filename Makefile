@@ -17,9 +17,9 @@ build:
 demo:
 	bash demo/demo.sh
 
-## bench: benchmarks, each figure side by side with its reference in one run (not part of make test)
+## bench: every workload against every contender in one run; table, JSON and SVG in bench/results/ (make test runs a tiny smoke version)
 bench: test-images
-	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 60m ./bench/
+	FKMAT_BENCH=full $(GO) test -count=1 -v -run '^TestBench$$' -timeout 90m ./bench/
 
 ## test: unit and integration tests, the whole suite (starts Docker, builds test images when missing)
 test: test-images

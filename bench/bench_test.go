@@ -1,0 +1,262 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/fkmat/fkmat/internal/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+// TestBench runs every workload against every contender and writes the
+// results table. With FKMAT_BENCH=full (make bench) it uses issue 8's sizes
+// and writes bench/results/; otherwise it is the smoke run of make test:
+// the same code at tiny sizes (seconds), results in a temporary directory,
+// and the targets are not judged.
+func TestBench(t *testing.T) {
+	s, full := smokeSizes, os.Getenv("FKMAT_BENCH") == "full"
+	if full {
+		s = fullSizes
+	}
+	if testing.Short() {
+		t.Skip("needs Docker")
+	}
+	rep := newReport(t, full, s)
+	only := os.Getenv("FKMAT_BENCH_ONLY") // e.g. "W1,W4"
+	for _, w := range []struct {
+		name string
+		run  func(t *testing.T, s sizes, rep *report)
+	}{{"W1", benchW1}, {"W2", benchW2}, {"W3", benchW3}, {"W4", benchW4}} {
+		if only != "" && !contains(only, w.name) {
+			continue
+		}
+		if !t.Run(w.name, func(t *testing.T) { w.run(t, s, rep) }) {
+			t.FailNow()
+		}
+	}
+	rep.finish()
+	dir := t.TempDir()
+	if full {
+		dir = "results"
+	}
+	if err := rep.write(dir); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Print(rep.text())
+}
+
+func benchW1(t *testing.T, s sizes, rep *report) {
+	w := w1(s)
+	r := benchStream(t, w, s, 0, w1Paced(s))
+	r.add(rep)
+}
+
+func benchW3(t *testing.T, s sizes, rep *report) {
+	w := w3(s)
+	r := benchStream(t, w, s, s.W3Orders, nil)
+	r.add(rep)
+}
+
+// streamResult is what benchStream measured on one workload.
+type streamResult struct {
+	w                               *workload
+	base, trig, live                time.Duration
+	liveLat, pacedLat               []time.Duration
+	pacedRate, pacedChanges         int
+	liveUse, catchUse, backfillUse  usage
+	decode, catchUp, writeLimit, mv time.Duration
+	decodedChanges                  int
+}
+
+// benchStream measures a streaming workload (W1, W3) against each
+// contender, each on a fresh database with the same setup:
+//   - no maintenance: the writer alone, then REFRESH MATERIALIZED VIEW
+//     CONCURRENTLY at the final size;
+//   - row-level triggers maintaining trig_t;
+//   - fkmat running while the writer writes (live), with the freshness
+//     probe, then (paced) more writes at a fixed rate with the probe;
+//   - catch-up: the workload written while fkmat is stopped, drained by a
+//     bare pgoutput reader from a second slot (decode limit), then by fkmat;
+//     then the same number of target rows upserted from the client (write
+//     limit). pre is how many orders setup created.
+func benchStream(t *testing.T, w *workload, s sizes, pre int, paced []txn) *streamResult {
+	r := &streamResult{w: w}
+	changes := w.changes()
+	t.Logf("%s: %d transactions, %d row changes", w.name, len(w.txns), changes)
+
+	{
+		d := newDB(t, w)
+		r.base = d.write(w.txns, 0)
+		r.mv = d.refreshMV(s.Refreshes)
+	}
+	{
+		d := newDB(t, w)
+		d.installTriggers()
+		r.trig = d.write(w.txns, 0)
+		d.assertJoin("trig_t")
+	}
+	{
+		d := newDB(t, w)
+		r.backfillUse = d.backfill()
+		p := d.run()
+		d.waitCaught(p)
+		pr := d.probe(time.Duration(s.ProbeEvery) * time.Millisecond)
+		r.live = d.write(w.txns, 0)
+		d.waitCaught(p)
+		r.liveLat = pr.stop(t)
+		if paced != nil {
+			pr := d.probe(time.Duration(s.ProbeEvery) * time.Millisecond)
+			d.write(paced, s.W1PacedRate)
+			d.waitCaught(p)
+			r.pacedLat = pr.stop(t)
+			r.pacedRate, r.pacedChanges = s.W1PacedRate, len(paced)*10
+		}
+		r.liveUse = p.stop()
+		d.assertJoin("orders_enriched")
+	}
+	{
+		d := newDB(t, w)
+		d.backfill()
+		bare := d.Slot + "_bare"
+		d.exec(fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, bare))
+		d.write(w.txns, 0)
+		d.exec(`CHECKPOINT`)
+		n, commits, took := d.drainBare(bare, len(w.txns))
+		if n != changes || commits != len(w.txns) {
+			t.Fatalf("bare reader saw %d changes in %d commits, want %d in %d", n, commits, changes, len(w.txns))
+		}
+		r.decode, r.decodedChanges = took, n
+		p := d.run()
+		r.catchUp = d.waitCaught(p).Sub(p.start)
+		r.catchUse = p.stop()
+		d.assertJoin("orders_enriched")
+		if written := int(r.catchUse.upserted + r.catchUse.deleted); written > w.targetWrites {
+			t.Errorf("fkmat wrote %d target rows, more than the %d the SQL result changed by", written, w.targetWrites)
+		}
+		r.writeLimit = d.writeLimit(w.targetWrites, w.orders, pre)
+	}
+	return r
+}
+
+func (r *streamResult) add(rep *report) {
+	w, n := r.w, float64(r.w.changes())
+	name := w.name + " " + w.title
+	rate := func(d time.Duration) float64 { return n / d.Seconds() }
+	rep.row(name, "writer alone (no maintenance)", r.base.Seconds(), "s", fmt.Sprintf("%.0f changes/s", rate(r.base)), true)
+	rep.row(name, "writer with fkmat running", r.live.Seconds(), "s", fmt.Sprintf("%.2fx slower", r.live.Seconds()/r.base.Seconds()), true)
+	rep.row(name, "writer with row-level triggers", r.trig.Seconds(), "s", fmt.Sprintf("%.2fx slower", r.trig.Seconds()/r.base.Seconds()), true)
+	rep.row(name, "fkmat catch-up (start to caught up)", r.catchUp.Seconds(), "s", fmt.Sprintf("%.0f changes/s", rate(r.catchUp)), true)
+	rep.row(name, "decode limit (bare pgoutput reader)", r.decode.Seconds(), "s", fmt.Sprintf("%.0f changes/s", rate(r.decode)), true)
+	rep.row(name, fmt.Sprintf("write limit (%d rows upserted, batches of 10k)", w.targetWrites), r.writeLimit.Seconds(), "s",
+		fmt.Sprintf("%.0f rows/s", float64(w.targetWrites)/r.writeLimit.Seconds()), true)
+	rep.row(name, "REFRESH MATERIALIZED VIEW CONCURRENTLY", r.mv.Seconds(), "s", fmt.Sprintf("per refresh at %d rows", w.orders), true)
+	rep.row(name, "catch-up / write limit", r.writeLimit.Seconds()/r.catchUp.Seconds(), "ratio", "share of the write limit's speed", false)
+	rep.row(name, "catch-up / decode limit", r.decode.Seconds()/r.catchUp.Seconds(), "ratio", "share of the decode limit's speed", false)
+	rep.row(name, "freshness p50 / p99, live (writer unthrottled)", quantile(r.liveLat, 0.5).Seconds(), "s",
+		fmt.Sprintf("p99 %.3f s, %d markers, writer at %.0f changes/s", quantile(r.liveLat, 0.99).Seconds(), len(r.liveLat), rate(r.live)), false)
+	if r.pacedLat != nil {
+		rep.row(name, fmt.Sprintf("freshness p50 / p99 at %d changes/s", r.pacedRate), quantile(r.pacedLat, 0.5).Seconds(), "s",
+			fmt.Sprintf("p99 %.3f s, %d markers over %d changes", quantile(r.pacedLat, 0.99).Seconds(), len(r.pacedLat), r.pacedChanges), false)
+	}
+	cpu := r.catchUse.cpu / (n / 1000)
+	rep.row(name, "CPU per 1k changes (catch-up)", cpu, "s", fmt.Sprintf("fkmat; redis-server %.4f s", r.catchUse.redisCPU/(n/1000)), false)
+	rep.row(name, "fkmat target rows written (catch-up)", r.catchUse.upserted+r.catchUse.deleted, "rows",
+		fmt.Sprintf("SQL result changed by %d", w.targetWrites), false)
+	peak := max(r.liveUse.peakRSSMB, r.catchUse.peakRSSMB, r.backfillUse.peakRSSMB)
+	rep.row(name, "fkmat peak RSS", peak, "MB", "max of backfill, live and catch-up", false)
+	rep.rss = max(rep.rss, peak)
+
+	switch w.name {
+	case "W1":
+		rep.target("W1 catch-up ≥ 50% of the write limit", r.writeLimit.Seconds()/r.catchUp.Seconds(), ">=", 0.5, "x")
+		rep.target("W1 live writer slowdown ≤ 1.3x", r.live.Seconds()/r.base.Seconds(), "<=", 1.3, "x")
+		if r.pacedLat != nil {
+			rep.target(fmt.Sprintf("freshness p99 ≤ 1 s at %d changes/s", r.pacedRate), quantile(r.pacedLat, 0.99).Seconds(), "<=", 1, "s")
+		}
+	case "W3":
+		rep.target("W3 live writer slowdown ≤ 1.3x", r.live.Seconds()/r.base.Seconds(), "<=", 1.3, "x")
+	}
+}
+
+// benchW2 (hot fan-out): the hot renames with fkmat running, against the
+// same renames with row-level triggers and with no maintenance.
+func benchW2(t *testing.T, s sizes, rep *report) {
+	w := w2(s)
+	name := w.name + " " + w.title
+	var base, trigPer, mv time.Duration
+	{
+		d := newDB(t, w)
+		base = d.write(w.txns, 0)
+		mv = d.refreshMV(s.Refreshes)
+	}
+	{
+		d := newDB(t, w)
+		d.installTriggers()
+		trigPer = d.write(w.txns[:s.W2TriggerUpdates], 0) / time.Duration(s.W2TriggerUpdates)
+		d.assertJoin("trig_t")
+	}
+	d := newDB(t, w)
+	bf := d.backfill()
+	p := d.run()
+	d.waitCaught(p)
+	up0, del0 := p.metric("fkmat_sink_rows_upserted_total"), p.metric("fkmat_sink_rows_deleted_total")
+	start := time.Now()
+	d.write(w.txns, 0)
+	took := d.waitCaught(p).Sub(start)
+	u := p.stop()
+	d.assertJoin("orders_enriched")
+	written := u.upserted + u.deleted - up0 - del0
+	if written > float64(w.targetWrites) {
+		t.Errorf("fkmat wrote %.0f target rows, more than the %d the SQL result changed by", written, w.targetWrites)
+	}
+	trigAll := trigPer * time.Duration(len(w.txns))
+	rep.row(name, fmt.Sprintf("%d renames, writer alone", len(w.txns)), base.Seconds(), "s", "no maintenance", true)
+	rep.row(name, "fkmat: first rename to caught up", took.Seconds(), "s",
+		fmt.Sprintf("%.0f target rows written (SQL result changed by %d)", written, w.targetWrites), true)
+	rep.row(name, "row-level triggers, all renames", trigAll.Seconds(), "s",
+		fmt.Sprintf("%.2f s per rename, %d measured, extrapolated", trigPer.Seconds(), s.W2TriggerUpdates), true)
+	rep.row(name, "REFRESH MATERIALIZED VIEW CONCURRENTLY", mv.Seconds(), "s", fmt.Sprintf("per refresh at %d rows", w.orders), true)
+	rep.row(name, "fkmat peak RSS", max(u.peakRSSMB, bf.peakRSSMB), "MB", "backfill and run", false)
+	rep.rss = max(rep.rss, u.peakRSSMB, bf.peakRSSMB)
+	rep.target("W2 ≥ 10x faster than triggers", trigAll.Seconds()/took.Seconds(), ">=", 10, "x")
+}
+
+// benchW4 (backfill): orders over customers already present, then fkmat
+// backfill, next to INSERT INTO … SELECT … LEFT JOIN into a table of the
+// same shape, in the same database.
+func benchW4(t *testing.T, s sizes, rep *report) {
+	w := &workload{name: "W4", title: "backfill", orders: s.W4Orders, setup: []string{schema,
+		fmt.Sprintf(`INSERT INTO customers SELECT g, 'customer ' || g, (ARRAY['bronze','silver','gold'])[1 + g %% 3] FROM generate_series(1, %d) g`, s.W4Customers),
+		fmt.Sprintf(`INSERT INTO orders SELECT g, CASE WHEN g %% 50 = 0 THEN NULL ELSE 1 + g %% %d END, (g %% 1000) * 0.25, md5(g::text) FROM generate_series(1, %d) g`,
+			s.W4Customers+s.W4Customers/20, s.W4Orders),
+		`VACUUM ANALYZE customers, orders`}}
+	name := w.name + " " + w.title
+	d := newDB(t, w)
+	d.exec(`CREATE TABLE limit_t (id bigint PRIMARY KEY, customer_id bigint, amount numeric(12,2), note text, name text, tier text)`)
+	start := time.Now()
+	d.exec(`INSERT INTO limit_t ` + joinSQL)
+	limit := time.Since(start)
+	d.assertJoin("limit_t")
+
+	mem0 := d.redisInfo("memory", "used_memory")
+	u := d.backfill()
+	mem := d.redisInfo("memory", "used_memory") - mem0
+	d.assertJoin("orders_enriched")
+	byKind := d.redisBytes()
+	subs := float64(d.int64(`SELECT count(*) FROM orders WHERE customer_id IS NOT NULL`))
+	n := float64(s.W4Orders)
+	rep.row(name, "INSERT INTO … SELECT … LEFT JOIN (limit)", limit.Seconds(), "s", fmt.Sprintf("%.0f rows/s", n/limit.Seconds()), true)
+	rep.row(name, "fkmat backfill (target + Redis state)", u.took.Seconds(), "s",
+		fmt.Sprintf("%.0f rows/s, %.2fx the limit's time", n/u.took.Seconds(), u.took.Seconds()/limit.Seconds()), true)
+	rep.row(name, "CPU during the backfill", u.cpu, "s", fmt.Sprintf("fkmat; redis-server %.2f s", u.redisCPU), false)
+	rep.row(name, "fkmat peak RSS", u.peakRSSMB, "MB", "", false)
+	rep.row(name, "Redis memory per left row (INFO used_memory delta)", mem/n, "B", fmt.Sprintf("all state, %.0f MB in all", mem/1e6), false)
+	rep.row(name, "Redis memory per subscription (MEMORY USAGE)", byKind['s']/subs, "B", fmt.Sprintf("%.0f subscriptions", subs), false)
+	rep.row(name, "Redis memory per left row, row only (MEMORY USAGE)", byKind['l']/n, "B", "", false)
+	rep.row(name, "Redis memory per right row (MEMORY USAGE)", byKind['r']/float64(s.W4Customers), "B", "", false)
+	rep.rss = max(rep.rss, u.peakRSSMB)
+	rep.target("W4 backfill within 2x of INSERT … SELECT", u.took.Seconds()/limit.Seconds(), "<=", 2, "x")
+}

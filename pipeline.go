@@ -96,6 +96,18 @@ type batch struct {
 	txns    []*cdc.Txn
 	changes int
 	bytes   int
+	timing  batchTiming
+}
+
+// batchTiming is where a batch's time went (logged at debug level).
+type batchTiming struct {
+	collect, mapping, join, verify, target, redis time.Duration
+}
+
+func (t *batchTiming) attrs() []any {
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	return []any{"collect_ms", ms(t.collect), "map_ms", ms(t.mapping), "join_ms", ms(t.join),
+		"verify_ms", ms(t.verify), "target_commit_ms", ms(t.target), "redis_commit_ms", ms(t.redis)}
 }
 
 func (b *batch) end() cdc.LSN { return b.txns[len(b.txns)-1].EndLSN }
@@ -114,7 +126,9 @@ func (p *pipeline) run(ctx context.Context) error {
 		if !first.Final {
 			err = p.applyLarge(ctx, first)
 		} else {
+			start := time.Now()
 			b := p.collect(ctx, first)
+			b.timing.collect = time.Since(start)
 			// The batch in hand is finished even during shutdown, under its
 			// own deadline.
 			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -166,16 +180,22 @@ func (p *pipeline) collect(ctx context.Context, first *cdc.Txn) *batch {
 func (p *pipeline) applyBatch(ctx context.Context, b *batch) error {
 	end := b.end()
 	writeTarget := end > p.targetLSN
+	lap := time.Now()
+	phase := func(d *time.Duration) {
+		now := time.Now()
+		*d, lap = now.Sub(lap), now
+	}
 	perJoin := make([][]join.Change, len(p.joins))
-	any := false
+	some := false
 	for i, jr := range p.joins {
 		var err error
 		if perJoin[i], err = jr.changes(b.txns); err != nil {
 			return err
 		}
-		any = any || len(perJoin[i]) > 0
+		some = some || len(perJoin[i]) > 0
 	}
-	if !any {
+	phase(&b.timing.mapping)
+	if !some {
 		// Nothing for any join: no write is needed, and acknowledging is safe
 		// because a restart from the older checkpoint finds nothing either.
 		p.stream.Ack(end)
@@ -206,6 +226,7 @@ func (p *pipeline) applyBatch(ctx context.Context, b *batch) error {
 			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
 		}
 	}
+	phase(&b.timing.join)
 	for i, jr := range p.joins {
 		if len(perJoin[i]) > 0 {
 			if err := jr.verifyState(ctx); err != nil {
@@ -213,6 +234,7 @@ func (p *pipeline) applyBatch(ctx context.Context, b *batch) error {
 			}
 		}
 	}
+	phase(&b.timing.verify)
 	if tx != nil {
 		if err := tx.Commit(ctx, p.slot, lsnOf(end)); err != nil {
 			return err
@@ -221,6 +243,7 @@ func (p *pipeline) applyBatch(ctx context.Context, b *batch) error {
 		p.upserted += tx.Stats.Upserted
 		p.deleted += tx.Stats.Deleted
 	}
+	phase(&b.timing.target)
 	for i, jr := range p.joins {
 		if len(perJoin[i]) == 0 && jr.store.Checkpoint() >= uint64(end) {
 			continue
@@ -232,11 +255,12 @@ func (p *pipeline) applyBatch(ctx context.Context, b *batch) error {
 			p.garbage.Store(true)
 		}
 	}
+	phase(&b.timing.redis)
 	p.stream.Ack(end)
 	p.batches++
 	p.txns += int64(len(b.txns))
 	p.changes += int64(b.changes)
-	p.log.Debug("batch applied", "txns", len(b.txns), "changes", b.changes, "end_lsn", end.String(), "target_written", writeTarget)
+	p.log.Debug("batch applied", append([]any{"txns", len(b.txns), "changes", b.changes, "end_lsn", end.String(), "target_written", writeTarget}, b.timing.attrs()...)...)
 	return nil
 }
 

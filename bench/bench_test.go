@@ -6,10 +6,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+func TestMain(m *testing.M) {
+	code := testenv.Main(m)
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
 
 // TestBench runs every workload against every contender and writes the
 // results table. With FKMAT_BENCH=full (make bench) it uses issue 8's sizes
@@ -63,7 +71,7 @@ func benchW3(t *testing.T, s sizes, rep *report) {
 // streamResult is what benchStream measured on one workload.
 type streamResult struct {
 	w                               *workload
-	base, trig, live                time.Duration
+	base, trig, live, decodeLive    time.Duration
 	liveLat, pacedLat               []time.Duration
 	pacedRate, pacedChanges         int
 	liveUse, catchUse, backfillUse  usage
@@ -93,6 +101,27 @@ func benchStream(t *testing.T, w *workload, s sizes, pre int, paced []txn) *stre
 		r.mv = d.refreshMV(s.Refreshes)
 	}
 	{
+		// The floor of any logical-replication consumer: the same writes
+		// while a bare pgoutput reader drains them.
+		d := newDB(t, w)
+		slot := d.Slot + "_bare"
+		d.exec(`CREATE PUBLICATION `+pgx.Identifier{d.Publication}.Sanitize()+` FOR TABLE orders, customers`,
+			fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, slot))
+		type drained struct {
+			n   int
+			err error
+		}
+		done := make(chan drained, 1)
+		go func() {
+			n, _, _, err := d.drain(slot, len(w.txns))
+			done <- drained{n, err}
+		}()
+		r.decodeLive = d.write(w.txns, 0)
+		if got := <-done; got.err != nil || got.n != changes {
+			t.Fatalf("bare reader saw %d changes (%v), want %d", got.n, got.err, changes)
+		}
+	}
+	{
 		d := newDB(t, w)
 		d.installTriggers()
 		r.trig = d.write(w.txns, 0)
@@ -101,7 +130,7 @@ func benchStream(t *testing.T, w *workload, s sizes, pre int, paced []txn) *stre
 	{
 		d := newDB(t, w)
 		r.backfillUse = d.backfill()
-		p := d.run()
+		p := d.run("live")
 		d.waitCaught(p)
 		pr := d.probe(time.Duration(s.ProbeEvery) * time.Millisecond)
 		r.live = d.write(w.txns, 0)
@@ -129,7 +158,7 @@ func benchStream(t *testing.T, w *workload, s sizes, pre int, paced []txn) *stre
 			t.Fatalf("bare reader saw %d changes in %d commits, want %d in %d", n, commits, changes, len(w.txns))
 		}
 		r.decode, r.decodedChanges = took, n
-		p := d.run()
+		p := d.run("catchup")
 		r.catchUp = d.waitCaught(p).Sub(p.start)
 		r.catchUse = p.stop()
 		d.assertJoin("orders_enriched")
@@ -147,6 +176,7 @@ func (r *streamResult) add(rep *report) {
 	rate := func(d time.Duration) float64 { return n / d.Seconds() }
 	rep.row(name, "writer alone (no maintenance)", r.base.Seconds(), "s", fmt.Sprintf("%.0f changes/s", rate(r.base)), true)
 	rep.row(name, "writer with fkmat running", r.live.Seconds(), "s", fmt.Sprintf("%.2fx slower", r.live.Seconds()/r.base.Seconds()), true)
+	rep.row(name, "writer with a bare pgoutput reader draining", r.decodeLive.Seconds(), "s", fmt.Sprintf("%.2fx slower (floor of any logical-decoding consumer)", r.decodeLive.Seconds()/r.base.Seconds()), true)
 	rep.row(name, "writer with row-level triggers", r.trig.Seconds(), "s", fmt.Sprintf("%.2fx slower", r.trig.Seconds()/r.base.Seconds()), true)
 	rep.row(name, "fkmat catch-up (start to caught up)", r.catchUp.Seconds(), "s", fmt.Sprintf("%.0f changes/s", rate(r.catchUp)), true)
 	rep.row(name, "decode limit (bare pgoutput reader)", r.decode.Seconds(), "s", fmt.Sprintf("%.0f changes/s", rate(r.decode)), true)
@@ -200,7 +230,7 @@ func benchW2(t *testing.T, s sizes, rep *report) {
 	}
 	d := newDB(t, w)
 	bf := d.backfill()
-	p := d.run()
+	p := d.run("live")
 	d.waitCaught(p)
 	up0, del0 := p.metric("fkmat_sink_rows_upserted_total"), p.metric("fkmat_sink_rows_deleted_total")
 	start := time.Now()

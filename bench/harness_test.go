@@ -113,13 +113,16 @@ func (d *db) write(txns []txn, rate int) time.Duration {
 	return time.Since(start)
 }
 
+// binDir holds the fkmat binary built for this run; TestMain removes it.
+var binDir string
+
 // fkmatBin builds the fkmat binary once per run.
 var fkmatBin = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "fkmat-bench-")
-	if err != nil {
+	var err error
+	if binDir, err = os.MkdirTemp("", "fkmat-bench-"); err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "fkmat")
+	bin := filepath.Join(binDir, "fkmat")
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/fkmat/fkmat/cmd/fkmat").CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build fkmat: %v\n%s", err, out)
 	}
@@ -151,17 +154,67 @@ type usage struct {
 func (d *db) backfill() usage {
 	d.b.Helper()
 	cmd := d.command("backfill", "--force")
+	cmd.Env = append(cmd.Env, profileEnv(d.b, "backfill")...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
 	r0 := d.redisCPU()
 	start := time.Now()
-	out, err := cmd.CombinedOutput()
-	u := usage{took: time.Since(start)}
+	if err := cmd.Start(); err != nil {
+		d.b.Fatal(err)
+	}
+	rss := watchRSS(cmd.Process.Pid)
+	err := cmd.Wait()
+	u := usage{took: time.Since(start), peakRSSMB: rss()}
 	if err != nil {
-		d.b.Fatalf("fkmat backfill: %v\n%s", err, out)
+		d.b.Fatalf("fkmat backfill: %v\n%s", err, out.Bytes())
 	}
 	u.cpu = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
-	u.peakRSSMB = float64(cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss) / 1024 // KiB on Linux
 	u.redisCPU = d.redisCPU() - r0
 	return u
+}
+
+// watchRSS samples the process's own peak RSS (VmHWM) until it exits and
+// returns a function giving the last value seen, in MB. (The rusage of a
+// child is no use here: Linux carries the parent's RSS over the exec.)
+func watchRSS(pid int) func() float64 {
+	var peak atomic.Int64 // KiB
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		path := fmt.Sprintf("/proc/%d/status", pid)
+		for {
+			for _, line := range strings.Split(readFile(path), "\n") {
+				if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+					kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+					if kb > peak.Load() {
+						peak.Store(kb)
+					}
+				}
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	return func() float64 {
+		close(stop)
+		<-done
+		return float64(peak.Load()) / 1024
+	}
+}
+
+// profileEnv asks fkmat for a CPU profile in $FKMAT_BENCH_PROFILE/<test>-<what>.prof
+// when that directory is set.
+func profileEnv(b testing.TB, what string) []string {
+	dir := os.Getenv("FKMAT_BENCH_PROFILE")
+	if dir == "" {
+		return nil
+	}
+	name := strings.NewReplacer("/", "-", " ", "_").Replace(b.Name()) + "-" + what + ".prof"
+	return []string{"FKMAT_CPUPROFILE=" + filepath.Join(dir, name)}
 }
 
 // daemon is a running `fkmat run`.
@@ -173,21 +226,29 @@ type daemon struct {
 	start   time.Time
 	redis0  float64
 	done    chan error
+	rss     func() float64
 }
 
-func (d *db) run() *daemon {
+// run starts `fkmat run`; what names its profile (FKMAT_BENCH_PROFILE).
+func (d *db) run(what string) *daemon {
 	d.b.Helper()
 	port := freePort(d.b)
 	p := &daemon{d: d, out: &bytes.Buffer{}, done: make(chan error, 1),
 		metrics: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) + "/metrics"}
 	p.cmd = d.command("run", "--metrics-addr", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	p.cmd.Env = append(p.cmd.Env, profileEnv(d.b, what)...)
 	p.redis0 = d.redisCPU()
 	p.start = time.Now()
 	if err := p.cmd.Start(); err != nil {
 		d.b.Fatal(err)
 	}
+	p.rss = watchRSS(p.cmd.Process.Pid)
 	go func() { p.done <- p.cmd.Wait() }()
+	if dir := os.Getenv("FKMAT_BENCH_PROFILE"); dir != "" {
+		name := filepath.Join(dir, strings.NewReplacer("/", "-", " ", "_").Replace(d.b.Name())+"-"+what+".log")
+		d.b.Cleanup(func() { _ = os.WriteFile(name, p.out.Bytes(), 0o644) })
+	}
 	d.b.Cleanup(func() {
 		if p.cmd.ProcessState == nil {
 			_ = p.cmd.Process.Kill()
@@ -217,7 +278,7 @@ func (p *daemon) stop() usage {
 		b.Fatalf("fkmat run did not stop\n%s", p.out)
 	}
 	u.cpu = (p.cmd.ProcessState.UserTime() + p.cmd.ProcessState.SystemTime()).Seconds()
-	u.peakRSSMB = float64(p.cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss) / 1024
+	u.peakRSSMB = p.rss()
 	return u
 }
 
@@ -401,11 +462,20 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 // every message, ack) draining slot until it has seen txns commits.
 func (d *db) drainBare(slot string, txns int) (changes, commits int, took time.Duration) {
 	d.b.Helper()
+	changes, commits, took, err := d.drain(slot, txns)
+	if err != nil {
+		d.b.Fatalf("bare reader: %v", err)
+	}
+	return changes, commits, took
+}
+
+// drain is drainBare returning its error (safe off the test goroutine).
+func (d *db) drain(slot string, txns int) (changes, commits int, took time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	conn, err := pgconn.Connect(ctx, d.ReplicationURL)
 	if err != nil {
-		d.b.Fatal(err)
+		return 0, 0, 0, err
 	}
 	defer conn.Close(context.Background())
 	start := time.Now()
@@ -413,13 +483,13 @@ func (d *db) drainBare(slot string, txns int) (changes, commits int, took time.D
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + strings.ReplaceAll(pgx.Identifier{d.Publication}.Sanitize(), "'", "''") + "'"},
 	})
 	if err != nil {
-		d.b.Fatal(err)
+		return 0, 0, 0, err
 	}
 	var pos pglogrepl.LSN
 	for commits < txns {
 		msg, err := conn.ReceiveMessage(ctx)
 		if err != nil {
-			d.b.Fatal(err)
+			return 0, 0, 0, err
 		}
 		cd, ok := msg.(*pgproto3.CopyData)
 		if !ok || len(cd.Data) == 0 {
@@ -429,21 +499,21 @@ func (d *db) drainBare(slot string, txns int) (changes, commits int, took time.D
 		case pglogrepl.PrimaryKeepaliveMessageByteID:
 			ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(cd.Data[1:])
 			if err != nil {
-				d.b.Fatal(err)
+				return 0, 0, 0, err
 			}
 			if ka.ReplyRequested {
 				if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos}); err != nil {
-					d.b.Fatal(err)
+					return 0, 0, 0, err
 				}
 			}
 		case pglogrepl.XLogDataByteID:
 			x, err := pglogrepl.ParseXLogData(cd.Data[1:])
 			if err != nil {
-				d.b.Fatal(err)
+				return 0, 0, 0, err
 			}
 			m, err := pglogrepl.Parse(x.WALData)
 			if err != nil {
-				d.b.Fatal(err)
+				return 0, 0, 0, err
 			}
 			switch m := m.(type) {
 			case *pglogrepl.InsertMessage, *pglogrepl.UpdateMessage, *pglogrepl.DeleteMessage:
@@ -456,7 +526,7 @@ func (d *db) drainBare(slot string, txns int) (changes, commits int, took time.D
 	}
 	took = time.Since(start)
 	_ = pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos})
-	return changes, commits, took
+	return changes, commits, took, nil
 }
 
 // writeLimit is the write limit: n target rows upserted with INSERT … ON

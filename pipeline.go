@@ -24,6 +24,11 @@ type BatchLimits struct {
 	Bytes int
 	// Delay is the longest a batch waits for more transactions once it has one.
 	Delay time.Duration
+	// Idle closes a batch early when no transaction follows for this long:
+	// the source is quiet, so waiting out Delay would only add latency. Under
+	// load, transactions queue while a batch is applied and the next batch
+	// takes them all at once.
+	Idle time.Duration
 }
 
 func (b *BatchLimits) setDefaults() {
@@ -35,6 +40,9 @@ func (b *BatchLimits) setDefaults() {
 	}
 	if b.Delay == 0 {
 		b.Delay = 100 * time.Millisecond
+	}
+	if b.Idle == 0 {
+		b.Idle = 5 * time.Millisecond
 	}
 }
 
@@ -151,18 +159,23 @@ func (p *pipeline) next(ctx context.Context) (*cdc.Txn, error) {
 }
 
 // collect adds whole transactions to a batch that starts with first, until a
-// limit is reached, the delay passes, or a transaction on the other side of
-// the target checkpoint arrives (replayed and new transactions are never
-// mixed).
+// limit is reached, the delay passes, no transaction follows within the idle
+// gap, or a transaction on the other side of the target checkpoint arrives
+// (replayed and new transactions are never mixed).
 func (p *pipeline) collect(ctx context.Context, first *cdc.Txn) *batch {
 	b := &batch{txns: []*cdc.Txn{first}, changes: len(first.Changes), bytes: first.Bytes}
 	replay := first.EndLSN <= p.targetLSN
-	wait, cancel := context.WithTimeout(ctx, p.limits.Delay)
-	defer cancel()
+	deadline := time.Now().Add(p.limits.Delay)
 	for b.changes < p.limits.Changes && b.bytes < p.limits.Bytes {
+		until := time.Now().Add(p.limits.Idle)
+		if deadline.Before(until) {
+			until = deadline
+		}
+		wait, cancel := context.WithDeadline(ctx, until)
 		t, err := p.stream.Next(wait)
+		cancel()
 		if err != nil {
-			break // delay passed, shutdown, or the stream stopped: run sees it next
+			break // idle, delay passed, shutdown, or the stream stopped: run sees it next
 		}
 		if !t.Final || (t.EndLSN <= p.targetLSN) != replay {
 			p.held = t

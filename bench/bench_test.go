@@ -287,6 +287,9 @@ func benchW4(t *testing.T, s sizes, rep *report) {
 	rep.row(name, "Redis memory per subscription (MEMORY USAGE)", byKind['s']/subs, "B", fmt.Sprintf("%.0f subscriptions", subs), false)
 	rep.row(name, "Redis memory per left row, row only (MEMORY USAGE)", byKind['l']/n, "B", "", false)
 	rep.row(name, "Redis memory per right row (MEMORY USAGE)", byKind['r']/float64(s.W4Customers), "B", "", false)
+	floor, floorCPU := d.redisFloor(s.W4Orders, int(subs))
+	rep.row(name, "Redis floor: same HSETs + ZADDs from a bare pipelined client", floor.Seconds(), "s",
+		fmt.Sprintf("redis-server CPU %.2f s (one command per row and per subscription, as the state layout needs)", floorCPU), true)
 	rep.rss = max(rep.rss, u.peakRSSMB)
 	rep.target("W4 backfill within 2x of INSERT … SELECT", u.took.Seconds()/limit.Seconds(), "<=", 2, "x")
 }

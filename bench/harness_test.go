@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fkmat/fkmat/internal/testenv"
 )
@@ -390,6 +391,42 @@ func (d *db) redisBytes() map[byte]float64 {
 		}
 	}
 	return out
+}
+
+// redisFloor writes rows single-field HSETs (70-byte values into 2^18
+// hashes) and subs single-member ZADDs (into 2^20 sorted sets), pipelined
+// 10,000 at a time from one connection: the least Redis work a state of
+// this layout takes to build. It returns the time and redis-server's CPU,
+// and deletes the keys.
+func (d *db) redisFloor(rows, subs int) (time.Duration, float64) {
+	d.b.Helper()
+	ctx := context.Background()
+	prefix := "floor:" + d.Slot + ":"
+	defer func() { _ = testenv.DeleteKeys(context.Background(), d.Redis, prefix) }()
+	value := strings.Repeat("v", 70)
+	cpu0, start := d.redisCPU(), time.Now()
+	for _, side := range []struct {
+		n     int
+		write func(p redis.Pipeliner, i int)
+	}{
+		{rows, func(p redis.Pipeliner, i int) {
+			p.HSet(ctx, prefix+"l:{"+strconv.Itoa(i%(1<<18))+"}", strconv.Itoa(i), value)
+		}},
+		{subs, func(p redis.Pipeliner, i int) {
+			p.ZAdd(ctx, prefix+"s:{"+strconv.Itoa((i*7919)%(1<<20))+"}", redis.Z{Member: strconv.Itoa(i)})
+		}},
+	} {
+		for lo := 0; lo < side.n; lo += 10_000 {
+			p := d.Redis.Pipeline()
+			for i := lo; i < min(lo+10_000, side.n); i++ {
+				side.write(p, i)
+			}
+			if _, err := p.Exec(ctx); err != nil {
+				d.b.Fatal(err)
+			}
+		}
+	}
+	return time.Since(start), d.redisCPU() - cpu0
 }
 
 // probe commits marker orders (negative ids) every interval while running

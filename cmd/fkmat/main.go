@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"runtime/pprof"
 	"strings"
 	"syscall"
@@ -30,7 +31,22 @@ const (
 	exitUsage   = 2
 )
 
+// GC defaults, unless GOGC or GOMEMLIMIT say otherwise: fkmat's heap is
+// mostly per-batch garbage, so collecting at 3x the live heap instead of 2x
+// saves CPU (measured in make bench), and the soft limit keeps the process
+// well inside the 300 MB it is meant to fit in.
+const (
+	defaultGCPercent   = 200
+	defaultMemoryLimit = 192 << 20
+)
+
 func main() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(defaultGCPercent)
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(defaultMemoryLimit)
+	}
 	// FKMAT_CPUPROFILE=file writes a CPU profile of the whole run (for
 	// make bench and performance work).
 	if path := os.Getenv("FKMAT_CPUPROFILE"); path != "" {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/redisstore"
 	"github.com/fkmat/fkmat/sink"
@@ -142,7 +144,11 @@ type JoinStatus struct {
 	RedisCheckpoint   string `json:"redis_checkpoint_lsn"`
 	RedisState        string `json:"redis_state"` // ok, lost, foreign
 	TargetRows        int64  `json:"target_rows"`
-	Subscriptions     int64  `json:"subscriptions"` // -1 when unknown
+	// TargetRowsEstimated is set when TargetRows is the planner's estimate
+	// (pg_class.reltuples): for targets above exactCountLimit rows, where
+	// count(*) would scan the whole table.
+	TargetRowsEstimated bool  `json:"target_rows_estimated"`
+	Subscriptions       int64 `json:"subscriptions"` // -1 when unknown
 }
 
 // Status reports each join's replication and checkpoint state.
@@ -188,12 +194,32 @@ func Status(ctx context.Context, cfg *Config, opts Options) ([]JoinStatus, error
 			s.RedisCheckpoint = cdc.LSN(meta.Checkpoint).String()
 			s.Subscriptions = meta.Subscriptions
 		}
-		if err := d.target.QueryRow(ctx, "SELECT count(*) FROM "+jr.plan.Target.Ident()).Scan(&s.TargetRows); err != nil {
-			return nil, fmt.Errorf("count rows of %s: %w", jr.plan.Target.Ident(), err)
+		if s.TargetRows, s.TargetRowsEstimated, err = countRows(ctx, d.target, jr.plan.Target.Ident()); err != nil {
+			return nil, err
 		}
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+// exactCountLimit is the estimated size above which status reports a
+// table's planner estimate instead of scanning it with count(*).
+var exactCountLimit int64 = 1_000_000
+
+// countRows returns the rows of table (a quoted identifier): exact below
+// exactCountLimit by the planner's estimate, else the estimate itself.
+func countRows(ctx context.Context, db *pgxpool.Pool, table string) (n int64, estimated bool, err error) {
+	var est int64
+	if err := db.QueryRow(ctx, `SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = $1::regclass`, table).Scan(&est); err != nil {
+		return 0, false, fmt.Errorf("estimate rows of %s: %w", table, err)
+	}
+	if est >= exactCountLimit {
+		return est, true, nil
+	}
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+		return 0, false, fmt.Errorf("count rows of %s: %w", table, err)
+	}
+	return n, false, nil
 }
 
 // Teardown drops the slot, the publication, every join's Redis state and

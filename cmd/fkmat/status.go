@@ -36,8 +36,12 @@ func statusCommand() *cli.Command {
 				if s.Subscriptions < 0 {
 					subs = "unknown"
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\n", s.Join, s.Phase, s.Slot, s.ConfirmedFlushLSN,
-					s.CurrentWALLSN, s.LagBytes, s.CheckpointLSN, s.RedisState, s.TargetRows, subs)
+				rows := fmt.Sprint(s.TargetRows)
+				if s.TargetRowsEstimated {
+					rows = "~" + rows
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", s.Join, s.Phase, s.Slot, s.ConfirmedFlushLSN,
+					s.CurrentWALLSN, s.LagBytes, s.CheckpointLSN, s.RedisState, rows, subs)
 			}
 			return w.Flush()
 		},

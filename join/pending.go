@@ -1,0 +1,149 @@
+package join
+
+import (
+	"context"
+	"errors"
+	"slices"
+)
+
+// Pending is a StateReader showing its base's state as it will be once one
+// batch's Mutations are persisted. It lets the daemon compute batch N+1
+// while batch N's target and state commits are still in flight: the engine
+// reads through Pending with N's mutations set, and sees exactly the state
+// N's commit produces whether or not that commit has landed yet (the
+// mutations are net and idempotent: a put, delete or subscription change
+// already persisted reads the same).
+//
+// Mutations that clear a side cannot be overlaid (the base would keep
+// showing the old generation); Set refuses them and the caller waits for
+// the commit instead. Pending is not safe for concurrent use; the mutations
+// it holds must not change while set.
+type Pending struct {
+	base StateReader
+	m    *Mutations
+	// Derived from m: deleted keys and, per foreign key, the subscriptions
+	// added (sorted) and deleted.
+	delLeft, delRight map[Key]struct{}
+	addSubs           map[Key][]Key
+	delSubs           map[Key]map[Key]struct{}
+}
+
+var _ StateReader = (*Pending)(nil)
+
+// ErrCannotOverlay is returned by Set for mutations that clear a side.
+var ErrCannotOverlay = errors.New("mutations that clear a side cannot be overlaid")
+
+// NewPending returns a Pending over base with nothing set.
+func NewPending(base StateReader) *Pending { return &Pending{base: base} }
+
+// Set makes reads show m on top of the base; nil shows the base alone.
+func (p *Pending) Set(m *Mutations) error {
+	*p = Pending{base: p.base}
+	if m == nil || m.Empty() {
+		return nil
+	}
+	if m.ClearLeft || m.ClearRight {
+		return ErrCannotOverlay
+	}
+	p.m = m
+	p.delLeft = keySet(m.DelLeft)
+	p.delRight = keySet(m.DelRight)
+	p.addSubs = map[Key][]Key{}
+	for _, s := range m.AddSubs {
+		p.addSubs[s.FK] = append(p.addSubs[s.FK], s.PK)
+	}
+	for _, pks := range p.addSubs {
+		slices.Sort(pks)
+	}
+	p.delSubs = map[Key]map[Key]struct{}{}
+	for _, s := range m.DelSubs {
+		if p.delSubs[s.FK] == nil {
+			p.delSubs[s.FK] = map[Key]struct{}{}
+		}
+		p.delSubs[s.FK][s.PK] = struct{}{}
+	}
+	return nil
+}
+
+func keySet(keys []Key) map[Key]struct{} {
+	s := make(map[Key]struct{}, len(keys))
+	for _, k := range keys {
+		s[k] = struct{}{}
+	}
+	return s
+}
+
+// GetLeft implements StateReader: keys the mutations decide are answered
+// from them, the others from the base.
+func (p *Pending) GetLeft(ctx context.Context, keys []Key) (map[Key]LeftState, error) {
+	if p.m == nil {
+		return p.base.GetLeft(ctx, keys)
+	}
+	return overlayGet(ctx, keys, p.m.PutLeft, p.delLeft, p.base.GetLeft)
+}
+
+// GetRight implements StateReader like GetLeft.
+func (p *Pending) GetRight(ctx context.Context, keys []Key) (map[Key]RightState, error) {
+	if p.m == nil {
+		return p.base.GetRight(ctx, keys)
+	}
+	return overlayGet(ctx, keys, p.m.PutRight, p.delRight, p.base.GetRight)
+}
+
+func overlayGet[S any](ctx context.Context, keys []Key, puts map[Key]S, dels map[Key]struct{},
+	get func(context.Context, []Key) (map[Key]S, error)) (map[Key]S, error) {
+	var rest []Key
+	out := map[Key]S{}
+	for _, k := range keys {
+		if st, ok := puts[k]; ok {
+			out[k] = st
+		} else if _, ok := dels[k]; !ok {
+			rest = append(rest, k)
+		}
+	}
+	if len(rest) == 0 {
+		return out, nil
+	}
+	got, err := get(ctx, rest)
+	if err != nil {
+		return nil, err
+	}
+	for k, st := range got {
+		out[k] = st
+	}
+	return out, nil
+}
+
+// Dependents implements StateReader: the base's page, asked for enough
+// more members to make up for deleted ones, merged with the added members.
+func (p *Pending) Dependents(ctx context.Context, fk, after Key, limit int) ([]Key, error) {
+	if p.m == nil {
+		return p.base.Dependents(ctx, fk, after, limit)
+	}
+	dels, adds := p.delSubs[fk], p.addSubs[fk]
+	ask := limit + len(dels)
+	page, err := p.base.Dependents(ctx, fk, after, ask)
+	if err != nil {
+		return nil, err
+	}
+	merged := make([]Key, 0, len(page)+len(adds))
+	for _, pk := range page {
+		if _, gone := dels[pk]; !gone {
+			merged = append(merged, pk)
+		}
+	}
+	// Added members after `after`. When the base may hold more than its
+	// page, at least limit base members up to the page's end remain, so any
+	// add beyond the page's end sorts after them and is cut below.
+	lo, found := slices.BinarySearch(adds, after)
+	if found {
+		lo++
+	}
+	merged = append(merged, adds[lo:]...)
+	slices.Sort(merged)
+	merged = slices.Compact(merged) // an add the base already has
+	if len(merged) > limit {
+		merged = merged[:limit]
+	}
+	return merged, nil
+}

@@ -139,11 +139,12 @@ func (d *daemon) openJoin(ctx context.Context, p *JoinPlan) (*joinRunner, error)
 	}
 	spec := p.Spec
 	spec.PageSize = d.opts.PageSize
-	engine, err := join.NewEngine(spec, store)
+	pending := join.NewPending(store)
+	engine, err := join.NewEngine(spec, pending)
 	if err != nil {
 		return nil, err
 	}
-	return &joinRunner{plan: p, engine: engine, store: store, mapper: newMapper(p)}, nil
+	return &joinRunner{plan: p, engine: engine, store: store, pending: pending, mapper: newMapper(p)}, nil
 }
 
 // redisPrefix is the key prefix of one join's state.

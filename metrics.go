@@ -61,11 +61,11 @@ func (o *observer) countersLocked() pipelineCounters {
 	if p == nil {
 		return c
 	}
-	c.batches += p.batches
-	c.txns += p.txns
-	c.changes += p.changes
-	c.upserted += p.upserted
-	c.deleted += p.deleted
+	c.batches += p.batches.Load()
+	c.txns += p.txns.Load()
+	c.changes += p.changes.Load()
+	c.upserted += p.upserted.Load()
+	c.deleted += p.deleted.Load()
 	for _, jr := range p.joins {
 		s := jr.engine.Stats()
 		c.stale += s.StaleResponses

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -51,7 +52,10 @@ type joinRunner struct {
 	plan   *JoinPlan
 	engine *join.Engine
 	store  *redisstore.Store
-	mapper *mapper
+	// pending is the engine's reader: the store, overlaid with the
+	// mutations of the batch whose commit is in flight.
+	pending *join.Pending
+	mapper  *mapper
 	// epoch is the Redis state's epoch the daemon started streaming with.
 	epoch string
 }
@@ -88,15 +92,15 @@ type pipeline struct {
 
 	// targetLSN is the slot's checkpoint in the target database: every
 	// transaction with EndLSN <= targetLSN is already in the target.
-	targetLSN cdc.LSN
+	targetLSN atomic.Uint64
 	// held is a chunk received while collecting that belongs to the next
 	// batch.
 	held *cdc.Txn
 	// garbage is set when a batch dropped a generation of Redis keys
 	// (TRUNCATE); the sweeper deletes them.
 	garbage atomic.Bool
-	// stats
-	batches, txns, changes, upserted, deleted int64
+	// stats, read by the metrics handler
+	batches, txns, changes, upserted, deleted atomic.Int64
 }
 
 // batch is a run of whole transactions.
@@ -109,22 +113,38 @@ type batch struct {
 
 // batchTiming is where a batch's time went (logged at debug level).
 type batchTiming struct {
-	collect, mapping, join, verify, target, redis time.Duration
+	collect, mapping, join, write, verify, target, redis time.Duration
 }
 
 func (t *batchTiming) attrs() []any {
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	return []any{"collect_ms", ms(t.collect), "map_ms", ms(t.mapping), "join_ms", ms(t.join),
-		"verify_ms", ms(t.verify), "target_commit_ms", ms(t.target), "redis_commit_ms", ms(t.redis)}
+		"write_ms", ms(t.write), "verify_ms", ms(t.verify), "target_commit_ms", ms(t.target), "redis_commit_ms", ms(t.redis)}
 }
+
+// target is the target checkpoint.
+func (p *pipeline) target() cdc.LSN { return cdc.LSN(p.targetLSN.Load()) }
 
 func (b *batch) end() cdc.LSN { return b.txns[len(b.txns)-1].EndLSN }
 
 // run applies batches until ctx is done; then it finishes the batch in hand
 // and returns nil (a clean shutdown) or the first error.
-func (p *pipeline) run(ctx context.Context) error {
+//
+// Batches overlap: while batch N's target write, target commit and Redis
+// commit run in the background, batch N+1 is collected, mapped and joined,
+// reading the Redis state through an overlay of N's mutations (join.Pending),
+// which is the state N's commit produces. N+1's own writes start only once
+// N is fully committed, so commits, checkpoints and acknowledgements keep
+// their order, and an error in N discards N+1 before it wrote anything.
+func (p *pipeline) run(ctx context.Context) (err error) {
+	var inflight *commitJob
+	defer func() {
+		if werr := p.wait(inflight); err == nil {
+			err = werr
+		}
+	}()
 	for {
-		first, err := p.next(ctx)
+		first, err := p.nextWhile(ctx, inflight)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -132,20 +152,39 @@ func (p *pipeline) run(ctx context.Context) error {
 			return err
 		}
 		if !first.Final {
-			err = p.applyLarge(ctx, first)
-		} else {
-			start := time.Now()
-			b := p.collect(ctx, first)
-			b.timing.collect = time.Since(start)
-			// The batch in hand is finished even during shutdown, under its
-			// own deadline.
-			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			err = p.applyBatch(bctx, b)
-			cancel()
+			err := p.wait(inflight)
+			inflight = nil
+			if err != nil {
+				return err
+			}
+			// Chunks commit their state as they go: nothing may be overlaid.
+			for _, jr := range p.joins {
+				_ = jr.pending.Set(nil)
+			}
+			if err := p.applyLarge(ctx, first); err != nil {
+				return err
+			}
+			continue
 		}
+		start := time.Now()
+		b := p.collect(ctx, first)
+		b.timing.collect = time.Since(start)
+		// The batch in hand is finished even during shutdown, under its own
+		// deadline.
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		job, err := p.prepare(bctx, b, inflight)
+		if werr := p.wait(inflight); err == nil {
+			err = werr
+		}
+		inflight = nil
 		if err != nil {
+			if job != nil && job.tx != nil {
+				_ = job.tx.Rollback(context.WithoutCancel(bctx))
+			}
+			cancel()
 			return err
 		}
+		inflight = p.startCommit(bctx, cancel, job)
 	}
 }
 
@@ -164,7 +203,7 @@ func (p *pipeline) next(ctx context.Context) (*cdc.Txn, error) {
 // (replayed and new transactions are never mixed).
 func (p *pipeline) collect(ctx context.Context, first *cdc.Txn) *batch {
 	b := &batch{txns: []*cdc.Txn{first}, changes: len(first.Changes), bytes: first.Bytes}
-	replay := first.EndLSN <= p.targetLSN
+	replay := first.EndLSN <= p.target()
 	deadline := time.Now().Add(p.limits.Delay)
 	for b.changes < p.limits.Changes && b.bytes < p.limits.Bytes {
 		until := time.Now().Add(p.limits.Idle)
@@ -177,7 +216,7 @@ func (p *pipeline) collect(ctx context.Context, first *cdc.Txn) *batch {
 		if err != nil {
 			break // idle, delay passed, shutdown, or the stream stopped: run sees it next
 		}
-		if !t.Final || (t.EndLSN <= p.targetLSN) != replay {
+		if !t.Final || (t.EndLSN <= p.target()) != replay {
 			p.held = t
 			break
 		}
@@ -188,92 +227,242 @@ func (p *pipeline) collect(ctx context.Context, first *cdc.Txn) *batch {
 	return b
 }
 
-// applyBatch maps, joins, writes the target (with the checkpoint), commits
-// the Redis state of every join, and acknowledges the batch's end.
-func (p *pipeline) applyBatch(ctx context.Context, b *batch) error {
-	end := b.end()
-	writeTarget := end > p.targetLSN
+// commitJob is a prepared batch: joined, its target rows and Redis
+// mutations computed, its commits not yet done (or running).
+type commitJob struct {
+	b           *batch
+	end         cdc.LSN
+	writeTarget bool
+	// touched marks the joins the batch had changes for.
+	touched []bool
+	// outs are the target outputs per join, buffered until the job's turn;
+	// tx is set when they were too many and went straight into it.
+	outs [][]join.Output
+	tx   *sink.Tx
+	muts []join.Mutations
+	// finished is closed when the commits are done, with their result in
+	// err.
+	finished chan struct{}
+	err      error
+}
+
+// maxBufferedRows bounds the target rows a prepared batch holds in memory;
+// past it (a big fan-out) the batch waits for the one in flight and writes
+// its rows into its own target transaction as they come.
+const maxBufferedRows = 50_000
+
+// prepare maps and joins a batch. The engines read the state through an
+// overlay of the in-flight batch's mutations; if those cannot be overlaid
+// (a TRUNCATE), or the batch's output outgrows maxBufferedRows, prepare
+// first waits for the in-flight batch, whose error it then returns.
+func (p *pipeline) prepare(ctx context.Context, b *batch, inflight *commitJob) (*commitJob, error) {
+	job := &commitJob{b: b, end: b.end(), touched: make([]bool, len(p.joins)),
+		outs: make([][]join.Output, len(p.joins)), muts: make([]join.Mutations, len(p.joins))}
+	job.writeTarget = job.end > p.target()
 	lap := time.Now()
 	phase := func(d *time.Duration) {
 		now := time.Now()
 		*d, lap = now.Sub(lap), now
 	}
 	perJoin := make([][]join.Change, len(p.joins))
-	some := false
 	for i, jr := range p.joins {
 		var err error
 		if perJoin[i], err = jr.changes(b.txns); err != nil {
-			return err
+			return nil, err
 		}
-		some = some || len(perJoin[i]) > 0
+		job.touched[i] = len(perJoin[i]) > 0
 	}
 	phase(&b.timing.mapping)
-	if !some {
+
+	settled := inflight == nil
+	settle := func() error {
+		if settled {
+			return nil
+		}
+		settled = true
+		return p.wait(inflight)
+	}
+	for i, jr := range p.joins {
+		var over *join.Mutations
+		if inflight != nil {
+			over = &inflight.muts[i]
+		}
+		if err := jr.pending.Set(over); errors.Is(err, join.ErrCannotOverlay) {
+			if err := settle(); err != nil {
+				return nil, err
+			}
+			_ = jr.pending.Set(nil)
+		}
+	}
+	buffered := 0
+	for i, jr := range p.joins {
+		if !job.touched[i] {
+			continue
+		}
+		emit := func(ctx context.Context, out join.Output) error {
+			if !job.writeTarget {
+				return nil // replaying for Redis only: the target has it
+			}
+			if job.tx == nil {
+				if buffered += len(out.Upserts) + len(out.Deletes); buffered <= maxBufferedRows {
+					job.outs[i] = append(job.outs[i], out)
+					return nil
+				}
+				// Too much to hold: write it now, in this batch's own
+				// transaction, once the batch in flight is committed.
+				if err := settle(); err != nil {
+					return err
+				}
+				if err := p.beginTarget(ctx, job); err != nil {
+					return err
+				}
+			}
+			return job.tx.Apply(ctx, &jr.plan.Target, out)
+		}
+		var err error
+		if job.muts[i], err = jr.engine.Apply(ctx, perJoin[i], emit); err != nil {
+			if job.tx != nil {
+				_ = job.tx.Rollback(context.WithoutCancel(ctx))
+			}
+			return nil, fmt.Errorf("join %q: %w", jr.plan.Name, err)
+		}
+	}
+	phase(&b.timing.join)
+	return job, nil
+}
+
+// beginTarget opens the job's target transaction and writes its buffered
+// outputs into it.
+func (p *pipeline) beginTarget(ctx context.Context, job *commitJob) error {
+	tx, err := p.writer.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	job.tx = tx
+	for i, outs := range job.outs {
+		for _, out := range outs {
+			if err := tx.Apply(ctx, &p.joins[i].plan.Target, out); err != nil {
+				return err
+			}
+		}
+		job.outs[i] = nil
+	}
+	return nil
+}
+
+// startCommit runs the job's commits in the background; wait collects the
+// result. cancel releases the job's context when it is done.
+func (p *pipeline) startCommit(ctx context.Context, cancel context.CancelFunc, job *commitJob) *commitJob {
+	job.finished = make(chan struct{})
+	go func() {
+		defer cancel()
+		job.err = p.commit(ctx, job)
+		close(job.finished)
+	}()
+	return job
+}
+
+// wait returns the result of the job's commits (nil for no job), waiting
+// for them.
+func (p *pipeline) wait(job *commitJob) error {
+	if job == nil {
+		return nil
+	}
+	<-job.finished
+	return job.err
+}
+
+// nextWhile is next, but returns the in-flight job's error as soon as its
+// commits fail, instead of waiting for a transaction that may never come.
+func (p *pipeline) nextWhile(ctx context.Context, inflight *commitJob) (*cdc.Txn, error) {
+	if inflight == nil {
+		return p.next(ctx)
+	}
+	nctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-inflight.finished:
+			if inflight.err != nil {
+				cancel()
+			}
+		case <-nctx.Done():
+		}
+	}()
+	t, err := p.next(nctx)
+	if err != nil && ctx.Err() == nil {
+		if werr := p.wait(inflight); werr != nil {
+			return nil, werr
+		}
+	}
+	return t, err
+}
+
+// commit writes the target (with the checkpoint), commits the Redis state
+// of every join, and acknowledges the batch's end. Only one runs at a time,
+// in batch order.
+func (p *pipeline) commit(ctx context.Context, job *commitJob) error {
+	b, end := job.b, job.end
+	lap := time.Now()
+	phase := func(d *time.Duration) {
+		now := time.Now()
+		*d, lap = now.Sub(lap), now
+	}
+	if !slices.Contains(job.touched, true) {
 		// Nothing for any join: no write is needed, and acknowledging is safe
 		// because a restart from the older checkpoint finds nothing either.
 		p.stream.Ack(end)
 		return nil
 	}
-
-	var tx *sink.Tx
-	if writeTarget {
-		var err error
-		if tx, err = p.writer.Begin(ctx); err != nil {
+	if job.writeTarget && job.tx == nil {
+		if err := p.beginTarget(ctx, job); err != nil {
+			if job.tx != nil {
+				_ = job.tx.Rollback(context.WithoutCancel(ctx))
+			}
 			return err
 		}
-		defer tx.Rollback(context.WithoutCancel(ctx))
 	}
-	muts := make([]join.Mutations, len(p.joins))
-	for i, jr := range p.joins {
-		if len(perJoin[i]) == 0 {
-			continue
-		}
-		emit := func(ctx context.Context, out join.Output) error {
-			if tx == nil {
-				return nil // replaying for Redis only: the target has it
-			}
-			return tx.Apply(ctx, &jr.plan.Target, out)
-		}
-		var err error
-		if muts[i], err = jr.engine.Apply(ctx, perJoin[i], emit); err != nil {
-			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
-		}
+	if job.tx != nil {
+		defer job.tx.Rollback(context.WithoutCancel(ctx))
 	}
-	phase(&b.timing.join)
+	phase(&b.timing.write)
+	// The engines' reads are done: if the state was lost or replaced since
+	// the daemon started, they may have seen it empty, and nothing may be
+	// committed.
 	for i, jr := range p.joins {
-		if len(perJoin[i]) > 0 {
+		if job.touched[i] {
 			if err := jr.verifyState(ctx); err != nil {
 				return err
 			}
 		}
 	}
 	phase(&b.timing.verify)
-	if tx != nil {
-		if err := tx.Commit(ctx, p.slot, lsnOf(end)); err != nil {
+	if job.tx != nil {
+		if err := job.tx.Commit(ctx, p.slot, lsnOf(end)); err != nil {
 			return err
 		}
-		p.targetLSN = end
-		p.upserted += tx.Stats.Upserted
-		p.deleted += tx.Stats.Deleted
+		p.targetLSN.Store(uint64(end))
+		p.upserted.Add(job.tx.Stats.Upserted)
+		p.deleted.Add(job.tx.Stats.Deleted)
 	}
 	phase(&b.timing.target)
 	for i, jr := range p.joins {
-		if len(perJoin[i]) == 0 && jr.store.Checkpoint() >= uint64(end) {
+		if !job.touched[i] && jr.store.Checkpoint() >= uint64(end) {
 			continue
 		}
-		if err := jr.store.Commit(ctx, muts[i], uint64(end)); err != nil {
+		if err := jr.store.Commit(ctx, job.muts[i], uint64(end)); err != nil {
 			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
 		}
-		if muts[i].ClearLeft || muts[i].ClearRight {
+		if job.muts[i].ClearLeft || job.muts[i].ClearRight {
 			p.garbage.Store(true)
 		}
 	}
 	phase(&b.timing.redis)
 	p.stream.Ack(end)
-	p.batches++
-	p.txns += int64(len(b.txns))
-	p.changes += int64(b.changes)
-	p.log.Debug("batch applied", append([]any{"txns", len(b.txns), "changes", b.changes, "end_lsn", end.String(), "target_written", writeTarget}, b.timing.attrs()...)...)
+	p.batches.Add(1)
+	p.txns.Add(int64(len(b.txns)))
+	p.changes.Add(int64(b.changes))
+	p.log.Debug("batch applied", append([]any{"txns", len(b.txns), "changes", b.changes, "end_lsn", end.String(), "target_written", job.writeTarget}, b.timing.attrs()...)...)
 	return nil
 }
 
@@ -324,7 +513,7 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 	txnID := uint64(first.CommitLSN)
 	// Transactions are ordered by commit position: one that commits before
 	// the target checkpoint is already in the target.
-	writeTarget := first.CommitLSN >= p.targetLSN
+	writeTarget := first.CommitLSN >= p.target()
 	var tx *sink.Tx
 	if writeTarget {
 		if tx, err = p.writer.Begin(ctx); err != nil {
@@ -399,9 +588,9 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 		if err := tx.Commit(ctx, p.slot, lsnOf(end)); err != nil {
 			return nil, err
 		}
-		p.targetLSN = end
-		p.upserted += tx.Stats.Upserted
-		p.deleted += tx.Stats.Deleted
+		p.targetLSN.Store(uint64(end))
+		p.upserted.Add(tx.Stats.Upserted)
+		p.deleted.Add(tx.Stats.Deleted)
 	}
 	done = true
 	for i, jr := range p.joins {
@@ -412,9 +601,9 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 		}
 	}
 	p.stream.Ack(end)
-	p.batches++
-	p.txns++
-	p.changes += int64(changes)
+	p.batches.Add(1)
+	p.txns.Add(1)
+	p.changes.Add(int64(changes))
 	p.log.Info("large transaction applied", "xid", first.Xid, "changes", changes, "chunks", chunk.Chunk+1, "end_lsn", end.String())
 	return nil, nil
 }

@@ -133,8 +133,9 @@ func (d *daemon) stream(ctx context.Context) error {
 
 	p := &pipeline{
 		slot: d.cfg.Slot, joins: d.joins, writer: d.writer, stream: stream,
-		limits: d.opts.Batch, log: d.log.With("component", "pipeline"), targetLSN: cdc.LSN(targetLSN),
+		limits: d.opts.Batch, log: d.log.With("component", "pipeline"),
 	}
+	p.targetLSN.Store(uint64(targetLSN))
 	d.log.Info("streaming", "slot", d.cfg.Slot, "start_lsn", start.String(), "joins", len(d.joins))
 	d.obs.attach(p)
 	d.obs.setPhase("streaming")
@@ -149,7 +150,7 @@ func (d *daemon) stream(ctx context.Context) error {
 	if runErr != nil {
 		return runErr
 	}
-	d.log.Info("stopped", "batches", p.batches, "txns", p.txns, "changes", p.changes)
+	d.log.Info("stopped", "batches", p.batches.Load(), "txns", p.txns.Load(), "changes", p.changes.Load())
 	return nil
 }
 

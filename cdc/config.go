@@ -172,8 +172,10 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// tick is the receive deadline of the streaming loop: acknowledgements reach
-// the server within about one tick.
+// tick is the receive deadline of the streaming loop: acknowledgements made
+// while the server is quiet reach it within about one tick, so that
+// confirmed_flush_lsn follows the target closely (a wake-up every 100 ms
+// costs nothing measurable).
 func (c *Config) tick() time.Duration {
-	return min(max(c.StandbyInterval/10, 100*time.Millisecond), time.Second)
+	return min(max(c.StandbyInterval/10, 20*time.Millisecond), 100*time.Millisecond)
 }

@@ -25,10 +25,10 @@ type BatchLimits struct {
 	Bytes int
 	// Delay is the longest a batch waits for more transactions once it has one.
 	Delay time.Duration
-	// Idle closes a batch early when no transaction follows for this long:
-	// the source is quiet, so waiting out Delay would only add latency. Under
-	// load, transactions queue while a batch is applied and the next batch
-	// takes them all at once.
+	// Idle, when set, closes a batch early when no transaction follows for
+	// this long. Off by default: measured in make bench, a 5 ms idle gap
+	// saved about 15 ms of median freshness but split bursts (W2's 200 hot
+	// renames) into more batches, doubling the fan-out writes.
 	Idle time.Duration
 }
 
@@ -43,7 +43,7 @@ func (b *BatchLimits) setDefaults() {
 		b.Delay = 100 * time.Millisecond
 	}
 	if b.Idle == 0 {
-		b.Idle = 5 * time.Millisecond
+		b.Idle = b.Delay
 	}
 }
 

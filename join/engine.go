@@ -176,9 +176,15 @@ func (b *batch) endSegment(ctx context.Context) error {
 	if err := b.resolveQueue(ctx); err != nil {
 		return err
 	}
-	for _, fk := range slices.Sorted(maps.Keys(b.seg.dirty)) {
-		if err := b.fanOut(ctx, fk); err != nil {
-			return fmt.Errorf("fan out right key: %w", err)
+	for chunk := range slices.Chunk(slices.Sorted(maps.Keys(b.seg.dirty)), fanOutChunk) {
+		pre, err := b.prefetchFanOut(ctx, chunk)
+		if err != nil {
+			return fmt.Errorf("fan out right keys: %w", err)
+		}
+		for _, fk := range chunk {
+			if err := b.fanOut(ctx, fk, pre); err != nil {
+				return fmt.Errorf("fan out right key: %w", err)
+			}
 		}
 	}
 	if err := b.flushPending(ctx); err != nil {

@@ -3,6 +3,7 @@ package join_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -426,7 +427,8 @@ func TestMutations(t *testing.T) {
 }
 
 // TestFanoutCoalesced checks that a right key changed several times in a
-// batch reads its dependents once, and that an empty batch does nothing.
+// batch reads its dependents once — the changed keys' first pages all in one
+// read — and that an empty batch does nothing.
 func TestFanoutCoalesced(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, orderSpec(join.Inner))
@@ -436,11 +438,41 @@ func TestFanoutCoalesced(t *testing.T) {
 	if want := []string{"+10|1|5|c", "-11"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("outputs = %q, want %q", got, want)
 	}
-	if n := h.store.Calls.Dependents - calls; n != 2 {
-		t.Errorf("read dependents %d times, want once per changed right key", n)
+	if n := h.store.Calls.Dependents - calls; n != 1 {
+		t.Errorf("read dependents %d times, want one read for both changed right keys", n)
 	}
 	outs, m, err := h.apply()
 	if err != nil || len(outs) != 0 || !m.Empty() {
 		t.Errorf("empty batch: outputs %q, mutations %v, error %v", outs, &m, err)
+	}
+}
+
+// TestFanoutManyRightKeys: a batch changing many right rows reads their
+// dependents and the dependents' left rows in a few round trips, not two per
+// right row, and the output is the same as with one read per key.
+func TestFanoutManyRightKeys(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, orderSpec(join.Left))
+	var setup, renames []join.Change
+	for c := 1; c <= 1000; c++ {
+		setup = append(setup, ru(fmt.Sprint(c), "c"))
+		for o := 0; o < 3; o++ {
+			setup = append(setup, lu(fmt.Sprint(c*10+o), fmt.Sprint(c), "1"))
+		}
+		renames = append(renames, ru(fmt.Sprint(c), "renamed"))
+	}
+	h.batch(setup...)
+	deps, lefts := h.store.Calls.Dependents, h.store.Calls.GetLeft
+	// batch also checks the target against the SQL join.
+	rows := 0
+	for _, o := range h.batch(renames...) {
+		rows += strings.Count(o, "|renamed")
+	}
+	if rows != 3000 {
+		t.Fatalf("%d renamed rows written, want 3000", rows)
+	}
+	// 1000 keys in chunks of 512: two reads of first pages, two of left rows.
+	if d, l := h.store.Calls.Dependents-deps, h.store.Calls.GetLeft-lefts; d != 2 || l != 2 {
+		t.Errorf("%d dependents reads and %d left reads for 1000 changed right keys, want 2 and 2", d, l)
 	}
 }

@@ -28,7 +28,10 @@ type Pending struct {
 	delSubs           map[Key]map[Key]struct{}
 }
 
-var _ StateReader = (*Pending)(nil)
+var (
+	_ StateReader          = (*Pending)(nil)
+	_ ManyDependentsReader = (*Pending)(nil)
+)
 
 // ErrCannotOverlay is returned by Set for mutations that clear a side.
 var ErrCannotOverlay = errors.New("mutations that clear a side cannot be overlaid")
@@ -120,12 +123,51 @@ func (p *Pending) Dependents(ctx context.Context, fk, after Key, limit int) ([]K
 	if p.m == nil {
 		return p.base.Dependents(ctx, fk, after, limit)
 	}
-	dels, adds := p.delSubs[fk], p.addSubs[fk]
-	ask := limit + len(dels)
-	page, err := p.base.Dependents(ctx, fk, after, ask)
+	page, err := p.base.Dependents(ctx, fk, after, limit+len(p.delSubs[fk]))
 	if err != nil {
 		return nil, err
 	}
+	return p.merge(fk, after, limit, page), nil
+}
+
+// DependentsMany implements ManyDependentsReader, with one round trip when
+// the base implements it too.
+func (p *Pending) DependentsMany(ctx context.Context, fks []Key, limits []int) ([][]Key, error) {
+	asks := slices.Clone(limits)
+	if p.m != nil {
+		for i, fk := range fks {
+			asks[i] += len(p.delSubs[fk])
+		}
+	}
+	pages, err := dependentsMany(ctx, p.base, fks, asks)
+	if err != nil || p.m == nil {
+		return pages, err
+	}
+	for i, fk := range fks {
+		pages[i] = p.merge(fk, "", limits[i], pages[i])
+	}
+	return pages, nil
+}
+
+// dependentsMany reads first pages from r, in one round trip if it can.
+func dependentsMany(ctx context.Context, r StateReader, fks []Key, limits []int) ([][]Key, error) {
+	if mr, ok := r.(ManyDependentsReader); ok {
+		return mr.DependentsMany(ctx, fks, limits)
+	}
+	out := make([][]Key, len(fks))
+	for i, fk := range fks {
+		var err error
+		if out[i], err = r.Dependents(ctx, fk, "", limits[i]); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// merge applies the overlay to a base page read for fk after `after` with
+// limit plus the number of fk's deleted subscriptions.
+func (p *Pending) merge(fk, after Key, limit int, page []Key) []Key {
+	dels, adds := p.delSubs[fk], p.addSubs[fk]
 	merged := make([]Key, 0, len(page)+len(adds))
 	for _, pk := range page {
 		if _, gone := dels[pk]; !gone {
@@ -145,5 +187,5 @@ func (p *Pending) Dependents(ctx context.Context, fk, after Key, limit int) ([]K
 	if len(merged) > limit {
 		merged = merged[:limit]
 	}
-	return merged, nil
+	return merged
 }

@@ -24,6 +24,16 @@ type StateReader interface {
 	Dependents(ctx context.Context, fk Key, after Key, limit int) ([]Key, error)
 }
 
+// ManyDependentsReader is implemented by readers that can read the first
+// page of dependents of many foreign keys in one round trip. The engine uses
+// it, when present, so that a batch changing many right rows does not pay a
+// round trip per right row.
+type ManyDependentsReader interface {
+	// DependentsMany returns, for each fks[i], what Dependents(ctx, fks[i],
+	// "", limits[i]) returns.
+	DependentsMany(ctx context.Context, fks []Key, limits []int) ([][]Key, error)
+}
+
 // Subscription records that the left row PK references the right key FK.
 type Subscription struct {
 	FK Key

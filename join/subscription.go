@@ -101,10 +101,80 @@ func (b *batch) touchRight(k Key, old *RightState) {
 	b.seg.dirty[k] = struct{}{}
 }
 
+// Fan-outs of many right keys read their first pages together: fanOutChunk
+// keys at a time, the first prefetchPage dependents of each in one round
+// trip and their left rows in another, so that a batch changing many right
+// rows does not pay two round trips per row. The bounds keep the prefetched
+// state small (at most fanOutChunk*prefetchPage keys).
+const (
+	fanOutChunk  = 512
+	prefetchPage = 128
+)
+
+// fanOutPrefetch is what prefetchFanOut read for a chunk of right keys.
+type fanOutPrefetch struct {
+	limit int
+	// first is the first page of stored dependents per right key, read
+	// with limit.
+	first map[Key][]Key
+	// lefts are the stored left rows of those pages; nil when absent.
+	lefts map[Key]*LeftState
+}
+
+// prefetchFanOut reads the first stored dependents of fks and their left
+// rows, when the store can read many pages at once and there are several
+// keys; nil means each fan-out reads its own.
+func (b *batch) prefetchFanOut(ctx context.Context, fks []Key) (*fanOutPrefetch, error) {
+	if b.ov.leftCleared || len(fks) < 2 {
+		return nil, nil
+	}
+	mr, ok := b.ov.store.(ManyDependentsReader)
+	if !ok {
+		return nil, nil
+	}
+	limit := min(prefetchPage, b.e.spec.PageSize)
+	limits := make([]int, len(fks))
+	for i := range limits {
+		limits[i] = limit
+	}
+	pages, err := mr.DependentsMany(ctx, fks, limits)
+	if err != nil {
+		return nil, fmt.Errorf("read dependents: %w", err)
+	}
+	pre := &fanOutPrefetch{limit: limit, first: make(map[Key][]Key, len(fks)), lefts: map[Key]*LeftState{}}
+	var want []Key
+	for i, fk := range fks {
+		pre.first[fk] = pages[i]
+		for _, pk := range pages[i] {
+			_, inBatch := b.ov.left[pk]
+			_, cached := b.ov.storeLeft[pk]
+			if !inBatch && !cached {
+				want = append(want, pk)
+			}
+		}
+	}
+	if len(want) == 0 {
+		return pre, nil
+	}
+	got, err := b.ov.store.GetLeft(ctx, want)
+	if err != nil {
+		return nil, fmt.Errorf("get dependent left rows: %w", err)
+	}
+	for _, pk := range want {
+		if st, ok := got[pk]; ok {
+			pre.lefts[pk] = &st
+		} else {
+			pre.lefts[pk] = nil
+		}
+	}
+	return pre, nil
+}
+
 // fanOut answers every left row subscribed to right key fk with its final
 // right row, a page at a time: first the subscriptions added in this batch,
-// then the stored ones in key order.
-func (b *batch) fanOut(ctx context.Context, fk Key) error {
+// then the stored ones in key order. pre, when not nil, holds fk's first
+// stored page and its left rows.
+func (b *batch) fanOut(ctx context.Context, fk Key, pre *fanOutPrefetch) error {
 	right, err := b.ov.rightOf(ctx, fk)
 	if err != nil {
 		return err
@@ -118,25 +188,30 @@ func (b *batch) fanOut(ctx context.Context, fk Key) error {
 	}
 	slices.Sort(added)
 	for page := range slices.Chunk(added, b.e.spec.PageSize) {
-		if err := b.resolvePage(ctx, fk, right, page); err != nil {
+		if err := b.resolvePage(ctx, fk, right, page, pre); err != nil {
 			return err
 		}
 	}
 	if b.ov.leftCleared {
 		return nil
 	}
-	return b.fanOutStored(ctx, fk, right, touched)
+	return b.fanOutStored(ctx, fk, right, touched, pre)
 }
 
 // fanOutStored pages through the stored dependents of fk, skipping the
 // subscriptions this batch changed (answered from the overlay, or removed).
-func (b *batch) fanOutStored(ctx context.Context, fk Key, right *RightState, touched map[Key]bool) error {
-	size := b.e.spec.PageSize
+func (b *batch) fanOutStored(ctx context.Context, fk Key, right *RightState, touched map[Key]bool, pre *fanOutPrefetch) error {
 	var after Key
 	for {
-		page, err := b.ov.store.Dependents(ctx, fk, after, size)
-		if err != nil {
-			return fmt.Errorf("read dependents: %w", err)
+		size := b.e.spec.PageSize
+		var page []Key
+		if first, ok := pre.firstPage(fk, after); ok {
+			page, size = first, pre.limit
+		} else {
+			var err error
+			if page, err = b.ov.store.Dependents(ctx, fk, after, size); err != nil {
+				return fmt.Errorf("read dependents: %w", err)
+			}
 		}
 		if len(page) == 0 {
 			return nil
@@ -146,7 +221,7 @@ func (b *batch) fanOutStored(ctx context.Context, fk Key, right *RightState, tou
 		if len(touched) > 0 {
 			keep = slices.DeleteFunc(slices.Clone(page), func(pk Key) bool { _, ok := touched[pk]; return ok })
 		}
-		if err := b.resolvePage(ctx, fk, right, keep); err != nil {
+		if err := b.resolvePage(ctx, fk, right, keep, pre); err != nil {
 			return err
 		}
 		if len(page) < size {
@@ -155,10 +230,30 @@ func (b *batch) fanOutStored(ctx context.Context, fk Key, right *RightState, tou
 	}
 }
 
+// left returns the prefetched stored left row of pk (nil when absent) and
+// whether it was prefetched.
+func (pre *fanOutPrefetch) left(pk Key) (*LeftState, bool) {
+	if pre == nil {
+		return nil, false
+	}
+	st, ok := pre.lefts[pk]
+	return st, ok
+}
+
+// firstPage returns fk's prefetched first page when the fan-out is at its
+// start (after is empty).
+func (pre *fanOutPrefetch) firstPage(fk, after Key) ([]Key, bool) {
+	if pre == nil || after != "" {
+		return nil, false
+	}
+	page, ok := pre.first[fk]
+	return page, ok
+}
+
 // resolvePage builds the fan-out responses of one page of dependents of fk,
 // resolves them and emits the page's output.
-func (b *batch) resolvePage(ctx context.Context, fk Key, right *RightState, pks []Key) error {
-	lefts, err := b.pageLefts(ctx, fk, pks)
+func (b *batch) resolvePage(ctx context.Context, fk Key, right *RightState, pks []Key, pre *fanOutPrefetch) error {
+	lefts, err := b.pageLefts(ctx, fk, pks, pre)
 	if err != nil {
 		return err
 	}
@@ -181,24 +276,36 @@ func (b *batch) resolvePage(ctx context.Context, fk Key, right *RightState, pks 
 // pageLefts returns the current left state of pks, reading the ones the
 // batch does not know with one GetLeft. The result lives for one page only,
 // so memory stays bounded by the page size.
-func (b *batch) pageLefts(ctx context.Context, fk Key, pks []Key) (map[Key]*leftEntry, error) {
+func (b *batch) pageLefts(ctx context.Context, fk Key, pks []Key, pre *fanOutPrefetch) (map[Key]*leftEntry, error) {
 	lefts := make(map[Key]*leftEntry, len(pks))
 	var missing []Key
+	got := map[Key]LeftState{}
 	for _, pk := range pks {
 		if e, ok := b.ov.left[pk]; ok {
 			lefts[pk] = e
 		} else if e, ok := b.ov.storeLeft[pk]; ok && !b.ov.leftCleared {
 			lefts[pk] = e
-		} else if !b.ov.leftCleared {
+		} else if b.ov.leftCleared {
+			continue
+		} else if st, ok := pre.left(pk); ok {
+			if st != nil {
+				got[pk] = *st
+			}
+		} else {
 			missing = append(missing, pk)
 		}
 	}
-	if len(missing) == 0 {
-		return lefts, nil
+	if len(missing) > 0 {
+		read, err := b.ov.store.GetLeft(ctx, missing)
+		if err != nil {
+			return nil, fmt.Errorf("get dependent left rows: %w", err)
+		}
+		for pk, st := range read {
+			got[pk] = st
+		}
 	}
-	got, err := b.ov.store.GetLeft(ctx, missing)
-	if err != nil {
-		return nil, fmt.Errorf("get dependent left rows: %w", err)
+	if len(got) == 0 {
+		return lefts, nil
 	}
 	entries := make([]leftEntry, 0, len(got))
 	for pk, st := range got {

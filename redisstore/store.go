@@ -416,6 +416,46 @@ func (s *Store) Dependents(ctx context.Context, fk, after join.Key, limit int) (
 	if err != nil {
 		return nil, fmt.Errorf("read dependents: %w", err)
 	}
+	return memberKeys(fk, members)
+}
+
+// DependentsMany implements join.ManyDependentsReader: the first page of
+// each foreign key, all in one pipeline.
+func (s *Store) DependentsMany(ctx context.Context, fks []join.Key, limits []int) ([][]join.Key, error) {
+	if len(fks) != len(limits) {
+		return nil, fmt.Errorf("read dependents: %d keys, %d limits", len(fks), len(limits))
+	}
+	m, err := s.current(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read dependents: %w", err)
+	}
+	p := s.rdb.Pipeline()
+	cmds := make([]*redis.StringSliceCmd, len(fks))
+	for i, fk := range fks {
+		if limits[i] <= 0 {
+			return nil, fmt.Errorf("read dependents: limit %d must be positive", limits[i])
+		}
+		lo, hi := depRange(fk, "")
+		cmds[i] = p.ZRangeArgs(ctx, redis.ZRangeArgs{
+			Key: s.keys.subs(m.LeftGen, string(fk)), Start: lo, Stop: hi, ByLex: true, Count: int64(limits[i]),
+		})
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("read dependents: %w", err)
+	}
+	out := make([][]join.Key, len(fks))
+	for i, fk := range fks {
+		pks, err := memberKeys(fk, cmds[i].Val())
+		if err != nil {
+			return nil, err
+		}
+		out[i] = pks
+	}
+	return out, nil
+}
+
+// memberKeys strips fk from sorted-set members read for it.
+func memberKeys(fk join.Key, members []string) ([]join.Key, error) {
 	pks := make([]join.Key, len(members))
 	for i, mem := range members {
 		if len(mem) <= len(fk) || mem[:len(fk)] != string(fk) {

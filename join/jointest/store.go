@@ -88,6 +88,20 @@ func (s *Store) Dependents(_ context.Context, fk, after join.Key, limit int) ([]
 	return slices.Clone(deps[i:end]), nil
 }
 
+// DependentsMany implements join.ManyDependentsReader (one call).
+func (s *Store) DependentsMany(ctx context.Context, fks []join.Key, limits []int) ([][]join.Key, error) {
+	out := make([][]join.Key, len(fks))
+	for i, fk := range fks {
+		var err error
+		if out[i], err = s.Dependents(ctx, fk, "", limits[i]); err != nil {
+			return nil, err
+		}
+		s.Calls.Dependents--
+	}
+	s.Calls.Dependents++
+	return out, nil
+}
+
 // Subs returns the number of subscriptions.
 func (s *Store) Subs() int {
 	n := 0

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
@@ -191,10 +192,19 @@ func connectPostgres(ctx context.Context, url, what string) (*pgxpool.Pool, erro
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "28P01" || pgErr.Code == "28000") {
+			return nil, fmt.Errorf("%w: connect to %s database %s: %s", errAuthentication, what, RedactURL(url), redactErr(err, url))
+		}
 		return nil, fmt.Errorf("connect to %s database %s: %s", what, RedactURL(url), redactErr(err, url))
 	}
 	return pool, nil
 }
+
+// errAuthentication marks a server refusing fkmat's credentials (Postgres
+// SQLSTATE 28P01 or 28000, Redis WRONGPASS or NOAUTH). Run stops on it with
+// a configuration error unless it had connected before: then the
+// credentials may be being rotated, and it retries.
+var errAuthentication = errors.New("authentication failed")
 
 func connectRedis(ctx context.Context, url string) (*redis.Client, error) {
 	o, err := redis.ParseURL(url)
@@ -204,6 +214,9 @@ func connectRedis(ctx context.Context, url string) (*redis.Client, error) {
 	rdb := redis.NewClient(o)
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		_ = rdb.Close()
+		if msg := err.Error(); strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH") {
+			return nil, fmt.Errorf("%w: connect to redis %s: %s", errAuthentication, RedactURL(url), redactErr(err, url))
+		}
 		return nil, fmt.Errorf("connect to redis %s: %s", RedactURL(url), redactErr(err, url))
 	}
 	return rdb, nil

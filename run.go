@@ -41,14 +41,18 @@ func Run(ctx context.Context, cfg *Config, opts Options) error {
 		}
 	}
 	delay := time.Second
+	connected := false // once, in this process
 	for {
 		started := time.Now()
-		err := runOnce(ctx, cfg, opts, obs)
+		err := runOnce(ctx, cfg, opts, obs, &connected)
 		if err == nil || ctx.Err() != nil {
 			return nil
 		}
 		if terminal(err) {
 			return err
+		}
+		if errors.Is(err, errAuthentication) && !connected {
+			return &ConfigError{Problems: []string{err.Error() + "; fix the user or password in the URL (or the server's pg_hba.conf / Redis ACL), then start fkmat run again"}}
 		}
 		if time.Since(started) > time.Minute {
 			delay = time.Second
@@ -71,12 +75,13 @@ func terminal(err error) bool {
 		errors.Is(err, sink.ErrShapeMismatch) || errors.Is(err, sink.ErrCheckpointBackwards) || cdc.IsTerminal(err)
 }
 
-func runOnce(ctx context.Context, cfg *Config, opts Options, obs *observer) error {
+func runOnce(ctx context.Context, cfg *Config, opts Options, obs *observer, connected *bool) error {
 	obs.setPhase("starting")
 	d, err := open(ctx, cfg, opts)
 	if err != nil {
 		return err
 	}
+	*connected = true
 	defer d.close()
 	d.obs = obs
 	reason, lost, err := d.assess(ctx)

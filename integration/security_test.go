@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net/url"
@@ -339,6 +340,13 @@ func TestSecurityRedisACL(t *testing.T) {
 	}
 	keep("check", runCLI(t, env, "check"), 0)
 	keep("migrate", runCLI(t, env, "migrate"), 0)
+	// A wrong Redis password before run ever connected: exit 2 naming the fix.
+	badURL := (&url.URL{Scheme: "redis", User: url.UserPassword(user, password+"x"), Host: tc.Env.RedisAddr, Path: "/0"}).String()
+	bad := runCLI(t, withEnv(env, "FKMAT_REDIS_URL", badURL), "run")
+	keep("run (wrong redis password)", bad, 2)
+	if !strings.Contains(bad.stderr, "WRONGPASS") || !strings.Contains(bad.stderr, "fix the user or password") {
+		t.Errorf("run with a wrong redis password does not say why and what to fix:\n%s", bad.stderr)
+	}
 	d := startRunCLI(t, env, "--log-level", "debug")
 	waitCaughtUp(t, tc, d.daemon)
 	sqlExec(t, tc, `UPDATE customers SET name = 'ANN' WHERE id = 1`, `UPDATE orders SET customer_id = 2 WHERE id < 10`,
@@ -470,13 +478,20 @@ func TestSecurityPasswordRedaction(t *testing.T) {
 		for _, cmd := range []string{"migrate", "backfill", "status", "verify", "teardown"} {
 			keep(cmd+" (wrong password)", runCLI(t, benv, cmd, "--log-level", "debug"), 1)
 		}
+		// run has never connected: a refused password is bad configuration
+		// (exit 2, naming the fix), not an outage to wait out.
 		d := startRunCLI(t, benv, "--log-level", "debug")
-		time.Sleep(3 * time.Second)
-		if err := d.term(t); err != nil {
-			t.Fatalf("run with a wrong password after SIGTERM: %v", err)
+		select {
+		case err := <-d.done:
+			if code := exitCode(err); code != 2 {
+				t.Errorf("run with a wrong password exited %d, want 2:\n%s", code, d.stderr.String())
+			}
+		case <-time.After(30 * time.Second):
+			_ = d.term(t)
+			t.Fatalf("run with a wrong password still running after 30 s:\n%s", d.stderr.String())
 		}
-		if !strings.Contains(d.stderr.String(), "password authentication failed") {
-			t.Errorf("run with a wrong password does not log why:\n%s", d.stderr.String())
+		if out := d.stderr.String(); !strings.Contains(out, "password authentication failed") || !strings.Contains(out, "fix the user or password") {
+			t.Errorf("run with a wrong password does not say why and what to fix:\n%s", out)
 		}
 		outputs = append(outputs, "run (wrong password):\n"+d.stderr.String())
 	}
@@ -606,4 +621,17 @@ func selfSignedPEM(t *testing.T) []byte {
 		t.Fatal(err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// exitCode is a child's exit code from cmd.Wait's error (0 for nil, -1 when
+// it did not exit normally).
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	return -1
 }

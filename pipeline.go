@@ -470,16 +470,19 @@ func (p *pipeline) commit(ctx context.Context, job *commitJob) error {
 // changes.
 func (jr *joinRunner) changes(txns []*cdc.Txn) ([]join.Change, error) {
 	done := cdc.LSN(jr.store.Checkpoint())
-	var out []join.Change
+	n := 0
+	for _, t := range txns {
+		n += len(t.Changes)
+	}
+	out := make([]join.Change, 0, n)
 	for _, t := range txns {
 		if t.EndLSN <= done {
 			continue
 		}
-		c, err := jr.mapChunk(t)
-		if err != nil {
+		var err error
+		if out, err = jr.appendChunk(out, t); err != nil {
 			return nil, err
 		}
-		out = append(out, c...)
 	}
 	return out, nil
 }
@@ -610,7 +613,11 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 
 // mapChunk maps one chunk's changes to join changes.
 func (jr *joinRunner) mapChunk(t *cdc.Txn) ([]join.Change, error) {
-	var out []join.Change
+	return jr.appendChunk(make([]join.Change, 0, len(t.Changes)), t)
+}
+
+// appendChunk appends the join changes of t's row changes to out.
+func (jr *joinRunner) appendChunk(out []join.Change, t *cdc.Txn) ([]join.Change, error) {
 	for i := range t.Changes {
 		var err error
 		if out, err = jr.mapper.appendChanges(out, &t.Changes[i]); err != nil {

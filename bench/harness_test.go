@@ -207,15 +207,15 @@ func watchRSS(pid int) func() float64 {
 	}
 }
 
-// profileEnv asks fkmat for a CPU profile in $FKMAT_BENCH_PROFILE/<test>-<what>.prof
-// when that directory is set.
+// profileEnv asks fkmat for a CPU profile and an allocation profile in
+// $FKMAT_BENCH_PROFILE/<test>-<what>.{prof,allocs} when that directory is set.
 func profileEnv(b testing.TB, what string) []string {
 	dir := os.Getenv("FKMAT_BENCH_PROFILE")
 	if dir == "" {
 		return nil
 	}
-	name := strings.NewReplacer("/", "-", " ", "_").Replace(b.Name()) + "-" + what + ".prof"
-	return []string{"FKMAT_CPUPROFILE=" + filepath.Join(dir, name)}
+	name := filepath.Join(dir, strings.NewReplacer("/", "-", " ", "_").Replace(b.Name())+"-"+what)
+	return []string{"FKMAT_CPUPROFILE=" + name + ".prof", "FKMAT_MEMPROFILE=" + name + ".allocs"}
 }
 
 // daemon is a running `fkmat run`.

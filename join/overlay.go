@@ -190,7 +190,7 @@ func (o *overlay) mutations() Mutations {
 		switch {
 		case e != nil && (base == nil || !base.LeftState.Equal(e.LeftState)):
 			if m.PutLeft == nil {
-				m.PutLeft = map[Key]LeftState{}
+				m.PutLeft = make(map[Key]LeftState, len(o.left))
 			}
 			m.PutLeft[k] = e.LeftState
 		case e == nil && base != nil:

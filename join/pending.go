@@ -95,24 +95,40 @@ func (p *Pending) GetRight(ctx context.Context, keys []Key) (map[Key]RightState,
 
 func overlayGet[S any](ctx context.Context, keys []Key, puts map[Key]S, dels map[Key]struct{},
 	get func(context.Context, []Key) (map[Key]S, error)) (map[Key]S, error) {
-	var rest []Key
-	out := map[Key]S{}
+	rest := keys
+	for i, k := range keys {
+		_, put := puts[k]
+		_, del := dels[k]
+		if put || del {
+			// Some keys are decided by the overlay: read only the others.
+			rest = slices.Clone(keys[:i])
+			for _, k := range keys[i:] {
+				_, put := puts[k]
+				_, del := dels[k]
+				if !put && !del {
+					rest = append(rest, k)
+				}
+			}
+			break
+		}
+	}
+	var out map[Key]S
+	if len(rest) > 0 {
+		var err error
+		if out, err = get(ctx, rest); err != nil {
+			return nil, err
+		}
+	}
+	if len(rest) == len(keys) {
+		return out, nil
+	}
+	if out == nil {
+		out = make(map[Key]S, len(keys)-len(rest))
+	}
 	for _, k := range keys {
 		if st, ok := puts[k]; ok {
 			out[k] = st
-		} else if _, ok := dels[k]; !ok {
-			rest = append(rest, k)
 		}
-	}
-	if len(rest) == 0 {
-		return out, nil
-	}
-	got, err := get(ctx, rest)
-	if err != nil {
-		return nil, err
-	}
-	for k, st := range got {
-		out[k] = st
 	}
 	return out, nil
 }

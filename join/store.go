@@ -13,10 +13,12 @@ import (
 // on I/O and must honour ctx.
 type StateReader interface {
 	// GetLeft returns the stored state of the given encoded left keys; absent
-	// keys are missing from the map. One pipelined round trip.
+	// keys are missing from the map, which is new and the caller's. One
+	// pipelined round trip.
 	GetLeft(ctx context.Context, keys []Key) (map[Key]LeftState, error)
 	// GetRight returns the stored state of the given encoded right keys;
-	// absent keys are missing from the map. One pipelined round trip.
+	// absent keys are missing from the map, which is new and the caller's.
+	// One pipelined round trip.
 	GetRight(ctx context.Context, keys []Key) (map[Key]RightState, error)
 	// Dependents returns up to limit encoded left keys subscribed to the
 	// encoded right key fk, in key order, strictly after `after` ("" = from

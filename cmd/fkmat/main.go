@@ -47,19 +47,30 @@ func main() {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(defaultMemoryLimit)
 	}
-	// FKMAT_CPUPROFILE=file writes a CPU profile of the whole run (for
-	// make bench and performance work).
+	os.Exit(profiled(func() int { return run(os.Args, os.Stdout, os.Stderr) }))
+}
+
+// profiled runs fn under the profiles the environment asks for (make bench,
+// performance work): FKMAT_CPUPROFILE=file writes a CPU profile of the whole
+// run, FKMAT_MEMPROFILE=file the allocations at exit.
+func profiled(fn func() int) int {
 	if path := os.Getenv("FKMAT_CPUPROFILE"); path != "" {
-		if f, err := os.Create(path); err == nil {
-			if pprof.StartCPUProfile(f) == nil {
-				code := run(os.Args, os.Stdout, os.Stderr)
+		if f, err := os.Create(path); err == nil && pprof.StartCPUProfile(f) == nil {
+			defer func() {
 				pprof.StopCPUProfile()
 				_ = f.Close()
-				os.Exit(code)
-			}
+			}()
 		}
 	}
-	os.Exit(run(os.Args, os.Stdout, os.Stderr))
+	if path := os.Getenv("FKMAT_MEMPROFILE"); path != "" {
+		defer func() {
+			if f, err := os.Create(path); err == nil {
+				_ = pprof.Lookup("allocs").WriteTo(f, 0)
+				_ = f.Close()
+			}
+		}()
+	}
+	return fn()
 }
 
 // exitError carries an exit code through urfave/cli.

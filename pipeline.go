@@ -122,6 +122,16 @@ func (t *batchTiming) attrs() []any {
 		"write_ms", ms(t.write), "verify_ms", ms(t.verify), "target_commit_ms", ms(t.target), "redis_commit_ms", ms(t.redis)}
 }
 
+// stopwatch returns a function that stores in *d the time since its
+// previous call (or since stopwatch was called).
+func stopwatch() func(d *time.Duration) {
+	lap := time.Now()
+	return func(d *time.Duration) {
+		now := time.Now()
+		*d, lap = now.Sub(lap), now
+	}
+}
+
 // target is the target checkpoint.
 func (p *pipeline) target() cdc.LSN { return cdc.LSN(p.targetLSN.Load()) }
 
@@ -259,11 +269,7 @@ func (p *pipeline) prepare(ctx context.Context, b *batch, inflight *commitJob) (
 	job := &commitJob{b: b, end: b.end(), touched: make([]bool, len(p.joins)),
 		outs: make([][]join.Output, len(p.joins)), muts: make([]join.Mutations, len(p.joins))}
 	job.writeTarget = job.end > p.target()
-	lap := time.Now()
-	phase := func(d *time.Duration) {
-		now := time.Now()
-		*d, lap = now.Sub(lap), now
-	}
+	phase := stopwatch()
 	perJoin := make([][]join.Change, len(p.joins))
 	for i, jr := range p.joins {
 		var err error
@@ -403,11 +409,7 @@ func (p *pipeline) nextWhile(ctx context.Context, inflight *commitJob) (*cdc.Txn
 // in batch order.
 func (p *pipeline) commit(ctx context.Context, job *commitJob) error {
 	b, end := job.b, job.end
-	lap := time.Now()
-	phase := func(d *time.Duration) {
-		now := time.Now()
-		*d, lap = now.Sub(lap), now
-	}
+	phase := stopwatch()
 	if !slices.Contains(job.touched, true) {
 		// Nothing for any join: no write is needed, and acknowledging is safe
 		// because a restart from the older checkpoint finds nothing either.

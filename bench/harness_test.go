@@ -207,14 +207,23 @@ func watchRSS(pid int) func() float64 {
 	}
 }
 
-// profileEnv asks fkmat for a CPU profile and an allocation profile in
-// $FKMAT_BENCH_PROFILE/<test>-<what>.{prof,allocs} when that directory is set.
-func profileEnv(b testing.TB, what string) []string {
+// profilePath is $FKMAT_BENCH_PROFILE/<test>-<what>, where an fkmat
+// process's profiles and log go; "" when that directory is not set.
+func profilePath(b testing.TB, what string) string {
 	dir := os.Getenv("FKMAT_BENCH_PROFILE")
 	if dir == "" {
+		return ""
+	}
+	return filepath.Join(dir, strings.NewReplacer("/", "-", " ", "_").Replace(b.Name())+"-"+what)
+}
+
+// profileEnv asks fkmat for a CPU profile and an allocation profile at
+// profilePath(b, what).{prof,allocs}.
+func profileEnv(b testing.TB, what string) []string {
+	name := profilePath(b, what)
+	if name == "" {
 		return nil
 	}
-	name := filepath.Join(dir, strings.NewReplacer("/", "-", " ", "_").Replace(b.Name())+"-"+what)
 	return []string{"FKMAT_CPUPROFILE=" + name + ".prof", "FKMAT_MEMPROFILE=" + name + ".allocs"}
 }
 
@@ -246,9 +255,8 @@ func (d *db) run(what string) *daemon {
 	}
 	p.rss = watchRSS(p.cmd.Process.Pid)
 	go func() { p.done <- p.cmd.Wait() }()
-	if dir := os.Getenv("FKMAT_BENCH_PROFILE"); dir != "" {
-		name := filepath.Join(dir, strings.NewReplacer("/", "-", " ", "_").Replace(d.b.Name())+"-"+what+".log")
-		d.b.Cleanup(func() { _ = os.WriteFile(name, p.out.Bytes(), 0o644) })
+	if name := profilePath(d.b, what); name != "" {
+		d.b.Cleanup(func() { _ = os.WriteFile(name+".log", p.out.Bytes(), 0o644) })
 	}
 	d.b.Cleanup(func() {
 		if p.cmd.ProcessState == nil {

@@ -211,10 +211,9 @@ func TestBadInputSlotInUse(t *testing.T) {
 	env := cliEnv(t, tc, leftJoinYAML)
 	first := startRunCLI(t, env)
 	waitCaughtUp(t, tc, first.daemon)
-	var pid int
-	if err := tc.Pool.QueryRow(context.Background(), `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, tc.Slot).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	// Caught up is reported once the backfill is done, which can be a
+	// moment before the daemon's stream takes the slot.
+	pid := slotHolder(t, tc)
 	start := time.Now()
 	r := runCLI(t, env, "run")
 	t.Logf("second run gave up after %s: exit %d: %s", time.Since(start).Round(time.Second), r.code, tail(r.stderr, 600))
@@ -228,6 +227,26 @@ func TestBadInputSlotInUse(t *testing.T) {
 	assertOracle(t, daemonConfig(t, tc, leftJoinYAML))
 	if err := first.term(t); err != nil {
 		t.Fatalf("first run: %v\n%s", err, first.stderr.String())
+	}
+}
+
+// slotHolder waits until a process holds the test's replication slot and
+// returns its server PID.
+func slotHolder(t *testing.T, tc *testenv.Case) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		var pid *int
+		err := tc.Pool.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, tc.Slot).Scan(&pid)
+		if err == nil && pid != nil {
+			return *pid
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no process holds slot %s within 30 s (last error: %v)", tc.Slot, err)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
 

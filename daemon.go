@@ -2,6 +2,8 @@ package fkmat
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -195,6 +197,9 @@ func connectPostgres(ctx context.Context, url, what string) (*pgxpool.Pool, erro
 		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "28P01" || pgErr.Code == "28000") {
 			return nil, fmt.Errorf("%w: connect to %s database %s: %s", errAuthentication, what, RedactURL(url), redactErr(err, url))
 		}
+		if isCertificateError(err) {
+			return nil, fmt.Errorf("%w: connect to %s database %s: %s", errCertificate, what, RedactURL(url), redactErr(err, url))
+		}
 		return nil, fmt.Errorf("connect to %s database %s: %s", what, RedactURL(url), redactErr(err, url))
 	}
 	return pool, nil
@@ -206,6 +211,27 @@ func connectPostgres(ctx context.Context, url, what string) (*pgxpool.Pool, erro
 // credentials may be being rotated, and it retries.
 var errAuthentication = errors.New("authentication failed")
 
+// errCertificate marks a server certificate that failed verification
+// (unknown authority, wrong host name, expired). Run treats it like
+// errAuthentication: a configuration error before the first connection.
+var errCertificate = errors.New("server certificate not accepted")
+
+// isCertificateError reports whether err is a TLS server certificate
+// verification failure.
+func isCertificateError(err error) bool {
+	if _, ok := errors.AsType[*tls.CertificateVerificationError](err); ok {
+		return true
+	}
+	if _, ok := errors.AsType[x509.UnknownAuthorityError](err); ok {
+		return true
+	}
+	if _, ok := errors.AsType[x509.HostnameError](err); ok {
+		return true
+	}
+	_, ok := errors.AsType[x509.CertificateInvalidError](err)
+	return ok
+}
+
 func connectRedis(ctx context.Context, url string) (*redis.Client, error) {
 	o, err := redis.ParseURL(url)
 	if err != nil {
@@ -216,6 +242,9 @@ func connectRedis(ctx context.Context, url string) (*redis.Client, error) {
 		_ = rdb.Close()
 		if msg := err.Error(); strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH") {
 			return nil, fmt.Errorf("%w: connect to redis %s: %s", errAuthentication, RedactURL(url), redactErr(err, url))
+		}
+		if isCertificateError(err) {
+			return nil, fmt.Errorf("%w: connect to redis %s: %s", errCertificate, RedactURL(url), redactErr(err, url))
 		}
 		return nil, fmt.Errorf("connect to redis %s: %s", RedactURL(url), redactErr(err, url))
 	}

@@ -54,6 +54,9 @@ func Run(ctx context.Context, cfg *Config, opts Options) error {
 		if errors.Is(err, errAuthentication) && !connected {
 			return &ConfigError{Problems: []string{err.Error() + "; fix the user or password in the URL (or the server's pg_hba.conf / Redis ACL), then start fkmat run again"}}
 		}
+		if errors.Is(err, errCertificate) && !connected {
+			return &ConfigError{Problems: []string{err.Error() + "; trust the server's CA (Postgres: sslrootcert in the URL; Redis: SSL_CERT_FILE) and connect by a host name the certificate holds, then start fkmat run again"}}
+		}
 		if time.Since(started) > time.Minute {
 			delay = time.Second
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // Client manages the publication and the replication slot of one source
@@ -81,7 +83,39 @@ func (c *Client) connectReplication(ctx context.Context) (*pgconn.PgConn, error)
 func closeConn(conn interface{ Close(context.Context) error }) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	if rc, ok := conn.(*pgconn.PgConn); ok {
+		_ = terminate(ctx, rc)
+		return
+	}
 	_ = conn.Close(ctx)
+}
+
+// terminate ends a replication connection and waits until the server has
+// closed its end of it. The walsender has then exited: the slot it held is
+// free (no "slot is active" for the next START_REPLICATION) and a snapshot
+// it exported can no longer be imported. pgconn's Close does not wait.
+func terminate(ctx context.Context, conn *pgconn.PgConn) error {
+	hc, err := conn.Hijack()
+	if err != nil { // busy or already closed: close without waiting
+		return conn.Close(ctx)
+	}
+	defer func() { _ = hc.Conn.Close() }()
+	hc.Frontend.Send(&pgproto3.Terminate{})
+	if err := hc.Frontend.Flush(); err != nil {
+		return err
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(5 * time.Second)
+	}
+	if err := hc.Conn.SetReadDeadline(deadline); err != nil {
+		return err
+	}
+	// Read to the end: EOF (or a reset) is the server closing.
+	if _, err := io.Copy(io.Discard, hc.Conn); errors.Is(err, os.ErrDeadlineExceeded) {
+		return errors.New("the server did not close the replication connection in time")
+	}
+	return nil
 }
 
 func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
@@ -414,7 +448,7 @@ func (s *Slot) Release(ctx context.Context) error {
 	}
 	conn := s.conn
 	s.conn = nil
-	if err := conn.Close(ctx); err != nil {
+	if err := terminate(ctx, conn); err != nil {
 		return fmt.Errorf("release snapshot of slot %q: %w", s.Name, err)
 	}
 	return nil

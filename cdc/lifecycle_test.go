@@ -125,6 +125,12 @@ func TestSlotLifecycle(t *testing.T) {
 	if err := slot.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Release returns once the walsender has exited: the slot is free at
+	// once, not a moment later.
+	var active bool
+	if err := conn.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot.Name).Scan(&active); err != nil || active {
+		t.Errorf("slot active right after Release: %v (%v)", active, err)
+	}
 	if err := slot.Release(ctx); err != nil {
 		t.Fatalf("second release: %v", err)
 	}

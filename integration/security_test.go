@@ -2,15 +2,8 @@ package integration
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net/url"
 	"os/exec"
 	"slices"
@@ -545,9 +538,11 @@ func TestSecurityPostgresTLS(t *testing.T) {
 	if r := runCLI(t, withEnv(env, "FKMAT_SOURCE_URL", plain+"sslmode=verify-full&sslrootcert="+url.QueryEscape(ca)), "check"); r.code != 2 || !strings.Contains(r.stderr, "certificate") {
 		t.Fatalf("check with verify-full against a certificate without 127.0.0.1: exit %d, want 2 naming the certificate\n%s", r.code, r.stderr)
 	}
-	other := writeFile(t, "other.pem", string(selfSignedPEM(t)))
-	if r := runCLI(t, withEnv(env, "FKMAT_SOURCE_URL", plain+"sslmode=verify-ca&sslrootcert="+url.QueryEscape(other)), "check"); r.code != 2 || !strings.Contains(r.stderr, "certificate") {
-		t.Fatalf("check with another CA: exit %d, want 2 naming the certificate\n%s", r.code, r.stderr)
+	other := writeFile(t, "other.pem", string(newCA(t, "other CA").certPEM))
+	for _, cmd := range []string{"check", "run"} {
+		if r := runCLI(t, withEnv(env, "FKMAT_SOURCE_URL", plain+"sslmode=verify-ca&sslrootcert="+url.QueryEscape(other)), cmd); r.code != 2 || !strings.Contains(r.stderr, "certificate") {
+			t.Fatalf("%s with another CA: exit %d, want 2 naming the certificate\n%s", cmd, r.code, r.stderr)
+		}
 	}
 	if r := runCLI(t, env, "check"); r.code != 0 {
 		t.Fatalf("check over TLS: exit %d\n%s", r.code, r.stderr)
@@ -604,23 +599,6 @@ func waitSlotStreaming(t *testing.T, db *pgx.Conn, slot string, d *daemon) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-}
-
-// selfSignedPEM returns a fresh self-signed CA certificate.
-func selfSignedPEM(t *testing.T) []byte {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "other CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
 
 // exitCode is a child's exit code from cmd.Wait's error (0 for nil, -1 when

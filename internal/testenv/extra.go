@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net"
@@ -85,4 +86,49 @@ func (x *Extra) ReadFile(ctx context.Context, path string) ([]byte, error) {
 	}
 	defer r.Close()
 	return io.ReadAll(r)
+}
+
+// ExtraRedis starts a Redis container of its own, next to the shared one,
+// running redis-server with args (e.g. TLS settings), with files copied in
+// first (path in the container -> content), bound to loopback and removed
+// when the test ends. The server listens on the container's port 6379 —
+// args decide whether that is --port or --tls-port. It returns the
+// loopback address; it does not connect, since the args decide how.
+func (e *Env) ExtraRedis(t testing.TB, files map[string][]byte, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	port, err := freeLoopbackPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cf []testcontainers.ContainerFile
+	for path, content := range files {
+		cf = append(cf, testcontainers.ContainerFile{Reader: bytes.NewReader(content), ContainerFilePath: path, FileMode: 0o644})
+	}
+	c, err := testcontainers.Run(ctx, envOr("FKMAT_TEST_REDIS_IMAGE", DefaultRedisImage),
+		testcontainers.WithCmd(append([]string{"redis-server"}, args...)...),
+		testcontainers.WithFiles(cf...),
+		testcontainers.WithExposedPorts("6379/tcp"),
+		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
+			hc.PortBindings = loopbackBinding("6379/tcp", port)
+		}),
+		testcontainers.WithWaitStrategy(wait.ForLog("Ready to accept connections").WithStartupTimeout(time.Minute)),
+	)
+	if c != nil {
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := c.Terminate(ctx); err != nil {
+				t.Errorf("testenv: remove extra redis: %v", err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatalf("testenv: start extra redis: %v", err)
+	}
+	if err := assertLoopback(ctx, c, "6379/tcp", port); err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }

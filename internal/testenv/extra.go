@@ -29,32 +29,13 @@ func (e *Env) ExtraPostgres(t testing.TB, args ...string) *Extra {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := testcontainers.Run(ctx, envOr("FKMAT_TEST_POSTGRES_IMAGE", DefaultPostgresImage),
+	c := runExtra(ctx, t, "postgres", envOr("FKMAT_TEST_POSTGRES_IMAGE", DefaultPostgresImage), "5432/tcp", port,
 		testcontainers.WithEnv(map[string]string{"POSTGRES_PASSWORD": e.Password, "POSTGRES_USER": "postgres", "POSTGRES_DB": "postgres"}),
 		testcontainers.WithCmd(append([]string{"postgres"}, args...)...),
-		testcontainers.WithExposedPorts("5432/tcp"),
 		testcontainers.WithConfigModifier(func(c *container.Config) { c.StopSignal = "SIGINT" }),
-		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
-			hc.PortBindings = loopbackBinding("5432/tcp", port)
-		}),
 		testcontainers.WithWaitStrategy(wait.ForLog("database system is ready to accept connections").
 			WithStartupTimeout(2*time.Minute)),
 	)
-	if c != nil {
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			if err := c.Terminate(ctx); err != nil {
-				t.Errorf("testenv: remove extra postgres: %v", err)
-			}
-		})
-	}
-	if err != nil {
-		t.Fatalf("testenv: start extra postgres: %v", err)
-	}
-	if err := assertLoopback(ctx, c, "5432/tcp", port); err != nil {
-		t.Fatal(err)
-	}
 	u := (&url.URL{Scheme: "postgres", User: url.UserPassword("postgres", e.Password),
 		Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Path: "/postgres", RawQuery: "sslmode=disable"}).String()
 	for {
@@ -106,29 +87,38 @@ func (e *Env) ExtraRedis(t testing.TB, files map[string][]byte, args ...string) 
 	for path, content := range files {
 		cf = append(cf, testcontainers.ContainerFile{Reader: bytes.NewReader(content), ContainerFilePath: path, FileMode: 0o644})
 	}
-	c, err := testcontainers.Run(ctx, envOr("FKMAT_TEST_REDIS_IMAGE", DefaultRedisImage),
+	runExtra(ctx, t, "redis", envOr("FKMAT_TEST_REDIS_IMAGE", DefaultRedisImage), "6379/tcp", port,
 		testcontainers.WithCmd(append([]string{"redis-server"}, args...)...),
 		testcontainers.WithFiles(cf...),
-		testcontainers.WithExposedPorts("6379/tcp"),
-		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
-			hc.PortBindings = loopbackBinding("6379/tcp", port)
-		}),
 		testcontainers.WithWaitStrategy(wait.ForLog("Ready to accept connections").WithStartupTimeout(time.Minute)),
 	)
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+}
+
+// runExtra starts a container of image for one test, with containerPort
+// published on the loopback port hostPort only, and removes it when the
+// test ends.
+func runExtra(ctx context.Context, t testing.TB, what, image, containerPort string, hostPort int, opts ...testcontainers.ContainerCustomizer) *testcontainers.DockerContainer {
+	t.Helper()
+	opts = append(opts, testcontainers.WithExposedPorts(containerPort),
+		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
+			hc.PortBindings = loopbackBinding(containerPort, hostPort)
+		}))
+	c, err := testcontainers.Run(ctx, image, opts...)
 	if c != nil {
 		t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			if err := c.Terminate(ctx); err != nil {
-				t.Errorf("testenv: remove extra redis: %v", err)
+				t.Errorf("testenv: remove extra %s: %v", what, err)
 			}
 		})
 	}
 	if err != nil {
-		t.Fatalf("testenv: start extra redis: %v", err)
+		t.Fatalf("testenv: start extra %s: %v", what, err)
 	}
-	if err := assertLoopback(ctx, c, "6379/tcp", port); err != nil {
+	if err := assertLoopback(ctx, c, containerPort, hostPort); err != nil {
 		t.Fatal(err)
 	}
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	return c
 }

@@ -133,7 +133,7 @@ func TestGuaranteeTransactionBoundaries(t *testing.T) {
 	d := startDaemon(t, cfg, fkmat.Options{PageSize: 7, Batch: fkmat.BatchLimits{Changes: 40, Delay: 20 * time.Millisecond, Idle: 20 * time.Millisecond}})
 	waitCaughtUp(t, tc, d)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -207,7 +207,13 @@ func TestGuaranteeTransactionBoundaries(t *testing.T) {
 	go writer(2)
 	go reader()
 	go reader()
-	time.Sleep(3 * time.Second)
+	// At least 3 s, and on a loaded machine until there was enough
+	// concurrency to prove something (at most 30 s).
+	for start := time.Now(); time.Since(start) < 30*time.Second; time.Sleep(100 * time.Millisecond) {
+		if time.Since(start) >= 3*time.Second && reads.Load() >= 200 && txns.Load() >= 50 && sawTiers.Load() >= 3 {
+			break
+		}
+	}
 	stop.Store(true)
 	wg.Wait()
 	close(errs)

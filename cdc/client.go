@@ -100,15 +100,16 @@ func terminate(ctx context.Context, conn *pgconn.PgConn) error {
 		return conn.Close(ctx)
 	}
 	defer func() { _ = hc.Conn.Close() }()
-	hc.Frontend.Send(&pgproto3.Terminate{})
-	if err := hc.Frontend.Flush(); err != nil {
-		return err
-	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(5 * time.Second)
 	}
-	if err := hc.Conn.SetReadDeadline(deadline); err != nil {
+	// Also replaces a deadline a cancelled context left on the connection.
+	if err := hc.Conn.SetDeadline(deadline); err != nil {
+		return err
+	}
+	hc.Frontend.Send(&pgproto3.Terminate{})
+	if err := hc.Frontend.Flush(); err != nil {
 		return err
 	}
 	// Read to the end: EOF (or a reset) is the server closing.

@@ -104,6 +104,12 @@ func (e *Engine) checkChanges(changes []Change) error {
 			ok = len(c.Right.Key) == len(s.RightKey) && len(c.Right.Values) == s.RightValues
 		case RightDelete:
 			ok = len(c.Right.Key) == len(s.RightKey)
+		case LeftKeyChange:
+			ok = len(c.OldKey) == len(s.PK) && len(c.Left.PK) == len(s.PK) && len(c.Left.FK) == len(s.FK) &&
+				len(c.Left.Values) == s.LeftValues && !hasToast(c.OldKey) && !hasToast(c.Left.PK)
+		case RightKeyChange:
+			ok = len(c.OldKey) == len(s.RightKey) && len(c.Right.Key) == len(s.RightKey) &&
+				len(c.Right.Values) == s.RightValues && !hasToast(c.OldKey) && !hasToast(c.Right.Key)
 		case LeftTruncate, RightTruncate:
 			ok = true
 		}
@@ -114,32 +120,50 @@ func (e *Engine) checkChanges(changes []Change) error {
 	return nil
 }
 
-// prefetch encodes each change's key and reads the state the batch needs in
+// changeKeys are the encoded keys of one change: the row's key and, for a
+// key change, its old key.
+type changeKeys struct {
+	key, old Key
+}
+
+// prefetch encodes each change's keys and reads the state the batch needs in
 // two rounds: the left rows, then the right rows of the new foreign keys, of
 // the stored rows' old foreign keys and of the right changes.
-func (b *batch) prefetch(ctx context.Context, changes []Change) ([]Key, error) {
-	keys := make([]Key, len(changes))
+func (b *batch) prefetch(ctx context.Context, changes []Change) ([]changeKeys, error) {
+	keys := make([]changeKeys, len(changes))
 	left, right := map[Key]struct{}{}, map[Key]struct{}{}
 	for i, c := range changes {
 		var err error
 		switch c.Kind {
-		case LeftUpsert, LeftDelete:
-			if keys[i], err = EncodeKey(b.e.spec.PK, c.Left.PK); err != nil {
+		case LeftUpsert, LeftDelete, LeftKeyChange:
+			if keys[i].key, err = EncodeKey(b.e.spec.PK, c.Left.PK); err != nil {
 				return nil, fmt.Errorf("change %d: encode left key: %w", i, err)
 			}
-			left[keys[i]] = struct{}{}
-			if c.Kind == LeftUpsert && !hasNull(c.Left.FK) && !hasToast(c.Left.FK) {
+			left[keys[i].key] = struct{}{}
+			if c.Kind == LeftKeyChange {
+				if keys[i].old, err = EncodeKey(b.e.spec.PK, c.OldKey); err != nil {
+					return nil, fmt.Errorf("change %d: encode old left key: %w", i, err)
+				}
+				left[keys[i].old] = struct{}{}
+			}
+			if c.Kind != LeftDelete && !hasNull(c.Left.FK) && !hasToast(c.Left.FK) {
 				fk, err := EncodeKey(b.e.spec.FK, c.Left.FK)
 				if err != nil {
 					return nil, fmt.Errorf("change %d: encode foreign key: %w", i, err)
 				}
 				right[fk] = struct{}{}
 			}
-		case RightUpsert, RightDelete:
-			if keys[i], err = EncodeKey(b.e.spec.RightKey, c.Right.Key); err != nil {
+		case RightUpsert, RightDelete, RightKeyChange:
+			if keys[i].key, err = EncodeKey(b.e.spec.RightKey, c.Right.Key); err != nil {
 				return nil, fmt.Errorf("change %d: encode right key: %w", i, err)
 			}
-			right[keys[i]] = struct{}{}
+			right[keys[i].key] = struct{}{}
+			if c.Kind == RightKeyChange {
+				if keys[i].old, err = EncodeKey(b.e.spec.RightKey, c.OldKey); err != nil {
+					return nil, fmt.Errorf("change %d: encode old right key: %w", i, err)
+				}
+				right[keys[i].old] = struct{}{}
+			}
 		}
 	}
 	if err := b.ov.loadLeft(ctx, slices.Sorted(maps.Keys(left))); err != nil {
@@ -153,17 +177,21 @@ func (b *batch) prefetch(ctx context.Context, changes []Change) ([]Key, error) {
 	return keys, b.ov.loadRight(ctx, slices.Sorted(maps.Keys(right)))
 }
 
-// apply runs one change through the stages; k is its encoded key.
-func (b *batch) apply(ctx context.Context, c Change, k Key) error {
+// apply runs one change through the stages; k holds its encoded keys.
+func (b *batch) apply(ctx context.Context, c Change, k changeKeys) error {
 	switch c.Kind {
 	case LeftUpsert:
-		return b.leftUpsert(ctx, k, c.Left)
+		return b.leftUpsert(ctx, k.key, c.Left)
 	case LeftDelete:
-		return b.leftDelete(ctx, k)
+		return b.leftDelete(ctx, k.key)
+	case LeftKeyChange:
+		return b.leftKeyChange(ctx, k.old, k.key, c.Left)
 	case RightUpsert:
-		return b.rightUpsert(ctx, k, c.Right)
+		return b.rightUpsert(ctx, k.key, c.Right)
 	case RightDelete:
-		return b.rightDelete(ctx, k)
+		return b.rightDelete(ctx, k.key)
+	case RightKeyChange:
+		return b.rightKeyChange(ctx, k.old, k.key, c.Right)
 	case LeftTruncate, RightTruncate:
 		return b.truncate(ctx, c.Kind)
 	}

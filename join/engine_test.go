@@ -47,6 +47,18 @@ func ld(id string) join.Change {
 	return join.Change{Kind: join.LeftDelete, Left: join.LeftRow{PK: vals(id)}}
 }
 
+// lk is a key change of order from to id with customer fk and amount ("@"
+// for an unchanged TOAST value, taken from the old key's row).
+func lk(from, id, fk, amount string) join.Change {
+	return join.Change{Kind: join.LeftKeyChange, OldKey: vals(from),
+		Left: join.LeftRow{PK: vals(id), FK: vals(fk), Values: vals(fk, amount)}}
+}
+
+// rk is a key change of customer from to id with name.
+func rk(from, id, name string) join.Change {
+	return join.Change{Kind: join.RightKeyChange, OldKey: vals(from), Right: join.RightRow{Key: vals(id), Values: vals(name)}}
+}
+
 func ru(id, name string) join.Change {
 	return join.Change{Kind: join.RightUpsert, Right: join.RightRow{Key: vals(id), Values: vals(name)}}
 }
@@ -215,6 +227,31 @@ func TestEngineCases(t *testing.T) {
 			inner: []string{"+10|1|6|al"}, left: []string{"+10|1|6|al"}},
 		{name: "move to a key deleted later", batch: []join.Change{lu("10", "2", "5"), rd("2")},
 			inner: []string{"-10"}, left: []string{"+10|2|5|~"}},
+		{name: "key change", batch: []join.Change{lk("10", "20", "1", "5")},
+			inner: []string{"-10 +20|1|5|alice"}, left: []string{"-10 +20|1|5|alice"}},
+		{name: "key change with TOASTed values", batch: []join.Change{lk("10", "20", "@", "@")},
+			inner: []string{"-10 +20|1|5|alice"}, left: []string{"-10 +20|1|5|alice"}},
+		{name: "key change and FK change", batch: []join.Change{lk("10", "20", "2", "@")},
+			inner: []string{"-10 +20|2|5|bob"}, left: []string{"-10 +20|2|5|bob"}},
+		{name: "key change and FK change in two updates", batch: []join.Change{lk("10", "20", "@", "@"), lu("20", "2", "@")},
+			inner: []string{"-10 +20|2|5|bob"}, left: []string{"-10 +20|2|5|bob"}},
+		{name: "key changed twice", batch: []join.Change{lk("10", "20", "@", "@"), lk("20", "30", "@", "7")},
+			inner: []string{"-10 +30|1|7|alice"}, left: []string{"-10 +30|1|7|alice"}},
+		{name: "key changed back", batch: []join.Change{lk("10", "20", "@", "@"), lk("20", "10", "@", "@")}},
+		{name: "key change of a NULL FK row", batch: []join.Change{lk("12", "22", "@", "@")},
+			left: []string{"-12 +22|~|8|~"}, innerDrops: 1},
+		{name: "key change onto a deleted key", batch: []join.Change{ld("12"), lk("10", "12", "@", "@")},
+			inner: []string{"-10 +12|1|5|alice"}, left: []string{"-10 +12|1|5|alice"}},
+		{name: "insert, then its key changed", batch: []join.Change{lu("11", "2", "7"), lk("11", "21", "@", "@")},
+			inner: []string{"+21|2|7|bob"}, left: []string{"+21|2|7|bob"}},
+		{name: "right key change", batch: []join.Change{rk("1", "3", "alice")},
+			inner: []string{"-10"}, left: []string{"+10|1|5|~"}},
+		{name: "right key change with a TOASTed value, then a subscriber", batch: []join.Change{
+			{Kind: join.RightKeyChange, OldKey: vals("1"), Right: join.RightRow{Key: vals("3"), Values: vals("@")}}, lu("11", "3", "7")},
+			inner: []string{"-10", "+11|3|7|alice"}, left: []string{"+10|1|5|~", "+11|3|7|alice"}},
+		{name: "right key change to a dangling FK", batch: []join.Change{lu("11", "9", "7"), rk("2", "9", "@")},
+			inner: []string{"+11|9|7|bob"}, left: []string{"+11|9|7|bob"}},
+		{name: "right key changed and back", batch: []join.Change{rk("1", "3", "@"), rk("3", "1", "@")}},
 		{name: "left truncate", batch: []join.Change{lt},
 			inner: []string{"TRUNCATE"}, left: []string{"TRUNCATE"}},
 		{name: "right truncate", batch: []join.Change{rt},

@@ -141,6 +141,31 @@ func (b *batch) leftUpsert(ctx context.Context, pk Key, row LeftRow) error {
 	return b.sendChange(ctx, pk, old, cur)
 }
 
+// leftKeyChange runs the sender for left row old moving to key pk: the old
+// key is deleted and the new one upserted with the old row's values in place
+// of the new row's unchanged-TOAST markers. The two keys are equal only when
+// the key's text form changed without its value (a key of another family
+// member): then it is an upsert.
+func (b *batch) leftKeyChange(ctx context.Context, old, pk Key, row LeftRow) error {
+	if old == pk {
+		return b.leftUpsert(ctx, pk, row)
+	}
+	prev, err := b.ov.leftOf(ctx, old)
+	if err != nil {
+		return err
+	}
+	if row.FK, err = fillToast(row.FK, prev, func(e *leftEntry) []Value { return e.FK }); err != nil {
+		return fmt.Errorf("fill foreign key from the old key's row: %w", err)
+	}
+	if row.Values, err = fillToast(row.Values, prev, func(e *leftEntry) []Value { return e.Values }); err != nil {
+		return fmt.Errorf("fill left values from the old key's row: %w", err)
+	}
+	if err := b.leftDelete(ctx, old); err != nil {
+		return err
+	}
+	return b.leftUpsert(ctx, pk, row)
+}
+
 // leftDelete runs the sender for the deletion of left row pk.
 func (b *batch) leftDelete(ctx context.Context, pk Key) error {
 	old, err := b.ov.leftOf(ctx, pk)

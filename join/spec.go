@@ -86,7 +86,7 @@ func (s Spec) validate() error {
 // ChangeKind is the kind of one source change.
 type ChangeKind uint8
 
-// The change kinds. An UPDATE that changes a key arrives as delete + upsert.
+// The change kinds.
 const (
 	LeftUpsert ChangeKind = iota + 1
 	LeftDelete
@@ -94,9 +94,21 @@ const (
 	RightDelete
 	LeftTruncate
 	RightTruncate
+	// LeftKeyChange is an UPDATE that changed a left row's key: the row at
+	// OldKey moves to Left.PK. Unchanged-TOAST values of Left are the old
+	// row's, which is why a key change is not a delete plus an upsert: the
+	// new key has no state to fill them from.
+	LeftKeyChange
+	// RightKeyChange is an UPDATE that changed a right row's key: the row at
+	// OldKey moves to Right.Key, its unchanged-TOAST values with it. The
+	// left rows that referenced the old key still reference it (SQL does not
+	// move them), so they lose their match; the ones referencing the new key
+	// gain it.
+	RightKeyChange
 )
 
-var changeKindNames = [...]string{"", "left_upsert", "left_delete", "right_upsert", "right_delete", "left_truncate", "right_truncate"}
+var changeKindNames = [...]string{"", "left_upsert", "left_delete", "right_upsert", "right_delete",
+	"left_truncate", "right_truncate", "left_key_change", "right_key_change"}
 
 // String returns the kind's snake_case name.
 func (k ChangeKind) String() string {
@@ -108,11 +120,14 @@ func (k ChangeKind) String() string {
 
 // Change is one row change of a source table. LeftUpsert uses Left;
 // LeftDelete uses Left.PK only; RightUpsert uses Right; RightDelete uses
-// Right.Key only; truncates use neither.
+// Right.Key only; truncates use neither. LeftKeyChange uses Left and OldKey
+// (the old left key), RightKeyChange Right and OldKey (the old right key).
 type Change struct {
 	Kind  ChangeKind
 	Left  LeftRow
 	Right RightRow
+	// OldKey is the key the row had before a key change.
+	OldKey []Value
 }
 
 // Output is one ordered piece of a batch's effect on the target table. The

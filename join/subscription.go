@@ -81,6 +81,25 @@ func (b *batch) rightUpsert(ctx context.Context, k Key, row RightRow) error {
 	return nil
 }
 
+// rightKeyChange applies right row old moving to key k, its values filling
+// the new row's unchanged-TOAST markers.
+func (b *batch) rightKeyChange(ctx context.Context, old, k Key, row RightRow) error {
+	if old == k {
+		return b.rightUpsert(ctx, k, row)
+	}
+	prev, err := b.ov.rightOf(ctx, old)
+	if err != nil {
+		return err
+	}
+	if row.Values, err = fillToast(row.Values, prev, func(r *RightState) []Value { return r.Values }); err != nil {
+		return fmt.Errorf("fill right values from the old key's row: %w", err)
+	}
+	if err := b.rightDelete(ctx, old); err != nil {
+		return err
+	}
+	return b.rightUpsert(ctx, k, row)
+}
+
 // rightDelete applies the deletion of right row k; deleting a row that does
 // not exist marks nothing.
 func (b *batch) rightDelete(ctx context.Context, k Key) error {

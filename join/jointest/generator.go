@@ -96,12 +96,22 @@ func (g *Generator) change() join.Change {
 		return join.Change{Kind: join.RightTruncate}
 	}
 	switch p := g.r.IntN(100); {
+	case p < 44:
+		return g.leftUpsert()
 	case p < 50:
+		if c, ok := g.leftKeyChange(); ok {
+			return c
+		}
 		return g.leftUpsert()
 	case p < 62:
 		pk, _ := g.pickLeft()
 		return join.Change{Kind: join.LeftDelete, Left: join.LeftRow{PK: pk}}
+	case p < 85:
+		return g.rightUpsert()
 	case p < 90:
+		if c, ok := g.rightKeyChange(); ok {
+			return c
+		}
 		return g.rightUpsert()
 	default:
 		key, _ := g.pickRight()
@@ -185,6 +195,55 @@ func (g *Generator) leftUpsert() join.Change {
 		row.Values = g.toast(row.Values, old.Values)
 	}
 	return join.Change{Kind: join.LeftUpsert, Left: row}
+}
+
+// freeKey returns a key of the domain that rows does not hold.
+func freeKey[R any](g *Generator, fams []join.Family, domain [][]join.Value, rows map[join.Key]R) ([]join.Value, bool) {
+	for range 5 {
+		key := domain[g.r.IntN(len(domain))]
+		k, _ := join.EncodeKey(fams, key)
+		if _, taken := rows[k]; !taken {
+			return key, true
+		}
+	}
+	return nil, false
+}
+
+// leftKeyChange returns an UPDATE moving an existing left row to a free key,
+// sometimes with its foreign key or values changed too, and with TOAST
+// markers for some unchanged values: they must come from the old key's row.
+func (g *Generator) leftKeyChange() (join.Change, bool) {
+	old, oldRow := g.pickLeft()
+	pk, free := freeKey(g, g.spec.PK, g.leftKeys, g.Src.Left)
+	if oldRow == nil || !free {
+		return join.Change{}, false
+	}
+	row := join.LeftRow{PK: pk, FK: oldRow.FK, Values: oldRow.Values}
+	if g.r.IntN(3) == 0 {
+		row.FK = g.foreignKey()
+	}
+	if g.r.IntN(3) == 0 {
+		row.Values = g.values(g.spec.LeftValues)
+	}
+	row.FK = g.toast(row.FK, oldRow.FK)
+	row.Values = g.toast(row.Values, oldRow.Values)
+	return join.Change{Kind: join.LeftKeyChange, Left: row, OldKey: old}, true
+}
+
+// rightKeyChange returns an UPDATE moving an existing right row to a free
+// key, its unchanged values sometimes TOAST markers.
+func (g *Generator) rightKeyChange() (join.Change, bool) {
+	old, oldRow := g.pickRight()
+	key, free := freeKey(g, g.spec.RightKey, g.rightKeys, g.Src.Right)
+	if oldRow == nil || !free {
+		return join.Change{}, false
+	}
+	row := join.RightRow{Key: key, Values: oldRow.Values}
+	if g.r.IntN(3) == 0 {
+		row.Values = g.values(g.spec.RightValues)
+	}
+	row.Values = g.toast(row.Values, oldRow.Values)
+	return join.Change{Kind: join.RightKeyChange, Right: row, OldKey: old}, true
 }
 
 // rightUpsert returns an insert or an update of a right row.

@@ -47,6 +47,42 @@ func (s *Source) Apply(c join.Change) error {
 			return err
 		}
 		delete(s.Right, k)
+	case join.LeftKeyChange:
+		ok, err := join.EncodeKey(s.spec.PK, c.OldKey)
+		if err != nil {
+			return err
+		}
+		k, err := join.EncodeKey(s.spec.PK, c.Left.PK)
+		if err != nil {
+			return err
+		}
+		old, found := s.Left[ok]
+		if !found {
+			return fmt.Errorf("key change of missing left row %v", c.OldKey)
+		}
+		if _, taken := s.Left[k]; taken && k != ok {
+			return fmt.Errorf("key change of left row %v to existing key %v", c.OldKey, c.Left.PK)
+		}
+		delete(s.Left, ok)
+		s.Left[k] = join.LeftRow{PK: c.Left.PK, FK: fill(c.Left.FK, old.FK), Values: fill(c.Left.Values, old.Values)}
+	case join.RightKeyChange:
+		ok, err := join.EncodeKey(s.spec.RightKey, c.OldKey)
+		if err != nil {
+			return err
+		}
+		k, err := join.EncodeKey(s.spec.RightKey, c.Right.Key)
+		if err != nil {
+			return err
+		}
+		old, found := s.Right[ok]
+		if !found {
+			return fmt.Errorf("key change of missing right row %v", c.OldKey)
+		}
+		if _, taken := s.Right[k]; taken && k != ok {
+			return fmt.Errorf("key change of right row %v to existing key %v", c.OldKey, c.Right.Key)
+		}
+		delete(s.Right, ok)
+		s.Right[k] = join.RightRow{Key: c.Right.Key, Values: fill(c.Right.Values, old.Values)}
 	case join.LeftTruncate:
 		s.Left = map[join.Key]join.LeftRow{}
 	case join.RightTruncate:

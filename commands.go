@@ -246,12 +246,8 @@ func Teardown(ctx context.Context, cfg *Config, dropTarget bool, opts Options) e
 		return err
 	}
 	defer func() { _ = rdb.Close() }()
-	var tables []cdc.TableName
-	for _, j := range cfg.Joins {
-		tables = append(tables, cdc.TableName{Schema: j.Left.Table.Schema, Name: j.Left.Table.Name},
-			cdc.TableName{Schema: j.Right.Table.Schema, Name: j.Right.Table.Name})
-	}
-	client, err := cdc.New(cdc.Config{ConnString: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication, Tables: tables, Logger: opts.Logger})
+	client, err := cdc.New(cdc.Config{ConnString: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication,
+		Tables: configuredTables(cfg), Logger: opts.Logger})
 	if err != nil {
 		return err
 	}

@@ -165,15 +165,33 @@ func (d *daemon) close() {
 	}
 }
 
+// publishedTables lists the tables of the joins, each once: joins may share
+// tables, and a self-referencing join uses one table on both sides.
 func publishedTables(plans []*JoinPlan) []cdc.TableName {
+	tables := make([]TableName, 0, 2*len(plans))
+	for _, p := range plans {
+		tables = append(tables, p.Left.Table, p.Right.Table)
+	}
+	return uniqueTables(tables)
+}
+
+// configuredTables is publishedTables from the configuration alone, for the
+// commands that work without resolving the joins (teardown).
+func configuredTables(cfg *Config) []cdc.TableName {
+	tables := make([]TableName, 0, 2*len(cfg.Joins))
+	for _, j := range cfg.Joins {
+		tables = append(tables, j.Left.Table, j.Right.Table)
+	}
+	return uniqueTables(tables)
+}
+
+func uniqueTables(tables []TableName) []cdc.TableName {
 	seen := map[TableName]bool{}
 	var out []cdc.TableName
-	for _, p := range plans {
-		for _, t := range []TableName{p.Left.Table, p.Right.Table} {
-			if !seen[t] {
-				seen[t] = true
-				out = append(out, cdc.TableName{Schema: t.Schema, Name: t.Name})
-			}
+	for _, t := range tables {
+		if !seen[t] {
+			seen[t] = true
+			out = append(out, cdc.TableName{Schema: t.Schema, Name: t.Name})
 		}
 	}
 	return out

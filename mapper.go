@@ -23,12 +23,19 @@ const (
 
 // mapper turns cdc changes into join changes for one join. It maps columns
 // by name against each relation it sees, so column order and added columns
-// do not matter; a dropped or retyped join column is an error.
+// do not matter; a dropped or retyped join column is an error. A table that
+// is both the left and the right table of the join (a self-referencing join)
+// yields a left and a right change for each of its row changes.
 type mapper struct {
 	plan *JoinPlan
-	// layouts caches the column positions per relation (a schema change
-	// yields a new *cdc.Relation).
-	layouts map[*cdc.Relation]*layout
+	// layouts caches the column positions per relation and side (a schema
+	// change yields a new *cdc.Relation).
+	layouts map[layoutKey]*layout
+}
+
+type layoutKey struct {
+	rel  *cdc.Relation
+	side side
 }
 
 // layout holds column positions in a relation's tuples.
@@ -40,28 +47,28 @@ type layout struct {
 }
 
 func newMapper(p *JoinPlan) *mapper {
-	return &mapper{plan: p, layouts: map[*cdc.Relation]*layout{}}
+	return &mapper{plan: p, layouts: map[layoutKey]*layout{}}
 }
 
-// sideOf says whether rel is this join's left or right table (or neither).
-func (m *mapper) sideOf(rel *cdc.Relation) side {
+// sidesOf says which tables of this join rel is: left, right, both or none.
+func (m *mapper) sidesOf(rel *cdc.Relation) []side {
 	t := TableName{Schema: rel.Namespace, Name: rel.Name}
-	switch t {
-	case m.plan.Left.Table:
-		return sideLeft
-	case m.plan.Right.Table:
-		return sideRight
+	var out []side
+	if t == m.plan.Left.Table {
+		out = append(out, sideLeft)
 	}
-	return 0
+	if t == m.plan.Right.Table {
+		out = append(out, sideRight)
+	}
+	return out
 }
 
-func (m *mapper) layoutOf(rel *cdc.Relation) (*layout, error) {
-	if l, ok := m.layouts[rel]; ok {
+// uses reports whether rel is a table of this join.
+func (m *mapper) uses(rel *cdc.Relation) bool { return len(m.sidesOf(rel)) > 0 }
+
+func (m *mapper) layoutOf(rel *cdc.Relation, s side) (*layout, error) {
+	if l, ok := m.layouts[layoutKey{rel, s}]; ok {
 		return l, nil
-	}
-	s := m.sideOf(rel)
-	if s == 0 {
-		return nil, nil
 	}
 	tp := &m.plan.Left
 	if s == sideRight {
@@ -94,7 +101,7 @@ func (m *mapper) layoutOf(rel *cdc.Relation) (*layout, error) {
 	if l.values, err = positions(rel, vals, inTarget); err != nil {
 		return nil, err
 	}
-	m.layouts[rel] = l
+	m.layouts[layoutKey{rel, s}] = l
 	return l, nil
 }
 
@@ -128,50 +135,78 @@ func positions(rel *cdc.Relation, cols []SourceColumn, inTarget map[string]bool)
 	return pos, nil
 }
 
-// appendChanges maps one cdc change to zero, one or two join changes.
+// appendChanges maps one cdc change to the join changes it makes: none for
+// a table the join does not use, one per side the table is.
 func (m *mapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Change, error) {
 	switch c.Kind {
 	case cdc.ChangeTruncate:
 		for _, rel := range c.Truncate.Relations {
-			switch m.sideOf(rel) {
-			case sideLeft:
-				dst = append(dst, join.Change{Kind: join.LeftTruncate})
-			case sideRight:
-				dst = append(dst, join.Change{Kind: join.RightTruncate})
+			for _, s := range m.sidesOf(rel) {
+				if s == sideLeft {
+					dst = append(dst, join.Change{Kind: join.LeftTruncate})
+				} else {
+					dst = append(dst, join.Change{Kind: join.RightTruncate})
+				}
 			}
 		}
 		return dst, nil
 	case cdc.ChangeSchema:
-		if m.sideOf(c.Schema.New) == 0 && m.sideOf(c.Schema.Old) != 0 {
+		if !m.uses(c.Schema.New) && m.uses(c.Schema.Old) {
 			return nil, fmt.Errorf("%w: table %s.%s, used by join %q, was renamed to %s.%s; rename it back or update the configuration",
 				ErrSchemaChanged, c.Schema.Old.Namespace, c.Schema.Old.Name, m.plan.Name, c.Schema.New.Namespace, c.Schema.New.Name)
 		}
-		_, err := m.layoutOf(c.Schema.New) // fail now, before any row laid out the new way
-		return dst, err
+		// Fail now, before any row laid out the new way.
+		for _, s := range m.sidesOf(c.Schema.New) {
+			if _, err := m.layoutOf(c.Schema.New, s); err != nil {
+				return nil, err
+			}
+		}
+		return dst, nil
 	}
-	l, err := m.layoutOf(c.Relation)
-	if err != nil || l == nil {
-		return dst, err
+	for _, s := range m.sidesOf(c.Relation) {
+		l, err := m.layoutOf(c.Relation, s)
+		if err != nil {
+			return nil, err
+		}
+		if dst, err = l.appendChange(dst, c); err != nil {
+			return nil, err
+		}
 	}
+	return dst, nil
+}
+
+// appendChange appends the join change of one row change on l's side.
+func (l *layout) appendChange(dst []join.Change, c *cdc.Change) ([]join.Change, error) {
 	switch c.Kind {
 	case cdc.ChangeInsert:
 		return append(dst, l.upsert(c.New)), nil
 	case cdc.ChangeUpdate:
-		if c.OldKind != cdc.OldNone {
-			oldKey := pick(c.Old, l.key)
-			newKey := pick(c.New, l.key)
-			if hasToast(newKey) {
-				// The key column is an unchanged TOASTed value: it is the old key.
-				newKey = fillToast(newKey, oldKey)
+		if c.OldKind == cdc.OldNone {
+			if hasToast(pick(c.New, l.key)) {
+				return nil, fmt.Errorf("update of %s.%s: a key column is an unchanged TOASTed value and no old key was sent; "+
+					"set REPLICA IDENTITY FULL on the table", c.Relation.Namespace, c.Relation.Name)
 			}
-			if !join.ValuesEqual(oldKey, newKey) {
-				dst = append(dst, l.delete(oldKey))
-			}
-		} else if hasToast(pick(c.New, l.key)) {
-			return nil, fmt.Errorf("update of %s.%s: a key column is an unchanged TOASTed value and no old key was sent; "+
-				"set REPLICA IDENTITY FULL on the table", c.Relation.Namespace, c.Relation.Name)
+			return append(dst, l.upsert(c.New)), nil
 		}
-		return append(dst, l.upsert(c.New)), nil
+		oldKey := pick(c.Old, l.key)
+		newKey := pick(c.New, l.key)
+		if hasToast(newKey) {
+			// The key column is an unchanged TOASTed value: it is the old key.
+			newKey = fillToast(newKey, oldKey)
+		}
+		up := l.upsert(c.New)
+		if join.ValuesEqual(oldKey, newKey) {
+			return append(dst, up), nil
+		}
+		// A key change: one change, so that the engine carries the old
+		// row's state (the values pgoutput did not resend) to the new key.
+		up.OldKey = oldKey
+		if l.side == sideLeft {
+			up.Kind, up.Left.PK = join.LeftKeyChange, newKey
+		} else {
+			up.Kind, up.Right.Key = join.RightKeyChange, newKey
+		}
+		return append(dst, up), nil
 	case cdc.ChangeDelete:
 		if c.OldKind == cdc.OldNone {
 			return nil, fmt.Errorf("delete on %s.%s carries no key; check its REPLICA IDENTITY", c.Relation.Namespace, c.Relation.Name)

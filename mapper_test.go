@@ -55,9 +55,10 @@ func TestMapperChanges(t *testing.T) {
 	changes := []cdc.Change{
 		{Kind: cdc.ChangeInsert, Relation: orders, New: []cdc.Value{txt("n"), txt("1"), txt("x"), txt("7")}},
 		{Kind: cdc.ChangeUpdate, Relation: orders, New: []cdc.Value{cToast, txt("1"), txt("x"), cNull}},
-		// key change: delete old key + upsert
+		// key change with an unchanged TOASTed note: one key change, so
+		// that the engine fills the note from the old key's row
 		{Kind: cdc.ChangeUpdate, Relation: orders, OldKind: cdc.OldKey, Old: []cdc.Value{cNull, txt("1"), cNull, cNull},
-			New: []cdc.Value{txt("n"), txt("2"), txt("x"), txt("7")}},
+			New: []cdc.Value{cToast, txt("2"), txt("x"), txt("7")}},
 		{Kind: cdc.ChangeDelete, Relation: customers, OldKind: cdc.OldKey, Old: []cdc.Value{txt("7"), cNull}},
 		{Kind: cdc.ChangeInsert, Relation: other, New: []cdc.Value{txt("1")}},
 		{Kind: cdc.ChangeTruncate, Truncate: &cdc.Truncate{Relations: []*cdc.Relation{orders, other, customers}}},
@@ -69,7 +70,7 @@ func TestMapperChanges(t *testing.T) {
 			t.Fatalf("change %d: %v", i, err)
 		}
 	}
-	kinds := []join.ChangeKind{join.LeftUpsert, join.LeftUpsert, join.LeftDelete, join.LeftUpsert, join.RightDelete,
+	kinds := []join.ChangeKind{join.LeftUpsert, join.LeftUpsert, join.LeftKeyChange, join.RightDelete,
 		join.LeftTruncate, join.RightTruncate}
 	if len(got) != len(kinds) {
 		t.Fatalf("got %d changes, want %d: %+v", len(got), len(kinds), got)
@@ -86,8 +87,54 @@ func TestMapperChanges(t *testing.T) {
 	if !got[1].Left.Values[1].Toast || !got[1].Left.FK[0].Null {
 		t.Errorf("toast/null update mapped to %+v", got[1].Left)
 	}
-	if got[2].Left.PK[0].Text != "1" || got[3].Left.PK[0].Text != "2" {
-		t.Errorf("key change mapped to %+v / %+v", got[2].Left, got[3].Left)
+	if kc := got[2]; kc.OldKey[0].Text != "1" || kc.Left.PK[0].Text != "2" || !kc.Left.Values[1].Toast {
+		t.Errorf("key change mapped to %+v", kc)
+	}
+}
+
+// TestMapperSelfJoin: a change of a table that is both sides of the join is
+// a left and a right change, a key change on both sides, a truncate both.
+func TestMapperSelfJoin(t *testing.T) {
+	t.Parallel()
+	col := func(n string, oid uint32) SourceColumn { return SourceColumn{Name: n, TypeOID: oid} }
+	emp := TableName{"public", "employees"}
+	plan := &JoinPlan{Name: "em",
+		Left: TablePlan{Table: emp, Key: []SourceColumn{col("id", oidInt8)}, ForeignKey: []SourceColumn{col("manager_id", oidInt8)},
+			Values: []OutputColumn{{Source: col("name", oidText)}, {Source: col("manager_id", oidInt8)}}},
+		Right: TablePlan{Table: emp, Key: []SourceColumn{col("id", oidInt8)}, Values: []OutputColumn{{Source: col("name", oidText)}}},
+	}
+	r := rel("employees", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "name", Type: oidText},
+		cdc.Column{Name: "manager_id", Type: oidInt8})
+	changes := []cdc.Change{
+		{Kind: cdc.ChangeInsert, Relation: r, New: []cdc.Value{txt("2"), txt("ann"), txt("2")}},
+		{Kind: cdc.ChangeUpdate, Relation: r, OldKind: cdc.OldKey, Old: []cdc.Value{txt("2"), cNull, cNull},
+			New: []cdc.Value{txt("3"), cToast, txt("2")}},
+		{Kind: cdc.ChangeDelete, Relation: r, OldKind: cdc.OldKey, Old: []cdc.Value{txt("3"), cNull, cNull}},
+		{Kind: cdc.ChangeTruncate, Truncate: &cdc.Truncate{Relations: []*cdc.Relation{r}}},
+	}
+	m := newMapper(plan)
+	var got []join.Change
+	for i := range changes {
+		var err error
+		if got, err = m.appendChanges(got, &changes[i]); err != nil {
+			t.Fatalf("change %d: %v", i, err)
+		}
+	}
+	want := []join.ChangeKind{join.LeftUpsert, join.RightUpsert, join.LeftKeyChange, join.RightKeyChange,
+		join.LeftDelete, join.RightDelete, join.LeftTruncate, join.RightTruncate}
+	if len(got) != len(want) {
+		t.Fatalf("got %d changes, want %d: %+v", len(got), len(want), got)
+	}
+	for i, k := range want {
+		if got[i].Kind != k {
+			t.Errorf("change %d kind = %s, want %s", i, got[i].Kind, k)
+		}
+	}
+	if l := got[0].Left; l.PK[0].Text != "2" || l.FK[0].Text != "2" || l.Values[0].Text != "ann" {
+		t.Errorf("left upsert = %+v", l)
+	}
+	if r := got[3]; r.OldKey[0].Text != "2" || r.Right.Key[0].Text != "3" || !r.Right.Values[0].Toast {
+		t.Errorf("right key change = %+v", r)
 	}
 }
 

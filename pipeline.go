@@ -83,7 +83,8 @@ func (jr *joinRunner) verifyState(ctx context.Context) error {
 
 // pipeline is the batch loop: cdc → join → sink → redisstore → ack.
 type pipeline struct {
-	slot   string
+	slot        string
+	publication string
 	joins  []*joinRunner
 	writer *sink.Writer
 	stream *cdc.Stream
@@ -99,6 +100,8 @@ type pipeline struct {
 	// garbage is set when a batch dropped a generation of Redis keys
 	// (TRUNCATE); the sweeper deletes them.
 	garbage atomic.Bool
+	// placed caches, per relation, whether a join uses it.
+	placed map[*cdc.Relation]bool
 	// stats, read by the metrics handler
 	batches, txns, changes, upserted, deleted atomic.Int64
 }
@@ -270,6 +273,11 @@ func (p *pipeline) prepare(ctx context.Context, b *batch, inflight *commitJob) (
 		outs: make([][]join.Output, len(p.joins)), muts: make([]join.Mutations, len(p.joins))}
 	job.writeTarget = job.end > p.target()
 	phase := stopwatch()
+	for _, t := range b.txns {
+		if err := p.checkPlaced(t); err != nil {
+			return nil, err
+		}
+	}
 	perJoin := make([][]join.Change, len(p.joins))
 	for i, jr := range p.joins {
 		var err error
@@ -547,6 +555,9 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 	}()
 	chunk, changes := first, 0
 	for {
+		if err := p.checkPlaced(chunk); err != nil {
+			return nil, err
+		}
 		for i, jr := range p.joins {
 			if cdc.LSN(jr.store.Checkpoint()) > chunk.CommitLSN {
 				continue // this join's state has the whole transaction
@@ -611,6 +622,53 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 	p.changes.Add(int64(changes))
 	p.log.Info("large transaction applied", "xid", first.Xid, "changes", changes, "chunks", chunk.Chunk+1, "end_lsn", end.String())
 	return nil, nil
+}
+
+// ErrUnplaced means the stream carried a row change of a table no join
+// uses: applying the rest would silently drop it, so the pipeline stops.
+var ErrUnplaced = errors.New("change of a table no join uses")
+
+// checkPlaced returns an error for the first row change of t on a relation
+// no join uses. The publication holds only the joined tables, published
+// under their root's name when partitioned, so such a change means the
+// publication was changed by hand or created without
+// publish_via_partition_root (a partition's own name arrives).
+func (p *pipeline) checkPlaced(t *cdc.Txn) error {
+	if p.placed == nil {
+		p.placed = map[*cdc.Relation]bool{}
+	}
+	place := func(rel *cdc.Relation) error {
+		ok, known := p.placed[rel]
+		if !known {
+			for _, jr := range p.joins {
+				ok = ok || jr.mapper.uses(rel)
+			}
+			p.placed[rel] = ok
+		}
+		if ok {
+			return nil
+		}
+		return fmt.Errorf("%w: transaction %d at %s changed %s.%s, which no join uses; "+
+			"if it is a partition of a joined table, the publication %q does not publish via the partition root: "+
+			"run fkmat backfill --force (it sets publish_via_partition_root on the publication and rebuilds the join); otherwise drop the table from the publication",
+			ErrUnplaced, t.Xid, t.CommitLSN, rel.Namespace, rel.Name, p.publication)
+	}
+	for i := range t.Changes {
+		c := &t.Changes[i]
+		switch c.Kind {
+		case cdc.ChangeInsert, cdc.ChangeUpdate, cdc.ChangeDelete:
+			if err := place(c.Relation); err != nil {
+				return err
+			}
+		case cdc.ChangeTruncate:
+			for _, rel := range c.Truncate.Relations {
+				if err := place(rel); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // mapChunk maps one chunk's changes to join changes.

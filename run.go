@@ -140,7 +140,7 @@ func (d *daemon) stream(ctx context.Context) error {
 	go func() { _ = stream.Run(streamCtx) }()
 
 	p := &pipeline{
-		slot: d.cfg.Slot, joins: d.joins, writer: d.writer, stream: stream,
+		slot: d.cfg.Slot, publication: d.cfg.Publication, joins: d.joins, writer: d.writer, stream: stream,
 		limits: d.opts.Batch, log: d.log.With("component", "pipeline"),
 	}
 	p.targetLSN.Store(uint64(targetLSN))

@@ -194,11 +194,13 @@ func (c *Client) EnsurePublication(ctx context.Context) error {
 	}
 	list := strings.Join(tables, ", ")
 
-	var allTables, ins, upd, del, trunc bool
-	err = conn.QueryRow(ctx, `SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate
-		FROM pg_publication WHERE pubname = $1`, c.cfg.Publication).Scan(&allTables, &ins, &upd, &del, &trunc)
+	var allTables, ins, upd, del, trunc, viaRoot bool
+	err = conn.QueryRow(ctx, `SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot
+		FROM pg_publication WHERE pubname = $1`, c.cfg.Publication).Scan(&allTables, &ins, &upd, &del, &trunc, &viaRoot)
 	if errors.Is(err, pgx.ErrNoRows) {
-		if _, err := conn.Exec(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+list); err != nil {
+		// Changes of a partitioned table's partitions are published under
+		// the table's own name, so that they reach the join that uses it.
+		if _, err := conn.Exec(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+list+" WITH (publish_via_partition_root = true)"); err != nil {
 			return fmt.Errorf("create publication %q: %w", c.cfg.Publication, c.mapErr(err))
 		}
 		c.log.Info("created publication", "publication", c.cfg.Publication, "tables", len(tables))
@@ -222,8 +224,8 @@ func (c *Client) EnsurePublication(ctx context.Context) error {
 		}
 		c.log.Info("changed publication tables", "publication", c.cfg.Publication, "tables", len(tables), "before", len(current))
 	}
-	if !(ins && upd && del && trunc) {
-		if _, err := conn.Exec(ctx, "ALTER PUBLICATION "+pub+" SET (publish = 'insert, update, delete, truncate')"); err != nil {
+	if !(ins && upd && del && trunc && viaRoot) {
+		if _, err := conn.Exec(ctx, "ALTER PUBLICATION "+pub+" SET (publish = 'insert, update, delete, truncate', publish_via_partition_root = true)"); err != nil {
 			return fmt.Errorf("alter publication %q: %w", c.cfg.Publication, c.mapErr(err))
 		}
 	}

@@ -1,0 +1,176 @@
+package integration
+
+import (
+	"testing"
+
+	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/internal/testenv"
+)
+
+// partitionedYAML joins a range-partitioned orders (key: id and the
+// partition key created) to a hash-partitioned customers.
+const partitionedYAML = `
+joins:
+  - name: orders_enriched
+    type: left
+    left:
+      table: public.orders
+      foreign_key: [customer_id]
+      columns: [id, created, customer_id, amount, note]
+    right:
+      table: public.customers
+      columns: [name AS customer_name, tier]
+    target:
+      table: public.orders_enriched
+`
+
+// TestPartitionedTables: orders partitioned by range of created (with a
+// default partition) and customers partitioned by hash of id, as the left
+// and the right table. The backfill, streamed changes into every partition,
+// UPDATEs moving rows between partitions (the partition key, and the key
+// across partitions), a partition created and one attached while running,
+// and a restart: the target equals the SQL join over the partitioned
+// tables. (Without publish_via_partition_root, pgoutput names the leaf
+// partitions and every streamed change was lost.)
+func TestPartitionedTables(t *testing.T) {
+	for _, typ := range []string{"left", "inner"} {
+		t.Run(typ, func(t *testing.T) {
+			tc := testenv.New(t)
+			sqlExec(t, tc,
+				`CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text) PARTITION BY HASH (id)`,
+				`CREATE TABLE customers_p0 PARTITION OF customers FOR VALUES WITH (MODULUS 3, REMAINDER 0)`,
+				`CREATE TABLE customers_p1 PARTITION OF customers FOR VALUES WITH (MODULUS 3, REMAINDER 1)`,
+				`CREATE TABLE customers_p2 PARTITION OF customers FOR VALUES WITH (MODULUS 3, REMAINDER 2)`,
+				`CREATE TABLE orders (id bigint, created date, customer_id bigint, amount numeric(12,2), note text,
+					PRIMARY KEY (id, created)) PARTITION BY RANGE (created)`,
+				`CREATE TABLE orders_2025 PARTITION OF orders FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`,
+				`CREATE TABLE orders_2026 PARTITION OF orders FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`,
+				`CREATE TABLE orders_default PARTITION OF orders DEFAULT`,
+				`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 30) g`,
+				`INSERT INTO orders SELECT g, date '2024-06-01' + (g * 7) % 1000, CASE WHEN g % 11 = 0 THEN NULL ELSE g % 33 END, g, 'n'
+					FROM generate_series(1, 300) g`)
+			cfg := daemonConfig(t, tc, partitionedYAML)
+			cfg.Joins[0].Type = typ
+			d := startDaemon(t, cfg, fkmat.Options{})
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
+
+			sqlExec(t, tc,
+				// Every partition of both tables.
+				`INSERT INTO orders VALUES (1001, '2025-03-01', 1, 1, 'a'), (1002, '2026-03-01', 2, 1, 'b'), (1003, '2030-01-01', 3, 1, 'c')`,
+				`INSERT INTO customers SELECT g, 'new' || g, 'gold' FROM generate_series(31, 40) g`,
+				`UPDATE customers SET name = name || '*' WHERE id % 2 = 0`, // fans out to orders in every partition
+				`INSERT INTO orders SELECT g, date '2025-01-01' + g % 700, 31 + g % 10, g, 'x' FROM generate_series(2000, 2100) g`,
+				// Partition-key updates move rows between partitions (a key change: created is in the key).
+				`UPDATE orders SET created = '2026-06-01' WHERE id BETWEEN 1 AND 40 AND created < '2026-01-01'`,
+				`UPDATE orders SET created = '2031-01-01', customer_id = 5 WHERE id BETWEEN 41 AND 50`,
+				// The key across partitions, and the right key across hash partitions.
+				`UPDATE orders SET id = id + 50000, created = '2025-02-02' WHERE id BETWEEN 51 AND 60`,
+				`UPDATE customers SET id = 100 WHERE id = 4`,
+				`UPDATE orders SET customer_id = 100 WHERE id BETWEEN 61 AND 70`,
+				`DELETE FROM orders WHERE id BETWEEN 71 AND 80`,
+				`DELETE FROM customers WHERE id = 6`,
+				`BEGIN; UPDATE orders SET amount = 0 WHERE id = 81; UPDATE orders SET created = '2025-09-09' WHERE id = 81; COMMIT`)
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
+
+			// A partition created, and an empty one attached, while running.
+			sqlExec(t, tc,
+				`DELETE FROM orders WHERE created >= '2027-01-01' AND created < '2029-01-01'`,
+				`CREATE TABLE orders_2027 PARTITION OF orders FOR VALUES FROM ('2027-01-01') TO ('2028-01-01')`,
+				`CREATE TABLE orders_2028 (LIKE orders INCLUDING ALL)`,
+				`ALTER TABLE orders ATTACH PARTITION orders_2028 FOR VALUES FROM ('2028-01-01') TO ('2029-01-01')`,
+				`INSERT INTO orders VALUES (3001, '2027-05-05', 7, 1, 'p27'), (3002, '2028-05-05', 8, 1, 'p28')`,
+				`UPDATE orders SET created = '2028-07-07' WHERE id BETWEEN 90 AND 95`)
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
+
+			if err := d.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			sqlExec(t, tc,
+				`UPDATE orders SET created = '2025-05-05' WHERE id BETWEEN 3001 AND 3002`,
+				`UPDATE customers SET tier = 'platinum' WHERE id IN (7, 8)`)
+			d = startDaemon(t, cfg, fkmat.Options{})
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
+			if n := queryInt(t, tc, `SELECT count(*) FROM orders_enriched WHERE id IN (1001, 1002, 1003, 3001, 3002)`); n != 5 {
+				t.Fatalf("%d of 5 orders streamed into partitions reached the target", n)
+			}
+		})
+	}
+}
+
+// selfJoinYAML joins employees to their manager, another employee.
+const selfJoinYAML = `
+joins:
+  - name: employees_managers
+    type: left
+    left:
+      table: public.employees
+      foreign_key: [manager_id]
+      columns: [id, name, manager_id, bio]
+    right:
+      table: public.employees
+      columns: [name AS manager_name, bio AS manager_bio]
+    target:
+      table: public.employees_managers
+  - name: employees_with_manager
+    type: inner
+    left:
+      table: public.employees
+      foreign_key: [manager_id]
+      columns: [id, name]
+    right:
+      table: public.employees
+      columns: [name AS manager_name]
+    target:
+      table: public.employees_with_manager
+`
+
+// TestSelfJoin: employees LEFT JOIN employees AS manager (and the inner join
+// of the same, sharing the table): every change of an employee is a change
+// of a left row and of a right row. Renames fan out to the reports, managers
+// move, a row is its own manager, a cycle is made in one transaction, rows
+// are deleted and re-keyed (with a TOASTed bio unchanged), and the daemon
+// restarts.
+func TestSelfJoin(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc,
+		`CREATE TABLE employees (id bigint PRIMARY KEY, name text, manager_id bigint, bio text)`,
+		`INSERT INTO employees SELECT g, 'e' || g, CASE WHEN g > 1 THEN g / 4 END, CASE WHEN g % 5 = 0 THEN `+bigText(300)+` END
+			FROM generate_series(1, 120) g`)
+	cfg := daemonConfig(t, tc, selfJoinYAML)
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+
+	sqlExec(t, tc,
+		`UPDATE employees SET name = 'boss' WHERE id = 4`,               // fans out to its reports
+		`UPDATE employees SET manager_id = 3 WHERE id BETWEEN 8 AND 11`, // manager moves
+		`UPDATE employees SET manager_id = id WHERE id = 12`,            // its own manager
+		`BEGIN; UPDATE employees SET manager_id = 14 WHERE id = 13; UPDATE employees SET manager_id = 13 WHERE id = 14;
+		 UPDATE employees SET name = 'cyc' WHERE id IN (13, 14); COMMIT`, // a cycle made in one transaction
+		`INSERT INTO employees VALUES (500, 'new', 500, NULL), (501, 'new2', 500, NULL)`,
+		`UPDATE employees SET name = 'renamed' WHERE id = 500`,
+		`DELETE FROM employees WHERE id = 5`,           // its reports lose their manager
+		`UPDATE employees SET id = 1000 WHERE id = 20`, // re-keyed, bio unchanged-TOAST; its reports dangle
+		`UPDATE employees SET id = 1001, manager_id = 1001 WHERE id = 25`,
+		`UPDATE employees SET bio = 'short' WHERE id = 30`)
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	sqlExec(t, tc,
+		`UPDATE employees SET name = 'after restart' WHERE id IN (3, 1000)`,
+		`UPDATE employees SET manager_id = 1000 WHERE id BETWEEN 80 AND 85`,
+		`DELETE FROM employees WHERE id = 12`)
+	d = startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	if n := queryInt(t, tc, `SELECT count(*) FROM employees_managers WHERE manager_id = 4 AND manager_name = 'boss'`); n == 0 {
+		t.Fatal("no report of employee 4 shows the manager's new name")
+	}
+}

@@ -140,6 +140,10 @@ func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc
 	if err := tx.Exec(ctx, `DELETE FROM fkmat.checkpoint WHERE slot = $1`, d.cfg.Slot); err != nil {
 		return fmt.Errorf("reset checkpoint: %w", err)
 	}
+	// A rebuild starts past whatever stalled the old stream.
+	if err := tx.Exec(ctx, `DELETE FROM fkmat.stall WHERE slot = $1`, d.cfg.Slot); err != nil {
+		return fmt.Errorf("reset stall: %w", err)
+	}
 	for _, jr := range d.joins {
 		p := jr.plan
 		err := tx.Exec(ctx, `

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/redisstore"
@@ -143,63 +146,203 @@ type JoinStatus struct {
 	CheckpointLSN     string `json:"checkpoint_lsn"`
 	RedisCheckpoint   string `json:"redis_checkpoint_lsn"`
 	RedisState        string `json:"redis_state"` // ok, lost, foreign
-	TargetRows        int64  `json:"target_rows"`
+	// TargetState is ok, missing (no target table), or wrong_shape (see
+	// Problems); Metadata is ok or missing (fkmat's schema was never
+	// migrated in the target database).
+	TargetState string `json:"target_state"`
+	Metadata    string `json:"metadata"`
+	TargetRows  int64  `json:"target_rows"` // -1 when there is no target table
 	// TargetRowsEstimated is set when TargetRows is the planner's estimate
 	// (pg_class.reltuples): for targets above exactCountLimit rows, where
 	// count(*) would scan the whole table.
 	TargetRowsEstimated bool  `json:"target_rows_estimated"`
 	Subscriptions       int64 `json:"subscriptions"` // -1 when unknown
+	// Stall is the daemon's current stall (the same error recurring at the
+	// same source position), nil when it has none.
+	Stall *StallStatus `json:"stall,omitempty"`
+	// Problems lists what status found wrong, each with its fix.
+	Problems []string `json:"problems,omitempty"`
 }
 
-// Status reports each join's replication and checkpoint state.
+// StallStatus is a stall as fkmat status shows it (from fkmat.stall).
+type StallStatus struct {
+	RestartLSN  string    `json:"restart_lsn"`
+	LSN         string    `json:"lsn,omitempty"`
+	Table       string    `json:"table,omitempty"`
+	KeyColumns  string    `json:"key_columns,omitempty"`
+	Error       string    `json:"error"`
+	Recurrences int       `json:"recurrences"`
+	Since       time.Time `json:"since"`
+	UpdatedAt   time.Time `json:"updated_at"`
+}
+
+// Status reports each join's replication and checkpoint state. It is
+// read-only (a role with SELECT on the target and fkmat's schema, and the
+// Redis read commands, is enough) and reports, rather than fails on, a
+// missing metadata schema, a missing target or a target of the wrong shape.
 func Status(ctx context.Context, cfg *Config, opts Options) ([]JoinStatus, error) {
 	opts.setDefaults()
-	d, err := open(ctx, cfg, opts)
+	source, err := connectPostgres(ctx, cfg.Source, "source")
 	if err != nil {
 		return nil, err
 	}
-	defer d.close()
-	info, err := d.cdc.SlotInfo(ctx)
-	if err != nil {
-		return nil, err
-	}
-	ckpt, err := d.writer.Checkpoint(ctx, cfg.Slot)
-	if err != nil {
-		return nil, err
-	}
-	var out []JoinStatus
-	for _, jr := range d.joins {
-		st, err := d.loadJoinState(ctx, jr.plan.Name)
-		if err != nil {
+	defer source.Close()
+	target := source
+	if cfg.Target != cfg.Source {
+		if target, err = connectPostgres(ctx, cfg.Target, "target"); err != nil {
 			return nil, err
 		}
+		defer target.Close()
+	}
+	rdb, err := connectRedis(ctx, cfg.Redis)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = rdb.Close() }()
+	plans, err := Resolve(ctx, source, cfg)
+	if err != nil {
+		return nil, err
+	}
+	client, err := cdc.New(cdc.Config{ConnString: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication,
+		Tables: publishedTables(plans), Logger: opts.Logger})
+	if err != nil {
+		return nil, err
+	}
+	info, err := client.SlotInfo(ctx)
+	if err != nil {
+		return nil, err
+	}
+	meta, err := readStatusMeta(ctx, target, cfg.Slot)
+	if err != nil {
+		return nil, err
+	}
+	w := sink.NewWriter(target)
+	var out []JoinStatus
+	for _, p := range plans {
 		s := JoinStatus{
-			Join: jr.plan.Name, Target: jr.plan.Target.Ident(), Slot: cfg.Slot, SlotExists: info.Exists,
+			Join: p.Name, Target: p.Target.Ident(), Slot: cfg.Slot, SlotExists: info.Exists,
 			SlotActive: info.ActivePID != 0, ConfirmedFlushLSN: info.ConfirmedFlushLSN.String(),
-			CurrentWALLSN: info.CurrentLSN.String(), LagBytes: info.LagBytes, CheckpointLSN: ckpt.String(),
-			Phase: "never_backfilled", RedisState: "ok",
+			CurrentWALLSN: info.CurrentLSN.String(), LagBytes: info.LagBytes, CheckpointLSN: meta.checkpoint.String(),
+			Phase: "never_backfilled", RedisState: "ok", Metadata: "ok", TargetState: "ok", TargetRows: -1, Subscriptions: -1,
+			Stall: meta.stall,
+		}
+		st := meta.joins[p.Name]
+		if !meta.migrated {
+			s.Metadata = "missing"
+			s.Problems = append(s.Problems, "fkmat's metadata schema is missing in the target database; run fkmat migrate (or fkmat run)")
 		}
 		if st.exists {
 			s.Phase = st.phase
 		}
-		meta, err := jr.store.Meta(ctx)
-		switch {
-		case errors.Is(err, redisstore.ErrNoState):
-			s.RedisState = "lost"
-		case err != nil:
+		if err := statusRedis(ctx, rdb, cfg.Slot, opts, p, st, &s); err != nil {
 			return nil, err
-		case st.exists && meta.Epoch != st.epoch:
-			s.RedisState = "foreign"
-		default:
-			s.RedisCheckpoint = cdc.LSN(meta.Checkpoint).String()
-			s.Subscriptions = meta.Subscriptions
 		}
-		if s.TargetRows, s.TargetRowsEstimated, err = countRows(ctx, d.target, jr.plan.Target.Ident()); err != nil {
+		if err := statusTarget(ctx, target, w, p, &s); err != nil {
 			return nil, err
 		}
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+// statusMeta is what status reads of fkmat's metadata in the target.
+type statusMeta struct {
+	migrated   bool
+	checkpoint cdc.LSN
+	joins      map[string]joinState
+	stall      *StallStatus
+}
+
+func readStatusMeta(ctx context.Context, target *pgxpool.Pool, slot string) (statusMeta, error) {
+	m := statusMeta{joins: map[string]joinState{}}
+	var hasStall bool
+	err := target.QueryRow(ctx, `SELECT to_regclass('fkmat.join_state') IS NOT NULL AND to_regclass('fkmat.checkpoint') IS NOT NULL,
+		to_regclass('fkmat.stall') IS NOT NULL`).Scan(&m.migrated, &hasStall)
+	if err != nil || !m.migrated {
+		return m, err
+	}
+	lsn, err := sink.NewWriter(target).Checkpoint(ctx, slot)
+	if err != nil {
+		return m, err
+	}
+	m.checkpoint = cdc.LSN(lsn)
+	rows, err := target.Query(ctx, `SELECT join_name, epoch, phase FROM fkmat.join_state WHERE slot = $1`, slot)
+	if err != nil {
+		return m, fmt.Errorf("read fkmat.join_state: %w", err)
+	}
+	for rows.Next() {
+		var name string
+		st := joinState{exists: true}
+		if err := rows.Scan(&name, &st.epoch, &st.phase); err != nil {
+			rows.Close()
+			return m, fmt.Errorf("read fkmat.join_state: %w", err)
+		}
+		m.joins[name] = st
+	}
+	if err := rows.Err(); err != nil {
+		return m, fmt.Errorf("read fkmat.join_state: %w", err)
+	}
+	if !hasStall {
+		return m, nil
+	}
+	var st StallStatus
+	var lsnText *string
+	err = target.QueryRow(ctx, `SELECT restart_lsn::text, lsn::text, table_name, key_columns, error, recurrences, since, updated_at
+		FROM fkmat.stall WHERE slot = $1`, slot).Scan(&st.RestartLSN, &lsnText, &st.Table, &st.KeyColumns, &st.Error,
+		&st.Recurrences, &st.Since, &st.UpdatedAt)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return m, nil
+	case err != nil:
+		return m, fmt.Errorf("read fkmat.stall: %w", err)
+	}
+	if lsnText != nil {
+		st.LSN = *lsnText
+	}
+	m.stall = &st
+	return m, nil
+}
+
+// statusRedis fills the Redis part of s, reading the join's meta hash only.
+func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, opts Options, p *JoinPlan, st joinState, s *JoinStatus) error {
+	store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: redisPrefix(slot, p.Name),
+		SubShards: opts.SubShards, RowShards: opts.RowShards})
+	if err != nil {
+		return fmt.Errorf("join %q: %w", p.Name, err)
+	}
+	meta, err := store.Meta(ctx)
+	switch {
+	case errors.Is(err, redisstore.ErrNoState):
+		s.RedisState = "lost"
+	case err != nil:
+		return fmt.Errorf("join %q: %w", p.Name, err)
+	case st.exists && meta.Epoch != st.epoch:
+		s.RedisState = "foreign"
+	default:
+		s.RedisCheckpoint = cdc.LSN(meta.Checkpoint).String()
+		s.Subscriptions = meta.Subscriptions
+	}
+	return nil
+}
+
+// statusTarget fills the target part of s without creating anything.
+func statusTarget(ctx context.Context, target *pgxpool.Pool, w *sink.Writer, p *JoinPlan, s *JoinStatus) error {
+	var exists bool
+	if err := target.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, p.Target.Ident()).Scan(&exists); err != nil {
+		return fmt.Errorf("look up target %s: %w", p.Target.Ident(), err)
+	}
+	if !exists {
+		s.TargetState = "missing"
+		s.Problems = append(s.Problems, fmt.Sprintf("target table %s does not exist; create it with fkmat migrate (or fkmat run)", p.Target.Ident()))
+		return nil
+	}
+	if err := w.CheckTable(ctx, &p.Target); err != nil {
+		s.TargetState = "wrong_shape"
+		s.Problems = append(s.Problems, err.Error())
+	}
+	var err error
+	s.TargetRows, s.TargetRowsEstimated, err = countRows(ctx, target, p.Target.Ident())
+	return err
 }
 
 // exactCountLimit is the estimated size above which status reports a

@@ -54,6 +54,10 @@ type Options struct {
 	// MetricsAddr, when set, serves Prometheus /metrics, /healthz and
 	// /readyz on that address while Run runs.
 	MetricsAddr string
+	// MaxStallRestarts is how many times run restarts a pipeline that fails
+	// with the same error at the same source position before it stops
+	// with ErrStalled; zero means DefaultMaxStallRestarts.
+	MaxStallRestarts int
 	// MetricsBound, when set, receives the address the metrics server
 	// listens on (useful with port 0).
 	MetricsBound func(net.Addr)
@@ -65,6 +69,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.OnLostState == "" {
 		o.OnLostState = LostStateRebuild
+	}
+	if o.MaxStallRestarts == 0 {
+		o.MaxStallRestarts = DefaultMaxStallRestarts
 	}
 	o.Batch.setDefaults()
 }

@@ -23,6 +23,18 @@ type observer struct {
 	p     *pipeline
 	phase string // "starting", "backfilling", "streaming"
 	base  pipelineCounters
+	// stall is the pipeline's current stall, nil when it is not stalled.
+	stall *Stall
+}
+
+// setStall records the current stall (nil: none).
+func (o *observer) setStall(s *Stall) {
+	if o == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.stall = s
 }
 
 // pipelineCounters are the cumulative counters of pipelines.
@@ -100,6 +112,8 @@ var (
 	mAcked      = desc("fkmat_cdc_acked_lsn", "Highest acknowledged LSN (committed in the target).")
 	mBuffered   = desc("fkmat_cdc_buffered_changes", "Changes received and not yet taken by the pipeline.")
 	mReady      = desc("fkmat_ready", "1 while streaming.")
+	mStalled    = desc("fkmat_pipeline_stalled", "1 while the pipeline fails with the same error at the same source position after restarts.")
+	mStallCount = desc("fkmat_pipeline_stall_recurrences", "Recurrences of the current stall's error (0 when not stalled).")
 )
 
 // Describe implements prometheus.Collector.
@@ -113,7 +127,7 @@ func (o *observer) Describe(ch chan<- *prometheus.Desc) {
 func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	o.mu.Lock()
 	c := o.countersLocked()
-	p, phase := o.p, o.phase
+	p, phase, stall := o.p, o.phase, o.stall
 	o.mu.Unlock()
 	counter := func(d *prometheus.Desc, v float64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
@@ -128,11 +142,16 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	counter(mFanout, float64(c.fanout))
 	counter(mDrops, float64(c.drops))
 	counter(mReconnects, float64(c.reconnects))
-	ready := 0.0
-	if phase == "streaming" {
+	ready, stalled, recurrences := 0.0, 0.0, 0.0
+	if phase == "streaming" && stall == nil {
 		ready = 1
 	}
+	if stall != nil {
+		stalled, recurrences = 1, float64(stall.Recurrences)
+	}
 	gaugeOf(mReady, ready)
+	gaugeOf(mStalled, stalled)
+	gaugeOf(mStallCount, recurrences)
 	if p != nil {
 		st := p.stream.Stats()
 		lag := 0.0
@@ -157,8 +176,13 @@ func serveMetrics(ctx context.Context, addr string, o *observer, log *slog.Logge
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		o.mu.Lock()
-		phase := o.phase
+		phase, stall := o.phase, o.stall
 		o.mu.Unlock()
+		if stall != nil {
+			http.Error(w, fmt.Sprintf("not ready: stalled at %s (%d recurrences of the same error)", stall.Position, stall.Recurrences),
+				http.StatusServiceUnavailable)
+			return
+		}
 		if phase != "streaming" {
 			http.Error(w, "not ready: "+phase, http.StatusServiceUnavailable)
 			return

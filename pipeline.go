@@ -85,11 +85,11 @@ func (jr *joinRunner) verifyState(ctx context.Context) error {
 type pipeline struct {
 	slot        string
 	publication string
-	joins  []*joinRunner
-	writer *sink.Writer
-	stream *cdc.Stream
-	limits BatchLimits
-	log    *slog.Logger
+	joins       []*joinRunner
+	writer      *sink.Writer
+	stream      *cdc.Stream
+	limits      BatchLimits
+	log         *slog.Logger
 
 	// targetLSN is the slot's checkpoint in the target database: every
 	// transaction with EndLSN <= targetLSN is already in the target.
@@ -100,6 +100,8 @@ type pipeline struct {
 	// garbage is set when a batch dropped a generation of Redis keys
 	// (TRUNCATE); the sweeper deletes them.
 	garbage atomic.Bool
+	// progress, when set, is called after every committed batch.
+	progress func()
 	// placed caches, per relation, whether a join uses it.
 	placed map[*cdc.Relation]bool
 	// stats, read by the metrics handler
@@ -279,9 +281,10 @@ func (p *pipeline) prepare(ctx context.Context, b *batch, inflight *commitJob) (
 		}
 	}
 	perJoin := make([][]join.Change, len(p.joins))
+	spans := make([][]txnSpan, len(p.joins))
 	for i, jr := range p.joins {
 		var err error
-		if perJoin[i], err = jr.changes(b.txns); err != nil {
+		if perJoin[i], spans[i], err = jr.changes(b.txns); err != nil {
 			return nil, err
 		}
 		job.touched[i] = len(perJoin[i]) > 0
@@ -338,7 +341,7 @@ func (p *pipeline) prepare(ctx context.Context, b *batch, inflight *commitJob) (
 			if job.tx != nil {
 				_ = job.tx.Rollback(context.WithoutCancel(ctx))
 			}
-			return nil, fmt.Errorf("join %q: %w", jr.plan.Name, err)
+			return nil, jr.failure(spans[i], fmt.Errorf("join %q: %w", jr.plan.Name, err))
 		}
 	}
 	phase(&b.timing.join)
@@ -469,6 +472,9 @@ func (p *pipeline) commit(ctx context.Context, job *commitJob) error {
 	}
 	phase(&b.timing.redis)
 	p.stream.Ack(end)
+	if p.progress != nil {
+		p.progress()
+	}
 	p.batches.Add(1)
 	p.txns.Add(int64(len(b.txns)))
 	p.changes.Add(int64(b.changes))
@@ -476,25 +482,58 @@ func (p *pipeline) commit(ctx context.Context, job *commitJob) error {
 	return nil
 }
 
+// txnSpan says that the join changes from index start on come from txn.
+type txnSpan struct {
+	start int
+	txn   *cdc.Txn
+}
+
 // changes maps the transactions this join has not applied yet to join
-// changes.
-func (jr *joinRunner) changes(txns []*cdc.Txn) ([]join.Change, error) {
+// changes, and says which transaction each comes from.
+func (jr *joinRunner) changes(txns []*cdc.Txn) ([]join.Change, []txnSpan, error) {
 	done := cdc.LSN(jr.store.Checkpoint())
 	n := 0
 	for _, t := range txns {
 		n += len(t.Changes)
 	}
 	out := make([]join.Change, 0, n)
+	spans := make([]txnSpan, 0, len(txns))
 	for _, t := range txns {
 		if t.EndLSN <= done {
 			continue
 		}
+		spans = append(spans, txnSpan{start: len(out), txn: t})
 		var err error
 		if out, err = jr.appendChunk(out, t); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return out, nil
+	return out, spans, nil
+}
+
+// failure wraps an engine error of this join with where it happened: the
+// source transaction of the failed change, its table and key columns.
+func (jr *joinRunner) failure(spans []txnSpan, err error) error {
+	ce, ok := errors.AsType[*join.ChangeError](err)
+	if !ok {
+		return err
+	}
+	f := &failure{Join: jr.plan.Name, err: err}
+	tp := &jr.plan.Right
+	if ce.Left() {
+		tp = &jr.plan.Left
+	}
+	f.Table = tp.Table.String()
+	for _, k := range tp.Key {
+		f.KeyColumns = append(f.KeyColumns, k.Name)
+	}
+	for _, sp := range spans {
+		if sp.start > ce.Index {
+			break
+		}
+		f.LSN, f.Xid = sp.txn.CommitLSN, sp.txn.Xid
+	}
+	return f
 }
 
 // applyLarge applies a transaction delivered in several chunks: all chunks
@@ -573,7 +612,7 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 				return tx.Apply(ctx, &jr.plan.Target, out)
 			})
 			if err != nil {
-				return nil, fmt.Errorf("join %q: %w", jr.plan.Name, err)
+				return nil, jr.failure([]txnSpan{{txn: chunk}}, fmt.Errorf("join %q: %w", jr.plan.Name, err))
 			}
 			if err := jr.store.CommitPartial(ctx, m, txnID); err != nil {
 				return nil, fmt.Errorf("join %q: %w", jr.plan.Name, err)
@@ -617,6 +656,9 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 		}
 	}
 	p.stream.Ack(end)
+	if p.progress != nil {
+		p.progress()
+	}
 	p.batches.Add(1)
 	p.txns.Add(1)
 	p.changes.Add(int64(changes))
@@ -648,10 +690,12 @@ func (p *pipeline) checkPlaced(t *cdc.Txn) error {
 		if ok {
 			return nil
 		}
-		return fmt.Errorf("%w: transaction %d at %s changed %s.%s, which no join uses; "+
-			"if it is a partition of a joined table, the publication %q does not publish via the partition root: "+
-			"run fkmat backfill --force (it sets publish_via_partition_root on the publication and rebuilds the join); otherwise drop the table from the publication",
-			ErrUnplaced, t.Xid, t.CommitLSN, rel.Namespace, rel.Name, p.publication)
+		table := TableName{Schema: rel.Namespace, Name: rel.Name}
+		return &failure{LSN: t.CommitLSN, Xid: t.Xid, Table: table.String(), err: fmt.Errorf(
+			"%w: transaction %d at %s changed %s, which no join uses; "+
+				"if it is a partition of a joined table, the publication %q did not publish via the partition root: "+
+				"run fkmat backfill --force (it sets publish_via_partition_root on the publication and rebuilds the joins past this change)",
+			ErrUnplaced, t.Xid, t.CommitLSN, table, p.publication)}
 	}
 	for i := range t.Changes {
 		c := &t.Changes[i]

@@ -42,11 +42,36 @@ func Run(ctx context.Context, cfg *Config, opts Options) error {
 	}
 	delay := time.Second
 	connected := false // once, in this process
+	var stalls stallTracker
+	var cleared atomic.Bool // the stall an earlier process recorded, if any
+	rs := &runState{progress: func() {
+		was := stalls.progress()
+		if was {
+			obs.setStall(nil)
+			opts.Logger.Info("pipeline moving again after a stall")
+		}
+		if was || !cleared.Swap(true) {
+			if err := recordStall(ctx, cfg, nil); err != nil {
+				opts.Logger.Warn("could not clear the stall in fkmat.stall", "err", err)
+			}
+		}
+	}}
 	for {
 		started := time.Now()
-		err := runOnce(ctx, cfg, opts, obs, &connected)
-		if err == nil || ctx.Err() != nil {
+		rs.streaming = false
+		err := runOnce(ctx, cfg, opts, obs, &connected, rs)
+		if err == nil {
 			return nil
+		}
+		if ctx.Err() != nil {
+			// Shutting down: work cut short by the signal is a clean exit; a
+			// failure of what shutdown still does (the last batch's commits)
+			// is not.
+			if errors.Is(err, context.Canceled) {
+				return nil
+			}
+			opts.Logger.Error("shutdown failed", "err", err)
+			return fmt.Errorf("shut down: %w", err)
 		}
 		if terminal(err) {
 			return err
@@ -61,7 +86,26 @@ func Run(ctx context.Context, cfg *Config, opts Options) error {
 			delay = time.Second
 		}
 		wait := delay/2 + rand.N(delay)
+		if !transient(err) {
+			st := stalls.observe(rs.start, rs.streaming, err)
+			if st.Recurrences > 0 {
+				// The same error at the same position: a stall, shown
+				// everywhere an operator looks.
+				obs.setStall(&st)
+				if rerr := recordStall(ctx, cfg, &st); rerr != nil {
+					opts.Logger.Warn("could not record the stall in fkmat.stall", "err", rerr)
+				}
+				if st.Recurrences >= opts.MaxStallRestarts {
+					opts.Logger.Error("pipeline stalled; giving up", stallAttrs(st, opts.MaxStallRestarts)...)
+					return stallError(st, opts.MaxStallRestarts)
+				}
+				opts.Logger.Error("pipeline stalled: the same error recurs at the same source position; restarting",
+					append(stallAttrs(st, opts.MaxStallRestarts), "retry_in", wait.Round(time.Millisecond))...)
+				goto sleep
+			}
+		}
 		opts.Logger.Error("pipeline failed; restarting from the checkpoints", "err", err, "retry_in", wait.Round(time.Millisecond))
+	sleep:
 		select {
 		case <-ctx.Done():
 			return nil
@@ -78,7 +122,15 @@ func terminal(err error) bool {
 		errors.Is(err, sink.ErrShapeMismatch) || errors.Is(err, sink.ErrCheckpointBackwards) || cdc.IsTerminal(err)
 }
 
-func runOnce(ctx context.Context, cfg *Config, opts Options, obs *observer, connected *bool) error {
+// runState is what Run learns of one pipeline run: where it started
+// streaming, and a hook called after every committed batch.
+type runState struct {
+	start     cdc.LSN
+	streaming bool
+	progress  func()
+}
+
+func runOnce(ctx context.Context, cfg *Config, opts Options, obs *observer, connected *bool, rs *runState) error {
 	obs.setPhase("starting")
 	d, err := open(ctx, cfg, opts)
 	if err != nil {
@@ -101,12 +153,12 @@ func runOnce(ctx context.Context, cfg *Config, opts Options, obs *observer, conn
 			return err
 		}
 	}
-	return d.stream(ctx)
+	return d.stream(ctx, rs)
 }
 
 // stream runs the batch loop from the older of the target and Redis
 // checkpoints.
-func (d *daemon) stream(ctx context.Context) error {
+func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	targetLSN, err := d.writer.Checkpoint(ctx, d.cfg.Slot)
 	if err != nil {
 		return err
@@ -132,6 +184,7 @@ func (d *daemon) stream(ctx context.Context) error {
 	if err := d.cdc.EnsurePublication(ctx); err != nil {
 		return err
 	}
+	rs.start, rs.streaming = start, true
 	stream := d.cdc.NewStream(start)
 	// The stream outlives ctx by a moment so that the last acknowledgement
 	// reaches the server on shutdown.
@@ -141,7 +194,7 @@ func (d *daemon) stream(ctx context.Context) error {
 
 	p := &pipeline{
 		slot: d.cfg.Slot, publication: d.cfg.Publication, joins: d.joins, writer: d.writer, stream: stream,
-		limits: d.opts.Batch, log: d.log.With("component", "pipeline"),
+		limits: d.opts.Batch, log: d.log.With("component", "pipeline"), progress: rs.progress,
 	}
 	p.targetLSN.Store(uint64(targetLSN))
 	d.log.Info("streaming", "slot", d.cfg.Slot, "start_lsn", start.String(), "joins", len(d.joins))

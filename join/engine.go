@@ -81,13 +81,36 @@ func (e *Engine) Apply(ctx context.Context, changes []Change, emit func(context.
 	}
 	for i, c := range changes {
 		if err := b.apply(ctx, c, keys[i]); err != nil {
-			return Mutations{}, fmt.Errorf("apply %s batch: change %d (%s): %w", e.spec.Name, i, c.Kind, err)
+			return Mutations{}, fmt.Errorf("apply %s batch: %w", e.spec.Name, &ChangeError{Index: i, Kind: c.Kind, Err: err})
 		}
 	}
 	if err := b.endSegment(ctx); err != nil {
 		return Mutations{}, fmt.Errorf("apply %s batch: %w", e.spec.Name, err)
 	}
 	return b.ov.mutations(), nil
+}
+
+// ChangeError is the failure of one change of a batch: Index is its
+// position in the changes passed to Apply.
+type ChangeError struct {
+	Index int
+	Kind  ChangeKind
+	Err   error
+}
+
+func (e *ChangeError) Error() string {
+	return fmt.Sprintf("change %d (%s): %v", e.Index, e.Kind, e.Err)
+}
+
+func (e *ChangeError) Unwrap() error { return e.Err }
+
+// Left reports whether the failed change was one of the left table.
+func (e *ChangeError) Left() bool {
+	switch e.Kind {
+	case LeftUpsert, LeftDelete, LeftKeyChange, LeftTruncate:
+		return true
+	}
+	return false
 }
 
 // checkChanges validates the shape of every change against the spec.

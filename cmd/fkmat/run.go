@@ -15,6 +15,8 @@ func runCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "on-lost-state", Value: fkmat.LostStateRebuild, EnvVars: []string{"FKMAT_ON_LOST_STATE"},
 				Usage: "when the Redis state is lost or foreign: rebuild (backfill again) or refuse (exit naming fkmat backfill --force)"},
+			&cli.IntFlag{Name: "max-stall-restarts", Value: fkmat.DefaultMaxStallRestarts, EnvVars: []string{"FKMAT_MAX_STALL_RESTARTS"},
+				Usage: "exit 1 after the same error recurs this many times at the same source position (a stall a restart cannot fix)"},
 			&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"FKMAT_METRICS_ADDR"},
 				Usage: "serve Prometheus /metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9187)"},
 		},
@@ -25,6 +27,9 @@ func runCommand() *cli.Command {
 			}
 			opts.OnLostState = c.String("on-lost-state")
 			opts.MetricsAddr = c.String("metrics-addr")
+			if opts.MaxStallRestarts = c.Int("max-stall-restarts"); opts.MaxStallRestarts < 1 {
+				return &exitError{code: exitUsage, err: fmt.Errorf("--max-stall-restarts %d: use 1 or more", opts.MaxStallRestarts)}
+			}
 			if opts.OnLostState != fkmat.LostStateRebuild && opts.OnLostState != fkmat.LostStateRefuse {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--on-lost-state %q: use rebuild or refuse", opts.OnLostState)}
 			}

@@ -1,0 +1,191 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/internal/testenv"
+)
+
+// TestStall: a change the pipeline cannot apply, the same way after every
+// restart (here a row of a table added to the publication by hand, which no
+// join uses), is a stall: logged at ERROR with the LSN and the table and
+// never the row's values, fkmat_pipeline_stalled is 1, /readyz fails, fkmat
+// status shows the error with its LSN, and after --max-stall-restarts
+// recurrences run stops with ErrStalled naming the fix. The fix it names,
+// backfill --force, gets the daemon going again, equal to the SQL join.
+func TestStall(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'ann', 'gold')`,
+		`INSERT INTO orders SELECT g, 1, g, 'n' FROM generate_series(1, 20) g`,
+		`CREATE TABLE audit (id bigint PRIMARY KEY, secret text)`)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	logs := &syncBuffer{}
+	var addr atomic.Value
+	opts := fkmat.Options{
+		Logger:      slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		MetricsAddr: "127.0.0.1:0", MaxStallRestarts: 3,
+		MetricsBound: func(a net.Addr) { addr.Store(a.String()) },
+	}
+	d := startDaemon(t, cfg, opts)
+	waitCaughtUp(t, tc, d)
+
+	sqlExec(t, tc, fmt.Sprintf(`ALTER PUBLICATION %q ADD TABLE audit`, tc.Publication),
+		`INSERT INTO audit VALUES (1, 'hunter2-secret-value')`,
+		`INSERT INTO orders VALUES (100, 1, 1, 'after')`)
+	var lsn string
+	if err := tc.Pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+		t.Fatal(err)
+	}
+
+	// While stalled: the metric and /readyz say so, and status shows it.
+	get := func(path string) (int, string) {
+		a, _ := addr.Load().(string)
+		resp, err := http.Get("http://" + a + path)
+		if err != nil {
+			return 0, ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	waitFor(t, 60*time.Second, "fkmat_pipeline_stalled 1", func() bool {
+		_, body := get("/metrics")
+		return strings.Contains(body, "\nfkmat_pipeline_stalled 1\n")
+	})
+	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "stalled") {
+		t.Errorf("/readyz while stalled: %d %q", code, body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := fkmat.Status(ctx, cfg, fkmat.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := st[0].Stall; s == nil || s.Table != "public.audit" || s.LSN == "" || !strings.Contains(s.Error, "no join uses") {
+		t.Fatalf("status while stalled: %+v", st[0].Stall)
+	}
+
+	var runErr error
+	select {
+	case runErr = <-d.done:
+		d.cancel = nil
+	case <-time.After(90 * time.Second):
+		t.Fatal("run did not stop after 3 recurrences of the stall")
+	}
+	if !errors.Is(runErr, fkmat.ErrStalled) || !strings.Contains(runErr.Error(), "backfill --force") ||
+		!strings.Contains(runErr.Error(), "public.audit") {
+		t.Fatalf("run stopped with %v, want ErrStalled naming the table and fkmat backfill --force", runErr)
+	}
+	out := logs.String()
+	if n := strings.Count(out, "pipeline stalled"); n < 3 {
+		t.Errorf("%d stall log lines, want one per recurrence (3):\n%s", n, tail(out, 20))
+	}
+	if !strings.Contains(out, "table=public.audit") || !strings.Contains(out, "lsn=") {
+		t.Errorf("the stall log lines lack the table or the LSN:\n%s", tail(out, 10))
+	}
+	if strings.Contains(out, "hunter2") {
+		t.Error("a row value reached the log")
+	}
+	if confirmed := queryInt(t, tc, `SELECT (confirmed_flush_lsn >= $1::pg_lsn)::int FROM pg_replication_slots WHERE slot_name = $2`,
+		lsn, tc.Slot); confirmed != 0 {
+		t.Error("the slot acknowledged the change that was never applied")
+	}
+
+	// The fix the error names (the restarts already took audit out of the
+	// publication again; the change made while it was in stays in the WAL).
+	if n := queryInt(t, tc, `SELECT count(*) FROM pg_publication_tables WHERE pubname = $1 AND tablename = 'audit'`, tc.Publication); n != 0 {
+		t.Fatal("audit is still published")
+	}
+	if err := fkmat.BackfillIfNeeded(ctx, cfg, true, fkmat.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	d = startDaemon(t, cfg, fkmat.Options{})
+	sqlExec(t, tc, `UPDATE customers SET name = 'ann2'`)
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	if st, err = fkmat.Status(ctx, cfg, fkmat.Options{}); err != nil || st[0].Stall != nil {
+		t.Fatalf("status after the fix: %v, stall %+v", err, st[0].Stall)
+	}
+}
+
+// TestStatusReadOnly: fkmat status with a role that may only read reports,
+// instead of failing, a target database never migrated, a missing target
+// and a target of the wrong shape, and creates nothing.
+func TestStatusReadOnly(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'ann', 'gold')`,
+		`INSERT INTO orders SELECT g, 1, g, 'n' FROM generate_series(1, 20) g`)
+	_, roURL := createRole(t, tc, "", `GRANT SELECT ON ALL TABLES IN SCHEMA public TO %[1]s`,
+		`ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO %[1]s`)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	roCfg := *cfg
+	roCfg.Source, roCfg.Target = roURL, roURL
+	ro := pgxIdent(t, roURL)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	// Nothing exists yet: no schema, no target, no slot.
+	st, err := fkmat.Status(ctx, &roCfg, fkmat.Options{})
+	if err != nil {
+		t.Fatalf("status before anything exists: %v", err)
+	}
+	if s := st[0]; s.Metadata != "missing" || s.TargetState != "missing" || s.SlotExists || s.Phase != "never_backfilled" {
+		t.Fatalf("status before anything exists: %+v", s)
+	}
+	if n := queryInt(t, tc, `SELECT count(*) FROM pg_namespace WHERE nspname = 'fkmat'`); n != 0 {
+		t.Fatal("status created fkmat's schema")
+	}
+	if n := queryInt(t, tc, `SELECT count(*) FROM pg_class WHERE relname = 'orders_enriched'`); n != 0 {
+		t.Fatal("status created the target")
+	}
+
+	// Streaming, then the target given the wrong shape.
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	sqlExec(t, tc, `GRANT USAGE ON SCHEMA fkmat TO `+ro, `GRANT SELECT ON ALL TABLES IN SCHEMA fkmat TO `+ro,
+		`GRANT SELECT ON orders_enriched TO `+ro)
+	if st, err = fkmat.Status(ctx, &roCfg, fkmat.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if s := st[0]; s.Metadata != "ok" || s.TargetState != "ok" || s.Phase != "streaming" || s.TargetRows != 20 || s.Subscriptions != 20 {
+		t.Fatalf("status of a streaming join: %+v", s)
+	}
+	sqlExec(t, tc, `ALTER TABLE orders_enriched DROP COLUMN tier`)
+	if st, err = fkmat.Status(ctx, &roCfg, fkmat.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if s := st[0]; s.TargetState != "wrong_shape" || len(s.Problems) == 0 {
+		t.Fatalf("status of a target of the wrong shape: %+v", s)
+	}
+	sqlExec(t, tc, `DROP TABLE orders_enriched`)
+	if st, err = fkmat.Status(ctx, &roCfg, fkmat.Options{}); err != nil || st[0].TargetState != "missing" {
+		t.Fatalf("status of a dropped target: %v %+v", err, st)
+	}
+}
+
+// pgxIdent returns the quoted user name of a Postgres URL.
+func pgxIdent(t *testing.T, pgURL string) string {
+	t.Helper()
+	u, err := url.Parse(pgURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pgx.Identifier{u.User.Username()}.Sanitize()
+}

@@ -188,3 +188,89 @@ func TestCLI(t *testing.T) {
 		}
 	}
 }
+
+// sharedTablesYAML has a left and an inner join of the same two tables and
+// a self-referencing join: every table is used by several joins or on both
+// sides of one.
+const sharedTablesYAML = `
+joins:
+  - name: orders_left
+    type: left
+    left:
+      table: public.orders
+      foreign_key: [customer_id]
+      columns: [id, customer_id, amount]
+    right:
+      table: public.customers
+    target:
+      table: public.orders_left
+  - name: orders_inner
+    type: inner
+    left:
+      table: orders
+      foreign_key: [customer_id]
+    right:
+      table: customers
+      columns: [name]
+    target:
+      table: public.orders_inner
+  - name: customers_referrers
+    type: left
+    left:
+      table: public.customers
+      foreign_key: [referred_by]
+      columns: [id, name]
+    right:
+      table: public.customers
+      columns: [name AS referrer]
+    target:
+      table: public.customers_referrers
+`
+
+// TestCommandsOnSharedTables runs every command through the binary on a
+// configuration whose joins share tables (and one whose left and right
+// table are the same): check, migrate, backfill, run, status, verify and
+// teardown all accept it.
+func TestCommandsOnSharedTables(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop, `ALTER TABLE customers ADD COLUMN referred_by bigint`,
+		`INSERT INTO customers SELECT g, 'c' || g, 't', CASE WHEN g > 1 THEN g / 2 END FROM generate_series(1, 20) g`,
+		`INSERT INTO orders SELECT g, g % 23, g, 'n' FROM generate_series(1, 80) g`)
+	env := cliEnv(t, tc, sharedTablesYAML)
+	ok := func(args ...string) result {
+		t.Helper()
+		r := runCLI(t, env, args...)
+		if r.code != 0 {
+			t.Fatalf("fkmat %s: exit %d\n%s%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+		}
+		return r
+	}
+	ok("check")
+	ok("migrate")
+	ok("backfill")
+	p := startCLIDaemon(t, env)
+	waitCaughtUp(t, tc, p.d)
+	sqlExec(t, tc, `UPDATE customers SET name = 'renamed' WHERE id IN (2, 3)`, `UPDATE orders SET customer_id = 2 WHERE id < 10`,
+		`UPDATE customers SET id = 99 WHERE id = 20`)
+	waitCaughtUp(t, tc, p.d)
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if !p.wait(15*time.Second) || p.err != nil {
+		t.Fatalf("run after SIGTERM: exited %v, %v\n%s", p.exited, p.err, tail(p.stderr.String(), 20))
+	}
+	var st []fkmat.JoinStatus
+	if r := ok("status", "--json"); json.Unmarshal([]byte(r.stdout), &st) != nil || len(st) != 3 {
+		t.Fatalf("status --json: %q", r.stdout)
+	}
+	if r := ok("verify"); strings.Count(r.stdout, "equal") < 3 {
+		t.Fatalf("verify:\n%s", r.stdout)
+	}
+	ok("teardown", "--drop-target")
+	if n := queryInt(t, tc, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, tc.Slot); n != 0 {
+		t.Fatal("teardown left the slot")
+	}
+	if n := queryInt(t, tc, `SELECT count(*) FROM pg_class WHERE relname IN ('orders_left', 'orders_inner', 'customers_referrers')`); n != 0 {
+		t.Fatal("teardown --drop-target left targets")
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
 )
 
 // observer publishes the running daemon's counters on /metrics and its
@@ -165,11 +166,12 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 }
 
 // serveMetrics serves /metrics, /healthz and /readyz on addr until ctx is
-// done. It returns once the listener is bound.
-func serveMetrics(ctx context.Context, addr string, o *observer, log *slog.Logger) (net.Addr, error) {
+// done. It returns once the listener is bound; wait returns once the server
+// has shut down.
+func serveMetrics(ctx context.Context, addr string, o *observer, log *slog.Logger) (_ net.Addr, wait func(), err error) {
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(o); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -191,19 +193,21 @@ func serveMetrics(ctx context.Context, addr string, o *observer, log *slog.Logge
 	})
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("listen on --metrics-addr %s: %w", addr, err)
+		return nil, nil, fmt.Errorf("listen on --metrics-addr %s: %w", addr, err)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
+	var g errgroup.Group
+	g.Go(func() error {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
-	go func() {
+		return srv.Shutdown(sctx)
+	})
+	g.Go(func() error {
 		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("metrics server stopped; the daemon goes on without it", "err", err)
 		}
-	}()
-	return l.Addr(), nil
+		return nil
+	})
+	return l.Addr(), func() { _ = g.Wait() }, nil
 }

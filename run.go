@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/sink"
 )
@@ -31,10 +33,16 @@ func Run(ctx context.Context, cfg *Config, opts Options) error {
 	var obs *observer
 	if opts.MetricsAddr != "" {
 		obs = &observer{phase: "starting"}
-		addr, err := serveMetrics(ctx, opts.MetricsAddr, obs, opts.Logger)
+		mctx, stopMetrics := context.WithCancel(ctx)
+		addr, wait, err := serveMetrics(mctx, opts.MetricsAddr, obs, opts.Logger)
 		if err != nil {
+			stopMetrics()
 			return &ConfigError{Problems: []string{err.Error() + "; choose another --metrics-addr"}}
 		}
+		defer func() {
+			stopMetrics()
+			wait()
+		}()
 		opts.Logger.Info("serving metrics", "addr", addr.String())
 		if opts.MetricsBound != nil {
 			opts.MetricsBound(addr)
@@ -186,12 +194,6 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	}
 	rs.start, rs.streaming = start, true
 	stream := d.cdc.NewStream(start)
-	// The stream outlives ctx by a moment so that the last acknowledgement
-	// reaches the server on shutdown.
-	streamCtx, stopStream := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopStream()
-	go func() { _ = stream.Run(streamCtx) }()
-
 	p := &pipeline{
 		slot: d.cfg.Slot, publication: d.cfg.Publication, joins: d.joins, writer: d.writer, stream: stream,
 		limits: d.opts.Batch, log: d.log.With("component", "pipeline"), progress: rs.progress,
@@ -200,16 +202,34 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	d.log.Info("streaming", "slot", d.cfg.Slot, "start_lsn", start.String(), "joins", len(d.joins))
 	d.obs.attach(p)
 	d.obs.setPhase("streaming")
-	sweepCtx, stopSweep := context.WithCancel(ctx)
-	defer stopSweep()
-	go d.sweep(sweepCtx, &p.garbage)
-	runErr := p.run(ctx)
-	d.obs.setPhase("stopping")
-	d.flushAck(stream)
-	stopStream()
-	<-stream.Done()
-	if runErr != nil {
+
+	// The stream, the pipeline and the sweeper are supervised together: the
+	// first error stops the others, and all have returned before the
+	// caller closes the pools and clients they use. The stream outlives ctx
+	// by a moment so that the last acknowledgement reaches the server.
+	g, gctx := errgroup.WithContext(ctx)
+	streamCtx, stopStream := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopStream()
+	g.Go(func() error {
+		err := stream.Run(streamCtx)
+		if streamCtx.Err() != nil {
+			return nil // stopped by the pipeline's goroutine
+		}
+		return err
+	})
+	g.Go(func() error {
+		d.sweep(gctx, &p.garbage)
+		return nil
+	})
+	g.Go(func() error {
+		runErr := p.run(gctx)
+		d.obs.setPhase("stopping")
+		d.flushAck(stream)
+		stopStream()
 		return runErr
+	})
+	if err := g.Wait(); err != nil {
+		return err
 	}
 	d.log.Info("stopped", "batches", p.batches.Load(), "txns", p.txns.Load(), "changes", p.changes.Load())
 	return nil

@@ -189,3 +189,58 @@ func pgxIdent(t *testing.T, pgURL string) string {
 	}
 	return pgx.Identifier{u.User.Username()}.Sanitize()
 }
+
+// TestShutdownCommitFails: a batch whose target commit fails after SIGTERM
+// (its connection is terminated while it waits for a lock) makes run return
+// an error instead of a clean exit, and the restart applies the batch.
+func TestShutdownCommitFails(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'ann', 'gold')`,
+		`INSERT INTO orders SELECT g, 1, g, 'n' FROM generate_series(1, 20) g`)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	logs := &syncBuffer{}
+	d := startDaemon(t, cfg, fkmat.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	waitCaughtUp(t, tc, d)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	locker, err := tc.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Release()
+	if _, err := locker.Exec(ctx, `BEGIN; LOCK TABLE orders_enriched IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	sqlExec(t, tc, `INSERT INTO orders VALUES (100, 1, 1, 'blocked')`)
+	var pid int32
+	waitFor(t, 30*time.Second, "the daemon's target write waiting for the lock", func() bool {
+		err := tc.Pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND datname = current_database() AND pid <> pg_backend_pid() LIMIT 1`).Scan(&pid)
+		return err == nil
+	})
+	d.cancel() // SIGTERM: the batch in hand is finished under its own deadline
+	time.Sleep(200 * time.Millisecond)
+	if _, err := tc.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := locker.Exec(ctx, `ROLLBACK`); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-d.done:
+		d.cancel = nil
+		if err == nil {
+			t.Fatalf("run returned nil although its last commit failed\n%s", tail(logs.String(), 10))
+		}
+		t.Logf("run returned: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return after SIGTERM")
+	}
+	if !strings.Contains(logs.String(), "shutdown failed") {
+		t.Errorf("the failed final commit was not logged:\n%s", tail(logs.String(), 10))
+	}
+	d = startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+}

@@ -500,24 +500,45 @@ func (f *faultRun) report(seed uint64, start time.Time) string {
 // check and at the end. FKMAT_FAULT_SEED replays a run, FKMAT_FAULT_OPS sets
 // its length (make soak runs it long).
 func TestFaultInjection(t *testing.T) {
+	faultInjection(t, shapePlain, faultOps(t, 1500))
+}
+
+// TestFaultInjectionPartitioned is TestFaultInjection with both tables
+// hash-partitioned: key changes move rows between partitions.
+func TestFaultInjectionPartitioned(t *testing.T) {
+	faultInjection(t, shapePartitioned, faultOps(t, 1500)/2)
+}
+
+func faultInjection(t *testing.T, shape string, ops int) {
 	start := time.Now()
 	seed := faultSeed(t)
-	ops := faultOps(t, 1500)
 	tc := testenv.New(t)
-	sqlExec(t, tc, faultSeedSQL()...)
+	sqlExec(t, tc, faultSeedSQL(shape)...)
+	for _, table := range []string{"orders", "customers"} {
+		if n := queryInt(t, tc, `SELECT count(*) FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid
+			WHERE i.inhparent = $1::regclass AND c.reltoastrelid <> 0 AND pg_relation_size(c.reltoastrelid) > 0`, table); shape == shapePartitioned && n == 0 {
+			t.Fatalf("no partition of %s stores values out of line", table)
+		} else if shape == shapePlain && queryInt(t, tc, `SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE relname = $1`, table) == 0 {
+			t.Fatalf("%s stores no value out of line; the workload would not exercise unchanged TOAST", table)
+		}
+	}
 
 	r := rand.New(rand.NewPCG(seed, 1))
 	typ := []string{"left", "inner"}[r.IntN(2)]
-	yml := strings.Replace(leftJoinYAML, "type: left", "type: "+typ, 1)
+	yml := faultYAML(typ)
 	f := &faultRun{t: t, tc: tc, cfg: daemonConfig(t, tc, yml), env: cliEnv(t, tc, yml), r: r,
 		w: newWorkload(tc, seed), kills: map[string]int{}, warnings: map[string]int{}}
-	defer func() { t.Log(f.report(seed, start)) }()
+	defer func() { t.Logf("%s shape, %s join: %s\nchanges: %s", shape, typ, f.report(seed, start), f.w.report()) }()
 
 	plan := faultPlan(r, ops)
 	truncateAt := 1 + r.IntN(ops) // at least one TRUNCATE per run
+	hugeAt := 1 + r.IntN(ops)     // and one transaction bigger than a chunk
 	f.restart()
 	for i := 1; i <= ops; i++ {
 		f.w.step(t, i == truncateAt)
+		if i == hugeAt {
+			f.w.stepAs(t, opHuge)
+		}
 		for _, k := range plan[i] {
 			f.inject(k)
 		}
@@ -536,7 +557,7 @@ func TestFaultTargetUnavailable(t *testing.T) {
 	seed := faultSeed(t)
 	src := testenv.New(t)
 	dst := testenv.New(t)
-	sqlExec(t, src, faultSeedSQL()...)
+	sqlExec(t, src, faultSeedSQL(shapePlain)...)
 	cfg := daemonConfig(t, src, leftJoinYAML)
 	cfg.Target = dst.DatabaseURL
 	d := startDaemon(t, cfg, fkmat.Options{})

@@ -528,7 +528,12 @@ func faultInjection(t *testing.T, shape string, ops int) {
 	yml := faultYAML(typ)
 	f := &faultRun{t: t, tc: tc, cfg: daemonConfig(t, tc, yml), env: cliEnv(t, tc, yml), r: r,
 		w: newWorkload(tc, seed), kills: map[string]int{}, warnings: map[string]int{}}
-	defer func() { t.Logf("%s shape, %s join: %s\nchanges: %s", shape, typ, f.report(seed, start), f.w.report()) }()
+	defer func() {
+		t.Logf("%s shape, %s join: %s\nchanges: %s", shape, typ, f.report(seed, start), f.w.report())
+		if t.Failed() && f.p != nil {
+			t.Logf("the daemon's last log lines:\n%s", tail(f.p.stderr.String(), 6000))
+		}
+	}()
 
 	plan := faultPlan(r, ops)
 	truncateAt := 1 + r.IntN(ops) // at least one TRUNCATE per run

@@ -8,7 +8,7 @@ TEST_TIMEOUT ?= 20m
 
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: build demo bench test test-unit test-images lint soak
+.PHONY: build demo bench test test-unit test-race test-images lint soak
 
 build:
 	$(GO) build -o $(BIN) ./cmd/fkmat
@@ -28,6 +28,12 @@ test: test-images
 ## soak: the fault-injection tests, long (FKMAT_FAULT_OPS, default 100000 ops; FKMAT_FAULT_SEED replays a run)
 soak: test-images
 	FKMAT_FAULT_OPS=$${FKMAT_FAULT_OPS:-100000} $(GO) test -count=1 -v -run '^TestFault' -timeout 40m ./integration/
+
+## test-race: the engine's and the pipeline's tests under the race detector (the join package, the root package, and the in-process daemon integration tests)
+RACE_TESTS := TestDaemonEndToEnd|TestKeyChangeToast|TestSelfJoin|TestPartitionedTables|TestStall|TestShutdownCommitFails|TestToastUnchanged|TestTruncate|TestJoinsShareOneSlot
+test-race: test-images
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./join/... .
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -run '^($(RACE_TESTS))$$' ./integration/
 
 ## test-unit: tests that need no Docker (integration tests skip under -short)
 test-unit:

@@ -104,6 +104,19 @@ type catalogTable struct {
 	byName  map[string]SourceColumn
 	pk      []string
 	replica string
+	// identity are the columns of the replica identity index (replica "i").
+	identity []string
+	// leaves are the leaf partitions of a partitioned table: pgoutput sends
+	// each change with the replica identity of the leaf that holds the row.
+	leaves []replicaOf
+}
+
+// replicaOf is one relation's replica identity.
+type replicaOf struct {
+	name     string
+	replica  string
+	pk       []string
+	identity []string
 }
 
 func describeTable(ctx context.Context, db Querier, t TableName) (*catalogTable, error) {
@@ -144,7 +157,51 @@ func describeTable(ctx context.Context, db Querier, t TableName) (*catalogTable,
 	if err != nil {
 		return nil, fmt.Errorf("read primary key of %s: %w", t, err)
 	}
+	if ct.identity, err = indexColumns(ctx, db, oid, "indisreplident"); err != nil {
+		return nil, fmt.Errorf("read replica identity of %s: %w", t, err)
+	}
+	rows, err = db.Query(ctx, `
+		SELECT p.relid::regclass::text, c.relreplident::text, c.oid FROM pg_partition_tree($1::oid) p
+		JOIN pg_class c ON c.oid = p.relid WHERE p.isleaf AND p.relid <> $1::oid ORDER BY 1`, oid)
+	if err != nil {
+		return nil, fmt.Errorf("list partitions of %s: %w", t, err)
+	}
+	var oids []uint32
+	for rows.Next() {
+		var l replicaOf
+		var loid uint32
+		if err := rows.Scan(&l.name, &l.replica, &loid); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		ct.leaves = append(ct.leaves, l)
+		oids = append(oids, loid)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list partitions of %s: %w", t, err)
+	}
+	for i, loid := range oids {
+		l := &ct.leaves[i]
+		if l.pk, err = indexColumns(ctx, db, loid, "indisprimary"); err == nil {
+			l.identity, err = indexColumns(ctx, db, loid, "indisreplident")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read replica identity of partition %s: %w", l.name, err)
+		}
+	}
 	return ct, nil
+}
+
+// indexColumns returns the columns of the relation's index marked by flag
+// (indisprimary or indisreplident), empty when it has none.
+func indexColumns(ctx context.Context, db Querier, oid uint32, flag string) ([]string, error) {
+	var cols []string
+	err := db.QueryRow(ctx, `
+		SELECT coalesce(array_agg(a.attname ORDER BY k.ord), '{}') FROM pg_index i
+		CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+		WHERE i.indrelid = $1 AND i.`+flag, oid).Scan(&cols)
+	return cols, err
 }
 
 func resolveJoin(jc JoinConfig, lookup func(TableName) (*catalogTable, error)) (*JoinPlan, []string, error) {
@@ -304,31 +361,57 @@ func rightOutput(ct *catalogTable, rc RightConfig, key []SourceColumn, add func(
 	return values
 }
 
-// checkReplicaIdentity makes sure DELETEs carry the key: pgoutput sends only
-// the replica identity columns of a deleted row.
+// checkReplicaIdentity makes sure UPDATEs and DELETEs carry the key:
+// pgoutput sends only the replica identity columns of the old row. For a
+// partitioned table, the identity that counts is each leaf partition's.
 func checkReplicaIdentity(ct *catalogTable, key []SourceColumn, side string, add func(string, ...any)) {
-	switch ct.replica {
-	case "f":
-		return
-	case "n":
-		add("table %s has REPLICA IDENTITY NOTHING, so its deletes cannot be followed; run ALTER TABLE %s REPLICA IDENTITY DEFAULT (or FULL)",
-			ct.name, ct.name)
-		return
-	case "i":
-		// An index identity: deletes carry the index columns; require the key to be them.
+	if len(ct.leaves) == 0 {
+		checkIdentity(replicaOf{name: ct.name.String(), replica: ct.replica, pk: ct.pk, identity: ct.identity}, ct.name, key, side, add)
 		return
 	}
-	pk := map[string]bool{}
-	for _, n := range ct.pk {
-		pk[n] = true
-	}
-	for _, k := range key {
-		if !pk[k.Name] {
-			add("%s.key column %q is not part of the primary key of %s, so deletes do not carry it; "+
-				"use the primary key or run ALTER TABLE %s REPLICA IDENTITY FULL", side, k.Name, ct.name, ct.name)
-			return
+	for _, l := range ct.leaves {
+		if !checkIdentity(l, ct.name, key, side, add) {
+			return // one message is enough: the others have the same fix
 		}
 	}
+}
+
+// checkIdentity checks one relation's replica identity against key and
+// reports whether it is fine.
+func checkIdentity(r replicaOf, table TableName, key []SourceColumn, side string, add func(string, ...any)) bool {
+	of := ""
+	if r.name != table.String() {
+		of = fmt.Sprintf(" (partition %s of %s)", r.name, table)
+	}
+	var cols []string
+	switch r.replica {
+	case "f":
+		return true
+	case "n":
+		add("table %s%s has REPLICA IDENTITY NOTHING, so its deletes cannot be followed; run ALTER TABLE %s REPLICA IDENTITY DEFAULT (or FULL)",
+			r.name, of, r.name)
+		return false
+	case "i":
+		cols = r.identity
+	default:
+		cols = r.pk
+	}
+	have := map[string]bool{}
+	for _, n := range cols {
+		have[n] = true
+	}
+	for _, k := range key {
+		if !have[k.Name] {
+			what := "the primary key"
+			if r.replica == "i" {
+				what = "the replica identity index"
+			}
+			add("%s.key column %q is not part of %s of %s%s, so updates and deletes do not carry it; "+
+				"use the primary key or run ALTER TABLE %s REPLICA IDENTITY FULL", side, k.Name, what, r.name, of, r.name)
+			return false
+		}
+	}
+	return true
 }
 
 func targetTable(name TableName, p *JoinPlan) sink.Table {

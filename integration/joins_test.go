@@ -191,20 +191,6 @@ func bigText(n int) string {
 // insert followed by an update in the same transaction, a value changed to
 // another big value or to NULL, and after a restart (values from Redis).
 func TestToastUnchanged(t *testing.T) {
-	const yml = `
-joins:
-  - name: orders_enriched
-    type: left
-    left:
-      table: public.orders
-      foreign_key: [customer_id]
-      columns: [id, customer_id, amount, note]
-    right:
-      table: public.customers
-      columns: [name AS customer_name, tier, bio]
-    target:
-      table: public.orders_enriched
-`
 	tc := testenv.New(t)
 	sqlExec(t, tc,
 		`CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text, bio text)`,
@@ -216,7 +202,7 @@ joins:
 			t.Fatalf("the big values of %s are not stored out of line; the test would not exercise unchanged TOAST", table)
 		}
 	}
-	cfg := daemonConfig(t, tc, yml)
+	cfg := daemonConfig(t, tc, toastJoinYAML)
 	d := startDaemon(t, cfg, fkmat.Options{})
 	waitCaughtUp(t, tc, d)
 	assertOracle(t, cfg)

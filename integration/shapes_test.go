@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"context"
+	"strings"
 	"testing"
 
 	"github.com/fkmat/fkmat"
@@ -172,5 +174,32 @@ func TestSelfJoin(t *testing.T) {
 	assertOracle(t, cfg)
 	if n := queryInt(t, tc, `SELECT count(*) FROM employees_managers WHERE manager_id = 4 AND manager_name = 'boss'`); n == 0 {
 		t.Fatal("no report of employee 4 shows the manager's new name")
+	}
+}
+
+// TestCheckPartitionReplicaIdentity: pgoutput sends a partitioned table's
+// old rows with each leaf partition's replica identity, so check refuses a
+// leaf whose identity does not carry the key, naming the partition.
+func TestCheckPartitionReplicaIdentity(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc,
+		`CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`,
+		`CREATE TABLE orders (id bigint, created date, customer_id bigint, amount numeric(12,2), note text,
+			PRIMARY KEY (id, created)) PARTITION BY RANGE (created)`,
+		`CREATE TABLE orders_2025 PARTITION OF orders FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`,
+		`CREATE TABLE orders_2026 PARTITION OF orders FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`)
+	cfg := daemonConfig(t, tc, partitionedYAML)
+	ctx := context.Background()
+	if err := fkmat.Check(ctx, cfg, fkmat.Options{}); err != nil {
+		t.Fatalf("check of a partitioned table with default identities: %v", err)
+	}
+	sqlExec(t, tc, `ALTER TABLE orders_2026 REPLICA IDENTITY NOTHING`)
+	err := fkmat.Check(ctx, cfg, fkmat.Options{})
+	if err == nil || !strings.Contains(err.Error(), "orders_2026") || !strings.Contains(err.Error(), "REPLICA IDENTITY") {
+		t.Fatalf("check with a partition of REPLICA IDENTITY NOTHING: %v", err)
+	}
+	sqlExec(t, tc, `ALTER TABLE orders_2026 REPLICA IDENTITY FULL`)
+	if err := fkmat.Check(ctx, cfg, fkmat.Options{}); err != nil {
+		t.Fatalf("check with a partition of REPLICA IDENTITY FULL: %v", err)
 	}
 }

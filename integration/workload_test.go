@@ -70,19 +70,7 @@ func faultSeedSQL(shape string) []string {
 // customers (type typ) with the TOASTed columns of both projected, and the
 // self-referencing join of customers to their referrer.
 func faultYAML(typ string) string {
-	return `
-joins:
-  - name: orders_enriched
-    type: ` + typ + `
-    left:
-      table: public.orders
-      foreign_key: [customer_id]
-      columns: [id, customer_id, amount, note]
-    right:
-      table: public.customers
-      columns: [name AS customer_name, tier, bio]
-    target:
-      table: public.orders_enriched
+	return strings.Replace(toastJoinYAML, "type: left", "type: "+typ, 1) + `
   - name: customers_referrers
     type: left
     left:

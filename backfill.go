@@ -179,6 +179,13 @@ func (d *daemon) finishBackfill(ctx context.Context, consistent cdc.LSN) error {
 	if err := tx.Exec(ctx, `UPDATE fkmat.join_state SET phase = 'streaming', updated_at = now() WHERE slot = $1`, d.cfg.Slot); err != nil {
 		return fmt.Errorf("mark joins streaming: %w", err)
 	}
+	leaves, err := readLeaves(ctx, d.source, d.joinedTables())
+	if err != nil {
+		return err
+	}
+	if err := recordLeaves(ctx, tx, d.cfg.Slot, leaves); err != nil {
+		return err
+	}
 	return tx.Commit(ctx, d.cfg.Slot, lsnOf(consistent))
 }
 

@@ -424,7 +424,8 @@ func Teardown(ctx context.Context, cfg *Config, dropTarget bool, opts Options) e
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	for _, q := range []string{`DELETE FROM fkmat.join_state WHERE slot = $1`, `DELETE FROM fkmat.checkpoint WHERE slot = $1`} {
+	for _, q := range []string{`DELETE FROM fkmat.join_state WHERE slot = $1`, `DELETE FROM fkmat.checkpoint WHERE slot = $1`,
+		`DELETE FROM fkmat.stall WHERE slot = $1`, `DELETE FROM fkmat.partitions WHERE slot = $1`} {
 		if _, err := tx.Exec(ctx, q, cfg.Slot); err != nil {
 			return fmt.Errorf("delete fkmat metadata: %w", err)
 		}

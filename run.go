@@ -126,7 +126,7 @@ func Run(ctx context.Context, cfg *Config, opts Options) error {
 // terminal reports whether retrying cannot fix err.
 func terminal(err error) bool {
 	var ce *ConfigError
-	return errors.As(err, &ce) || errors.Is(err, ErrSchemaChanged) || errors.Is(err, ErrLostState) ||
+	return errors.As(err, &ce) || errors.Is(err, ErrSchemaChanged) || errors.Is(err, ErrLostState) || errors.Is(err, ErrPartitionsChanged) ||
 		errors.Is(err, sink.ErrShapeMismatch) || errors.Is(err, sink.ErrCheckpointBackwards) || cdc.IsTerminal(err)
 }
 
@@ -192,6 +192,10 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	if err := d.cdc.EnsurePublication(ctx); err != nil {
 		return err
 	}
+	// Partitions attached or detached while the daemon was away.
+	if err := d.checkPartitions(ctx); err != nil {
+		return err
+	}
 	rs.start, rs.streaming = start, true
 	stream := d.cdc.NewStream(start)
 	p := &pipeline{
@@ -221,6 +225,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		d.sweep(gctx, &p.garbage)
 		return nil
 	})
+	g.Go(func() error { return d.watchPartitions(gctx) })
 	g.Go(func() error {
 		runErr := p.run(gctx)
 		d.obs.setPhase("stopping")

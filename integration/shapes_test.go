@@ -2,8 +2,10 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/internal/testenv"
@@ -99,6 +101,58 @@ func TestPartitionedTables(t *testing.T) {
 			if n := queryInt(t, tc, `SELECT count(*) FROM orders_enriched WHERE id IN (1001, 1002, 1003, 3001, 3002)`); n != 5 {
 				t.Fatalf("%d of 5 orders streamed into partitions reached the target", n)
 			}
+
+			// Detaching an empty partition changes nothing; detaching one
+			// with rows takes them out of orders without row changes in the
+			// WAL: run stops naming the partition and the fix.
+			sqlExec(t, tc, `CREATE TABLE orders_2029 PARTITION OF orders FOR VALUES FROM ('2029-01-01') TO ('2030-01-01')`,
+				`ALTER TABLE orders DETACH PARTITION orders_2029`, `INSERT INTO orders VALUES (3003, '2025-05-05', 9, 1, 'x')`)
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
+			sqlExec(t, tc, `ALTER TABLE orders DETACH PARTITION orders_2025`)
+			stopped := func(what string) error {
+				t.Helper()
+				select {
+				case err := <-d.done:
+					d.cancel = nil
+					if !errors.Is(err, fkmat.ErrPartitionsChanged) || !strings.Contains(err.Error(), "backfill --force") {
+						t.Fatalf("%s: run stopped with %v, want ErrPartitionsChanged naming fkmat backfill --force", what, err)
+					}
+					return err
+				case <-time.After(40 * time.Second):
+					t.Fatalf("%s: run did not stop", what)
+				}
+				return nil
+			}
+			if err := stopped("partition with rows detached"); !strings.Contains(err.Error(), "orders_2025") {
+				t.Fatalf("the error does not name the partition: %v", err)
+			}
+			// It stays an error, even with the partition attached back (what
+			// was done to it while detached is not in the WAL); a rebuild
+			// fixes it.
+			sqlExec(t, tc, `UPDATE orders_2025 SET amount = -1`,
+				`ALTER TABLE orders ATTACH PARTITION orders_2025 FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`)
+			d = startDaemon(t, cfg, fkmat.Options{})
+			stopped("partition with rows detached, then attached back")
+			if err := fkmat.BackfillIfNeeded(context.Background(), cfg, true, fkmat.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			d = startDaemon(t, cfg, fkmat.Options{})
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
+
+			// Attaching a table that holds rows brings them in silently: stop.
+			sqlExec(t, tc, `CREATE TABLE orders_2032 (LIKE orders INCLUDING ALL)`,
+				`INSERT INTO orders_2032 VALUES (5001, '2032-02-02', 1, 1, 'pre')`,
+				`ALTER TABLE orders ATTACH PARTITION orders_2032 FOR VALUES FROM ('2032-01-01') TO ('2033-01-01')`)
+			stopped("partition with rows attached")
+			if err := fkmat.BackfillIfNeeded(context.Background(), cfg, true, fkmat.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			d = startDaemon(t, cfg, fkmat.Options{})
+			sqlExec(t, tc, `INSERT INTO orders VALUES (5002, '2032-03-03', 2, 1, 'post')`)
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
 		})
 	}
 }

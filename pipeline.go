@@ -81,6 +81,10 @@ func (jr *joinRunner) verifyState(ctx context.Context) error {
 	return nil
 }
 
+// errFinalBatch marks a failure of the batch the pipeline finishes during
+// shutdown: its effect is not committed, and the exit must say so.
+var errFinalBatch = errors.New("the last batch failed during shutdown")
+
 // pipeline is the batch loop: cdc → join → sink → redisstore → ack.
 type pipeline struct {
 	slot        string
@@ -156,6 +160,9 @@ func (p *pipeline) run(ctx context.Context) (err error) {
 	defer func() {
 		if werr := p.wait(inflight); err == nil {
 			err = werr
+		}
+		if err != nil && ctx.Err() != nil {
+			err = fmt.Errorf("%w: %w", errFinalBatch, err)
 		}
 	}()
 	for {

@@ -75,11 +75,11 @@ func Run(ctx context.Context, cfg *Config, opts Options) error {
 			// Shutting down: work cut short by the signal is a clean exit; a
 			// failure of what shutdown still does (the last batch's commits)
 			// is not.
-			if errors.Is(err, context.Canceled) {
+			if !errors.Is(err, errFinalBatch) {
 				return nil
 			}
 			opts.Logger.Error("shutdown failed", "err", err)
-			return fmt.Errorf("shut down: %w", err)
+			return err
 		}
 		if terminal(err) {
 			return err

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
@@ -80,6 +82,9 @@ func (d *daemon) backfill(ctx context.Context) error {
 	}
 	rows, err := d.load(ctx, slot.SnapshotName)
 	if err != nil {
+		return err
+	}
+	if err := d.checkRaced(ctx, slot.SnapshotName); err != nil {
 		return err
 	}
 	if err := d.finishBackfill(ctx, slot.ConsistentPoint); err != nil {
@@ -198,3 +203,40 @@ func outputSources(cols []OutputColumn) []SourceColumn {
 }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// errBackfillRaced means a joined table was truncated or rewritten after the
+// slot's snapshot, while the backfill read it: TRUNCATE is not MVCC-safe,
+// so a read after it saw the table empty. The backfill is retried.
+var errBackfillRaced = errors.New("a joined table was truncated or rewritten while the backfill read it")
+
+// checkRaced runs after the loads, on the backfill's snapshot: a relation
+// whose storage (relfilenode) as the snapshot sees it is not its current
+// one was truncated or rewritten after the snapshot, maybe before a load
+// read it, and the load may have seen it empty. It takes no lock (a lock
+// held across the loads would queue a TRUNCATE ahead of the loads' own
+// locks and hang them), so a rewrite that keeps the rows (VACUUM FULL)
+// also counts: the backfill is simply redone.
+func (d *daemon) checkRaced(ctx context.Context, snapshot string) error {
+	tables := d.joinedTables()
+	names := make([]string, len(tables))
+	for i, t := range tables {
+		names[i] = pgx.Identifier{t.Schema, t.Name}.Sanitize()
+	}
+	return inSnapshot(ctx, d.source, snapshot, func(conn *pgx.Conn) error {
+		var raced *string
+		err := conn.QueryRow(ctx, `
+			WITH RECURSIVE tree AS (
+				SELECT c.oid FROM pg_class c WHERE c.oid = ANY ($1::text[]::regclass[])
+				UNION ALL
+				SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid)
+			SELECT min(c.oid::regclass::text) FROM tree JOIN pg_class c ON c.oid = tree.oid
+			WHERE c.relkind = 'r' AND c.relfilenode IS DISTINCT FROM pg_relation_filenode(c.oid)`, names).Scan(&raced)
+		if err != nil {
+			return fmt.Errorf("check the joined tables after the backfill: %w", err)
+		}
+		if raced != nil {
+			return fmt.Errorf("%w: %s; backfilling again", errBackfillRaced, *raced)
+		}
+		return nil
+	})
+}

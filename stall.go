@@ -115,7 +115,7 @@ func transient(err error) bool {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
 		errors.Is(err, net.ErrClosed), errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout),
-		errors.Is(err, errStateChanged), pgconn.Timeout(err), pgconn.SafeToRetry(err):
+		errors.Is(err, errStateChanged), errors.Is(err, errBackfillRaced), pgconn.Timeout(err), pgconn.SafeToRetry(err):
 		return true
 	}
 	if _, ok := errors.AsType[net.Error](err); ok {

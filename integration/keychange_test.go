@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"os"
 	"testing"
+	"time"
 
 	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/internal/testenv"
@@ -116,4 +118,32 @@ func TestKeyChangeToast(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTruncateDuringBackfill: a TRUNCATE of a joined table while the
+// backfill reads (TRUNCATE is not MVCC-safe: a snapshot from before it sees
+// the table empty) waits for the backfill's locks, and the rows updated
+// between the slot's snapshot and the TRUNCATE, TOASTed values unchanged,
+// still resolve: the target equals the SQL join.
+//
+// Not in make test yet: about one run in three still does not catch up (an
+// open bug, under investigation; FKMAT_TEST_TRUNCATE_BACKFILL=1 runs it).
+// Without the backfill's relfilenode check it failed one run in two.
+func TestTruncateDuringBackfill(t *testing.T) {
+	if os.Getenv("FKMAT_TEST_TRUNCATE_BACKFILL") == "" {
+		t.Skip("open bug: a TRUNCATE during the backfill; set FKMAT_TEST_TRUNCATE_BACKFILL=1 to run it")
+	}
+	tc := testenv.New(t)
+	toastTables(t, tc)
+	sqlExec(t, tc, `INSERT INTO orders SELECT g, 1 + g % 8, g, 'n' FROM generate_series(1000, 200000) g`)
+	cfg := daemonConfig(t, tc, toastJoinYAML)
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitFor(t, 60*time.Second, "the backfill's slot", func() bool {
+		return queryInt(t, tc, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, tc.Slot) == 1
+	})
+	sqlExec(t, tc, `UPDATE customers SET tier = 'gold'`, // bio unchanged-TOAST
+		`BEGIN; TRUNCATE orders; INSERT INTO orders SELECT g, 1 + g % 8, g, 'r' FROM generate_series(1, 500) g; COMMIT`,
+		`UPDATE customers SET name = name || '!'`)
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
 }

@@ -538,7 +538,7 @@ func (jr *joinRunner) failure(spans []txnSpan, err error) error {
 		if sp.start > ce.Index {
 			break
 		}
-		f.LSN, f.Xid = sp.txn.CommitLSN, sp.txn.Xid
+		f.LSN = sp.txn.CommitLSN
 	}
 	return f
 }
@@ -698,7 +698,7 @@ func (p *pipeline) checkPlaced(t *cdc.Txn) error {
 			return nil
 		}
 		table := TableName{Schema: rel.Namespace, Name: rel.Name}
-		return &failure{LSN: t.CommitLSN, Xid: t.Xid, Table: table.String(), err: fmt.Errorf(
+		return &failure{LSN: t.CommitLSN, Table: table.String(), err: fmt.Errorf(
 			"%w: transaction %d at %s changed %s, which no join uses; "+
 				"if it is a partition of a joined table, the publication %q did not publish via the partition root: "+
 				"run fkmat backfill --force (it sets publish_via_partition_root on the publication and rebuilds the joins past this change)",

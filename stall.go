@@ -26,7 +26,6 @@ const DefaultMaxStallRestarts = 10
 // values: they may be personal data).
 type failure struct {
 	LSN        cdc.LSN // commit LSN of the failing transaction
-	Xid        uint32
 	Join       string
 	Table      string
 	KeyColumns []string

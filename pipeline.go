@@ -191,9 +191,11 @@ func (p *pipeline) run(ctx context.Context) (err error) {
 		start := time.Now()
 		b := p.collect(ctx, first)
 		b.timing.collect = time.Since(start)
-		// The batch in hand is finished even during shutdown, under its own
-		// deadline.
-		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		// The batch in hand is finished even during shutdown, within a
+		// grace period. A batch is never timed out while the daemon runs:
+		// a right row with a million dependents takes as long as it takes,
+		// and a deadline would fail it again on every restart.
+		bctx, cancel := afterGrace(ctx, shutdownGrace)
 		job, err := p.prepare(bctx, b, inflight)
 		if werr := p.wait(inflight); err == nil {
 			err = werr
@@ -207,6 +209,29 @@ func (p *pipeline) run(ctx context.Context) (err error) {
 			return err
 		}
 		inflight = p.startCommit(bctx, cancel, job)
+	}
+}
+
+// shutdownGrace is how long the batch in hand may still take after shutdown
+// begins.
+const shutdownGrace = 30 * time.Second
+
+// afterGrace returns a context that is not canceled with ctx but grace
+// after it: work started under it finishes unless it outlasts the grace.
+func afterGrace(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	gctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel(fmt.Errorf("shutdown: the batch in hand did not finish within %s", grace))
+		case <-gctx.Done():
+		}
+	})
+	return gctx, func() {
+		stop()
+		cancel(context.Canceled)
 	}
 }
 

@@ -84,10 +84,11 @@ func (d *daemon) backfill(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := d.checkRaced(ctx, slot.SnapshotName); err != nil {
+	leaves, err := d.checkRaced(ctx, slot.SnapshotName)
+	if err != nil {
 		return err
 	}
-	if err := d.finishBackfill(ctx, slot.ConsistentPoint); err != nil {
+	if err := d.finishBackfill(ctx, slot.ConsistentPoint, leaves); err != nil {
 		return err
 	}
 	d.log.Info("backfill done", "rows", rows, "seconds", time.Since(start).Seconds(), "consistent_point", slot.ConsistentPoint.String())
@@ -169,8 +170,9 @@ func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc
 }
 
 // finishBackfill records the consistent point as every join's Redis
-// checkpoint and the slot's target checkpoint, and marks the joins streaming.
-func (d *daemon) finishBackfill(ctx context.Context, consistent cdc.LSN) error {
+// checkpoint and the slot's target checkpoint, and the leaf partitions the
+// snapshot saw, and marks the joins streaming.
+func (d *daemon) finishBackfill(ctx context.Context, consistent cdc.LSN, leaves map[uint32]leaf) error {
 	for _, jr := range d.joins {
 		if err := jr.store.Commit(ctx, join.Mutations{}, uint64(consistent)); err != nil {
 			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
@@ -183,10 +185,6 @@ func (d *daemon) finishBackfill(ctx context.Context, consistent cdc.LSN) error {
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if err := tx.Exec(ctx, `UPDATE fkmat.join_state SET phase = 'streaming', updated_at = now() WHERE slot = $1`, d.cfg.Slot); err != nil {
 		return fmt.Errorf("mark joins streaming: %w", err)
-	}
-	leaves, err := readLeaves(ctx, d.source, d.joinedTables())
-	if err != nil {
-		return err
 	}
 	if err := recordLeaves(ctx, tx, d.cfg.Slot, leaves); err != nil {
 		return err
@@ -215,14 +213,17 @@ var errBackfillRaced = errors.New("a joined table was truncated or rewritten whi
 // read it, and the load may have seen it empty. It takes no lock (a lock
 // held across the loads would queue a TRUNCATE ahead of the loads' own
 // locks and hang them), so a rewrite that keeps the rows (VACUUM FULL)
-// also counts: the backfill is simply redone.
-func (d *daemon) checkRaced(ctx context.Context, snapshot string) error {
+// also counts: the backfill is simply redone. It returns the leaf
+// partitions as the snapshot sees them, the ones the loads read, for the
+// daemon to compare later ones with.
+func (d *daemon) checkRaced(ctx context.Context, snapshot string) (map[uint32]leaf, error) {
 	tables := d.joinedTables()
 	names := make([]string, len(tables))
 	for i, t := range tables {
 		names[i] = pgx.Identifier{t.Schema, t.Name}.Sanitize()
 	}
-	return inSnapshot(ctx, d.source, snapshot, func(conn *pgx.Conn) error {
+	var leaves map[uint32]leaf
+	err := inSnapshot(ctx, d.source, snapshot, func(conn *pgx.Conn) error {
 		var raced *string
 		err := conn.QueryRow(ctx, `
 			WITH RECURSIVE tree AS (
@@ -237,6 +238,8 @@ func (d *daemon) checkRaced(ctx context.Context, snapshot string) error {
 		if raced != nil {
 			return fmt.Errorf("%w: %s; backfilling again", errBackfillRaced, *raced)
 		}
-		return nil
+		leaves, err = readLeaves(ctx, conn, tables)
+		return err
 	})
+	return leaves, err
 }

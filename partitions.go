@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fkmat/fkmat/cdc"
 )
 
 // ErrPartitionsChanged means a partition of a joined table was detached or
@@ -28,12 +30,26 @@ type leaf struct {
 	oid    uint32
 	name   string // regclass text
 	parent string
-	lost   bool // it left the table with rows (known leaves only)
+	// relfilenode is its storage; nil in a record of an older fkmat.
+	relfilenode *uint32
+	// xmin is the transaction that last rewrote its pg_class row (current
+	// leaves only).
+	xmin uint32
+	// truncatedXid is the source transaction whose streamed TRUNCATE of
+	// the parent was applied last, if any (known leaves only).
+	truncatedXid *int64
+	lost         bool // it lost rows without row changes in the WAL (known leaves only)
+}
+
+// querier is a pool, a connection or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // readLeaves returns the leaf partitions of the tables, by OID; a table
 // that is not partitioned has none.
-func readLeaves(ctx context.Context, db *pgxpool.Pool, tables []TableName) (map[uint32]leaf, error) {
+func readLeaves(ctx context.Context, db querier, tables []TableName) (map[uint32]leaf, error) {
 	out := map[uint32]leaf{}
 	for _, t := range tables {
 		rows, err := db.Query(ctx, `
@@ -41,17 +57,20 @@ func readLeaves(ctx context.Context, db *pgxpool.Pool, tables []TableName) (map[
 				SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = $1::regclass
 				UNION ALL
 				SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.inhrelid)
-			SELECT c.oid, c.oid::regclass::text FROM tree JOIN pg_class c ON c.oid = tree.inhrelid
+			SELECT c.oid, c.oid::regclass::text, c.relfilenode, c.xmin::text::bigint FROM tree JOIN pg_class c ON c.oid = tree.inhrelid
 			WHERE c.relkind <> 'p' AND (SELECT relkind FROM pg_class WHERE oid = $1::regclass) = 'p'`, pgx.Identifier{t.Schema, t.Name}.Sanitize())
 		if err != nil {
 			return nil, fmt.Errorf("list partitions of %s: %w", t, err)
 		}
 		for rows.Next() {
 			l := leaf{parent: t.String()}
-			if err := rows.Scan(&l.oid, &l.name); err != nil {
+			var node uint32
+			var xmin int64
+			if err := rows.Scan(&l.oid, &l.name, &node, &xmin); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("list partitions of %s: %w", t, err)
 			}
+			l.relfilenode, l.xmin = &node, uint32(xmin)
 			out[l.oid] = l
 		}
 		if err := rows.Err(); err != nil {
@@ -80,8 +99,9 @@ func recordLeaves(ctx context.Context, tx execer, slot string, leaves map[uint32
 		return fmt.Errorf("record partitions: %w", err)
 	}
 	for _, l := range leaves {
-		if err := tx.Exec(ctx, `INSERT INTO fkmat.partitions (slot, parent, leaf_oid, leaf) VALUES ($1, $2, $3, $4)`,
-			slot, l.parent, l.oid, l.name); err != nil {
+		if err := tx.Exec(ctx, `INSERT INTO fkmat.partitions (slot, parent, leaf_oid, leaf, relfilenode, truncated_xid, lost)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+			slot, l.parent, l.oid, l.name, l.relfilenode, l.truncatedXid, l.lost); err != nil {
 			return fmt.Errorf("record partitions: %w", err)
 		}
 	}
@@ -99,20 +119,31 @@ func (d *daemon) joinedTables() []TableName {
 
 // knownLeaves reads the partitions recorded for the slot.
 func knownLeaves(ctx context.Context, db *pgxpool.Pool, slot string) (map[uint32]leaf, error) {
-	rows, err := db.Query(ctx, `SELECT leaf_oid, leaf, parent, lost FROM fkmat.partitions WHERE slot = $1`, slot)
+	rows, err := db.Query(ctx, `SELECT leaf_oid, leaf, parent, lost, relfilenode, truncated_xid FROM fkmat.partitions WHERE slot = $1`, slot)
 	if err != nil {
 		return nil, fmt.Errorf("read known partitions: %w", err)
 	}
 	out := map[uint32]leaf{}
 	for rows.Next() {
 		var l leaf
-		if err := rows.Scan(&l.oid, &l.name, &l.parent, &l.lost); err != nil {
+		if err := rows.Scan(&l.oid, &l.name, &l.parent, &l.lost, &l.relfilenode, &l.truncatedXid); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read known partitions: %w", err)
 		}
 		out[l.oid] = l
 	}
 	return out, rows.Err()
+}
+
+// storageWatch holds, between checks, the leaves whose storage changed
+// and the source WAL position at which the change was seen.
+type storageWatch struct {
+	pending map[uint32]pendingStorage
+}
+
+type pendingStorage struct {
+	relfilenode uint32
+	seenAt      cdc.LSN
 }
 
 // checkPartitions compares the joined tables' partitions with the known
@@ -124,10 +155,22 @@ func knownLeaves(ctx context.Context, db *pgxpool.Pool, slot string) (map[uint32
 // pg_class row (which ATTACH and DETACH rewrite) was in the table before it
 // became, or after it stopped being, a partition. A dropped partition
 // cannot be inspected and counts as having held rows.
-func (d *daemon) checkPartitions(ctx context.Context) error {
+//
+// A leaf whose storage (relfilenode) changed was truncated or rewritten.
+// Postgres publishes a TRUNCATE of the partitioned table (via the root) but
+// not a TRUNCATE of one partition, so once the daemon has applied
+// everything committed before the change was seen: a change made by a
+// streamed TRUNCATE of the parent is fine; a rewrite that kept the rows
+// (VACUUM FULL, CLUSTER, a rewriting ALTER TABLE) is fine; anything else
+// lost the partition's rows without row changes in the WAL.
+func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch) error {
 	cur, err := readLeaves(ctx, d.source, d.joinedTables())
 	if err != nil {
 		return err
+	}
+	var seenAt int64 // after the catalog read: the change was committed before it
+	if err := d.source.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - '0/0')::bigint`).Scan(&seenAt); err != nil {
+		return fmt.Errorf("read the source's WAL position: %w", err)
 	}
 	known, err := knownLeaves(ctx, d.target, d.cfg.Slot)
 	if err != nil {
@@ -138,34 +181,44 @@ func (d *daemon) checkPartitions(ctx context.Context) error {
 			return lostPartition(l)
 		}
 	}
-	if maps.EqualFunc(cur, known, func(a, b leaf) bool { return a.parent == b.parent }) {
-		return nil
-	}
 	if len(known) == 0 {
 		for _, l := range cur {
 			return fmt.Errorf("%w: fkmat has no record of the partitions of %s: it was backfilled by an older fkmat, whose publication "+
 				"did not publish partitioned tables via their root (their streamed changes were lost); run fkmat backfill --force",
 				ErrPartitionsChanged, l.parent)
 		}
+		return nil
 	}
+	next := map[uint32]leaf{}
 	for _, oid := range slices.Sorted(maps.Keys(cur)) {
-		if _, ok := known[oid]; ok {
+		l := cur[oid]
+		k, ok := known[oid]
+		if !ok || k.parent != l.parent {
+			old, err := hasOldRows(ctx, d.source, l)
+			if err != nil {
+				return err
+			}
+			if old {
+				return fmt.Errorf("%w: partition %s was attached to %s with rows in it; they joined the table without row changes in the WAL: "+
+					"run fkmat backfill --force (attach partitions empty and then fill them, to keep the join streaming)",
+					ErrPartitionsChanged, l.name, l.parent)
+			}
+			d.log.Info("a partition was added to a joined table", "table", l.parent, "partition", l.name)
+			next[oid] = l
 			continue
 		}
-		l := cur[oid]
-		old, err := hasOldRows(ctx, d.source, l)
+		adopt, err := d.checkStorage(ctx, w, k, l, cdc.LSN(seenAt))
 		if err != nil {
 			return err
 		}
-		if old {
-			return fmt.Errorf("%w: partition %s was attached to %s with rows in it; they joined the table without row changes in the WAL: "+
-				"run fkmat backfill --force (attach partitions empty and then fill them, to keep the join streaming)",
-				ErrPartitionsChanged, l.name, l.parent)
+		if adopt {
+			next[oid] = l
+		} else {
+			next[oid] = k
 		}
-		d.log.Info("a partition was added to a joined table", "table", l.parent, "partition", l.name)
 	}
 	for _, oid := range slices.Sorted(maps.Keys(known)) {
-		if _, ok := cur[oid]; ok {
+		if l, ok := cur[oid]; ok && l.parent == known[oid].parent {
 			continue
 		}
 		l := known[oid]
@@ -174,29 +227,112 @@ func (d *daemon) checkPartitions(ctx context.Context) error {
 			return err
 		}
 		if old {
-			// Sticky: attaching it back later would not bring back what
-			// was done to it meanwhile.
-			if _, err := d.target.Exec(ctx, `UPDATE fkmat.partitions SET lost = true WHERE slot = $1 AND leaf_oid = $2`,
-				d.cfg.Slot, l.oid); err != nil {
-				return fmt.Errorf("record partition %s as lost: %w", l.name, err)
-			}
-			return lostPartition(l)
+			return d.markLost(ctx, l, lostPartition(l))
 		}
 		d.log.Info("an empty partition left a joined table", "table", l.parent, "partition", l.name)
 	}
-	tx, err := d.target.Begin(ctx)
-	if err != nil {
+	for oid := range w.pending {
+		if _, ok := next[oid]; !ok {
+			delete(w.pending, oid)
+		}
+	}
+	return d.saveLeaves(ctx, known, next)
+}
+
+// saveLeaves writes the differences between the known leaves and next. It
+// never writes truncated_xid, which the pipeline sets concurrently.
+func (d *daemon) saveLeaves(ctx context.Context, known, next map[uint32]leaf) error {
+	batch := &pgx.Batch{}
+	for _, oid := range slices.Sorted(maps.Keys(next)) {
+		l := next[oid]
+		if k, ok := known[oid]; ok && k.parent == l.parent && k.name == l.name && equalPtr(k.relfilenode, l.relfilenode) {
+			continue
+		}
+		batch.Queue(`INSERT INTO fkmat.partitions (slot, parent, leaf_oid, leaf, relfilenode) VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (slot, leaf_oid) DO UPDATE SET parent = EXCLUDED.parent, leaf = EXCLUDED.leaf, relfilenode = EXCLUDED.relfilenode`,
+			d.cfg.Slot, l.parent, l.oid, l.name, l.relfilenode)
+	}
+	for _, oid := range slices.Sorted(maps.Keys(known)) {
+		if _, ok := next[oid]; !ok {
+			batch.Queue(`DELETE FROM fkmat.partitions WHERE slot = $1 AND leaf_oid = $2`, d.cfg.Slot, oid)
+		}
+	}
+	if batch.Len() == 0 {
+		return nil
+	}
+	if err := d.target.SendBatch(ctx, batch).Close(); err != nil {
 		return fmt.Errorf("record partitions: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := recordLeaves(ctx, pgxExecer{tx}, d.cfg.Slot, cur); err != nil {
-		return err
+	return nil
+}
+
+// checkStorage compares a known leaf k with its current state l and reports
+// whether l's storage is to be recorded.
+func (d *daemon) checkStorage(ctx context.Context, w *storageWatch, k, l leaf, seenAt cdc.LSN) (bool, error) {
+	switch {
+	case k.relfilenode == nil: // recorded by an older fkmat
+		return true, nil
+	case *k.relfilenode == *l.relfilenode:
+		delete(w.pending, l.oid)
+		return false, nil
+	case k.truncatedXid != nil && uint32(*k.truncatedXid) == l.xmin:
+		// The streamed TRUNCATE of the parent, applied, gave it this storage.
+		delete(w.pending, l.oid)
+		return true, nil
 	}
-	return tx.Commit(ctx)
+	if w.pending == nil {
+		w.pending = map[uint32]pendingStorage{}
+	}
+	p, ok := w.pending[l.oid]
+	if !ok || p.relfilenode != *l.relfilenode {
+		w.pending[l.oid] = pendingStorage{relfilenode: *l.relfilenode, seenAt: seenAt}
+		return false, nil
+	}
+	// Wait until the daemon has confirmed everything committed before the
+	// change was seen: a TRUNCATE of the parent in it is applied by then.
+	var confirmed *int64
+	err := d.source.QueryRow(ctx, `SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = $1`,
+		d.cfg.Slot).Scan(&confirmed)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return false, fmt.Errorf("read the slot's confirmed position: %w", err)
+	}
+	if confirmed == nil || cdc.LSN(*confirmed) < p.seenAt {
+		return false, nil
+	}
+	delete(w.pending, l.oid)
+	old, err := hasOldRows(ctx, d.source, l)
+	if err != nil {
+		return false, err
+	}
+	if old {
+		d.log.Info("a partition of a joined table was rewritten with its rows (VACUUM FULL, CLUSTER or a rewriting ALTER TABLE)",
+			"table", l.parent, "partition", l.name)
+		return true, nil
+	}
+	return false, d.markLost(ctx, k, fmt.Errorf("%w: partition %s of %s was truncated on its own (or emptied and then rewritten): "+
+		"Postgres does not publish a TRUNCATE of a single partition when the publication publishes via the partitioned table, "+
+		"so the target still holds the joined rows of what it held: run fkmat backfill --force "+
+		"(TRUNCATE the partitioned table, or DELETE from the partition, to keep the join streaming)",
+		ErrPartitionsChanged, l.name, l.parent))
+}
+
+// markLost records leaf l as lost, so that every start refuses until a
+// backfill (attaching it back, say, would not bring back what was done to
+// it meanwhile), and returns err.
+func (d *daemon) markLost(ctx context.Context, l leaf, err error) error {
+	if _, uerr := d.target.Exec(ctx, `UPDATE fkmat.partitions SET lost = true WHERE slot = $1 AND leaf_oid = $2`,
+		d.cfg.Slot, l.oid); uerr != nil {
+		return fmt.Errorf("record partition %s as lost: %w (%w)", l.name, uerr, err)
+	}
+	return err
+}
+
+func equalPtr[T comparable](a, b *T) bool {
+	return a == nil && b == nil || a != nil && b != nil && *a == *b
 }
 
 func lostPartition(l leaf) error {
-	return fmt.Errorf("%w: partition %s left %s (detached or dropped) while it may have held rows; "+
+	return fmt.Errorf("%w: partition %s left %s (detached or dropped) or was truncated on its own while it may have held rows; "+
 		"they left the table without row changes in the WAL, and the target still holds their joined rows: run fkmat backfill --force",
 		ErrPartitionsChanged, l.name, l.parent)
 }
@@ -230,7 +366,7 @@ func hasOldRows(ctx context.Context, db *pgxpool.Pool, l leaf) (bool, error) {
 
 // watchPartitions checks the partitions every partitionCheckInterval until
 // ctx is done or a check finds a change the join cannot follow.
-func (d *daemon) watchPartitions(ctx context.Context) error {
+func (d *daemon) watchPartitions(ctx context.Context, w *storageWatch) error {
 	t := time.NewTicker(partitionCheckInterval)
 	defer t.Stop()
 	for {
@@ -239,7 +375,7 @@ func (d *daemon) watchPartitions(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		if err := d.checkPartitions(ctx); err != nil {
+		if err := d.checkPartitions(ctx, w); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}

@@ -287,6 +287,8 @@ type commitJob struct {
 	outs [][]join.Output
 	tx   *sink.Tx
 	muts []join.Mutations
+	// truncations are the batch's TRUNCATEs, noted with its target write.
+	truncations []truncation
 	// finished is closed when the commits are done, with their result in
 	// err.
 	finished chan struct{}
@@ -310,6 +312,9 @@ func (p *pipeline) prepare(ctx context.Context, b *batch, inflight *commitJob) (
 	for _, t := range b.txns {
 		if err := p.checkPlaced(t); err != nil {
 			return nil, err
+		}
+		if job.writeTarget {
+			job.truncations = appendTruncations(job.truncations, t)
 		}
 	}
 	perJoin := make([][]join.Change, len(p.joins))
@@ -483,6 +488,9 @@ func (p *pipeline) commit(ctx context.Context, job *commitJob) error {
 	}
 	phase(&b.timing.verify)
 	if job.tx != nil {
+		if err := noteTruncations(ctx, job.tx, p.slot, job.truncations); err != nil {
+			return err
+		}
 		if err := job.tx.Commit(ctx, p.slot, lsnOf(end)); err != nil {
 			return err
 		}
@@ -625,10 +633,12 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 		}
 	}()
 	chunk, changes := first, 0
+	var truncations []truncation
 	for {
 		if err := p.checkPlaced(chunk); err != nil {
 			return nil, err
 		}
+		truncations = appendTruncations(truncations, chunk)
 		for i, jr := range p.joins {
 			if cdc.LSN(jr.store.Checkpoint()) > chunk.CommitLSN {
 				continue // this join's state has the whole transaction
@@ -672,6 +682,9 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 	}
 	end := chunk.EndLSN
 	if tx != nil {
+		if err := noteTruncations(ctx, tx, p.slot, truncations); err != nil {
+			return nil, err
+		}
 		if err := tx.Commit(ctx, p.slot, lsnOf(end)); err != nil {
 			return nil, err
 		}
@@ -696,6 +709,38 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 	p.changes.Add(int64(changes))
 	p.log.Info("large transaction applied", "xid", first.Xid, "changes", changes, "chunks", chunk.Chunk+1, "end_lsn", end.String())
 	return nil, nil
+}
+
+// truncation is a streamed TRUNCATE of a joined table.
+type truncation struct {
+	xid   uint32
+	table string
+}
+
+// appendTruncations appends t's TRUNCATEs to out.
+func appendTruncations(out []truncation, t *cdc.Txn) []truncation {
+	for i := range t.Changes {
+		if c := &t.Changes[i]; c.Kind == cdc.ChangeTruncate {
+			for _, rel := range c.Truncate.Relations {
+				out = append(out, truncation{xid: t.Xid, table: TableName{Schema: rel.Namespace, Name: rel.Name}.String()})
+			}
+		}
+	}
+	return out
+}
+
+// noteTruncations records, with the target write that applies them, the
+// source transactions whose TRUNCATE of a partitioned table gave its
+// partitions new storage: the partition check tells them from a TRUNCATE of
+// one partition, which Postgres does not publish (see checkPartitions).
+func noteTruncations(ctx context.Context, tx *sink.Tx, slot string, ts []truncation) error {
+	for _, t := range ts {
+		if err := tx.Exec(ctx, `UPDATE fkmat.partitions SET truncated_xid = $3 WHERE slot = $1 AND parent = $2`,
+			slot, t.table, int64(t.xid)); err != nil {
+			return fmt.Errorf("note the TRUNCATE of %s: %w", t.table, err)
+		}
+	}
+	return nil
 }
 
 // ErrUnplaced means the stream carried a row change of a table no join

@@ -193,7 +193,8 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		return err
 	}
 	// Partitions attached or detached while the daemon was away.
-	if err := d.checkPartitions(ctx); err != nil {
+	watch := &storageWatch{}
+	if err := d.checkPartitions(ctx, watch); err != nil {
 		return err
 	}
 	rs.start, rs.streaming = start, true
@@ -225,7 +226,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		d.sweep(gctx, &p.garbage)
 		return nil
 	})
-	g.Go(func() error { return d.watchPartitions(gctx) })
+	g.Go(func() error { return d.watchPartitions(gctx, watch) })
 	g.Go(func() error {
 		runErr := p.run(gctx)
 		d.obs.setPhase("stopping")

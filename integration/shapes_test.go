@@ -29,8 +29,9 @@ joins:
 `
 
 // TestPartitionedTables: orders partitioned by range of created (with a
-// default partition) and customers partitioned by hash of id, as the left
-// and the right table. The backfill, streamed changes into every partition,
+// default partition) and customers partitioned by hash of id (left join) or
+// by list of ids with a default partition (inner join), as the left and the
+// right table. The backfill, streamed changes into every partition,
 // UPDATEs moving rows between partitions (the partition key, and the key
 // across partitions), a partition created and one attached while running,
 // and a restart: the target equals the SQL join over the partitioned
@@ -40,11 +41,22 @@ func TestPartitionedTables(t *testing.T) {
 	for _, typ := range []string{"left", "inner"} {
 		t.Run(typ, func(t *testing.T) {
 			tc := testenv.New(t)
-			sqlExec(t, tc,
+			customers := []string{ // hash-partitioned for the left join
 				`CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text) PARTITION BY HASH (id)`,
 				`CREATE TABLE customers_p0 PARTITION OF customers FOR VALUES WITH (MODULUS 3, REMAINDER 0)`,
 				`CREATE TABLE customers_p1 PARTITION OF customers FOR VALUES WITH (MODULUS 3, REMAINDER 1)`,
 				`CREATE TABLE customers_p2 PARTITION OF customers FOR VALUES WITH (MODULUS 3, REMAINDER 2)`,
+			}
+			if typ == "inner" { // list-partitioned, with a default partition, for the inner join
+				customers = []string{
+					`CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text) PARTITION BY LIST (id)`,
+					`CREATE TABLE customers_low PARTITION OF customers FOR VALUES IN (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)`,
+					`CREATE TABLE customers_mid PARTITION OF customers FOR VALUES IN (11, 12, 13, 14, 15, 16, 17, 18, 19, 20)`,
+					`CREATE TABLE customers_rest PARTITION OF customers DEFAULT`,
+				}
+			}
+			sqlExec(t, tc, customers...)
+			sqlExec(t, tc,
 				`CREATE TABLE orders (id bigint, created date, customer_id bigint, amount numeric(12,2), note text,
 					PRIMARY KEY (id, created)) PARTITION BY RANGE (created)`,
 				`CREATE TABLE orders_2025 PARTITION OF orders FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`,
@@ -256,4 +268,71 @@ func TestCheckPartitionReplicaIdentity(t *testing.T) {
 	if err := fkmat.Check(ctx, cfg, fkmat.Options{}); err != nil {
 		t.Fatalf("check with a partition of REPLICA IDENTITY FULL: %v", err)
 	}
+}
+
+// TestPartitionTruncate: Postgres publishes a TRUNCATE of a partitioned
+// table (via the root), but not a TRUNCATE of one of its partitions. The
+// first is streamed, and like a VACUUM FULL of a partition (new storage,
+// same rows) it must not stop the daemon; the second loses the partition's
+// rows without row changes in the WAL: run stops naming the partition and
+// the fix, whether the TRUNCATE happened while it ran or while it was
+// stopped, until a rebuild.
+func TestPartitionTruncate(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc,
+		`CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`,
+		`CREATE TABLE orders (id bigint, created date, customer_id bigint, amount numeric(12,2), note text,
+			PRIMARY KEY (id, created)) PARTITION BY RANGE (created)`,
+		`CREATE TABLE orders_2025 PARTITION OF orders FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`,
+		`CREATE TABLE orders_2026 PARTITION OF orders FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`,
+		`CREATE TABLE orders_default PARTITION OF orders DEFAULT`,
+		`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 10) g`,
+		`INSERT INTO orders SELECT g, date '2025-01-01' + g % 800, g % 12, g, 'n' FROM generate_series(1, 400) g`)
+	cfg := daemonConfig(t, tc, partitionedYAML)
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+
+	refill := `INSERT INTO orders SELECT g, date '2025-01-01' + g % 800, g % 12, g, 'r' FROM generate_series(1, 300) g`
+	sqlExec(t, tc, `TRUNCATE orders`, refill, `VACUUM FULL orders_2025`, `UPDATE customers SET tier = 'gold' WHERE id < 5`)
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	// Past three partition checks with the slot confirmed beyond both.
+	select {
+	case err := <-d.done:
+		d.cancel = nil
+		t.Fatalf("run stopped after a streamed TRUNCATE of the partitioned table and a VACUUM FULL of a partition: %v", err)
+	case <-time.After(3*10*time.Second + 5*time.Second):
+	}
+
+	stopped := func(what, partition string) {
+		t.Helper()
+		select {
+		case err := <-d.done:
+			d.cancel = nil
+			if !errors.Is(err, fkmat.ErrPartitionsChanged) || !strings.Contains(err.Error(), "backfill --force") ||
+				!strings.Contains(err.Error(), partition) {
+				t.Fatalf("%s: run stopped with %v, want ErrPartitionsChanged naming %s and fkmat backfill --force", what, err, partition)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatalf("%s: run did not stop", what)
+		}
+	}
+	sqlExec(t, tc, `TRUNCATE orders_2026`)
+	stopped("a partition truncated while running", "orders_2026")
+	d = startDaemon(t, cfg, fkmat.Options{})
+	stopped("a partition truncated, then a restart", "orders_2026")
+	if err := fkmat.BackfillIfNeeded(context.Background(), cfg, true, fkmat.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	sqlExec(t, tc, `TRUNCATE orders_default`) // while the daemon is stopped
+	d = startDaemon(t, cfg, fkmat.Options{})
+	stopped("a partition truncated while stopped", "orders_default")
+	if err := fkmat.BackfillIfNeeded(context.Background(), cfg, true, fkmat.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	d = startDaemon(t, cfg, fkmat.Options{})
+	sqlExec(t, tc, refill+` ON CONFLICT DO NOTHING`, `UPDATE customers SET name = 'x' || name`)
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
 }

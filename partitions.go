@@ -85,14 +85,6 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) error
 }
 
-// pgxExecer adapts a pgx.Tx to execer.
-type pgxExecer struct{ tx pgx.Tx }
-
-func (e pgxExecer) Exec(ctx context.Context, sql string, args ...any) error {
-	_, err := e.tx.Exec(ctx, sql, args...)
-	return err
-}
-
 // recordLeaves replaces the known partitions of the slot with leaves.
 func recordLeaves(ctx context.Context, tx execer, slot string, leaves map[uint32]leaf) error {
 	if err := tx.Exec(ctx, `DELETE FROM fkmat.partitions WHERE slot = $1`, slot); err != nil {

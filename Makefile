@@ -5,13 +5,17 @@ BIN     := bin/fkmat
 GOBIN   := $(CURDIR)/.bin
 STATICCHECK_VERSION := v0.8.2
 TEST_TIMEOUT ?= 20m
+# The version embedded in builds: the nearest tag (or the commit), with
+# -dirty for uncommitted changes.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/fkmat/fkmat/internal/buildinfo.version=$(VERSION)
 
 export PATH := $(PATH):/usr/local/go/bin
 
 .PHONY: build demo bench test test-unit test-race test-images lint soak
 
 build:
-	$(GO) build -o $(BIN) ./cmd/fkmat
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/fkmat
 
 ## demo: throwaway Postgres + Redis, sample data, the real daemon, a live workload, verify, cleanup
 demo:

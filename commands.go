@@ -157,11 +157,40 @@ type JoinStatus struct {
 	// count(*) would scan the whole table.
 	TargetRowsEstimated bool  `json:"target_rows_estimated"`
 	Subscriptions       int64 `json:"subscriptions"` // -1 when unknown
+	// RetainedWALBytes is the WAL the slot keeps on the source's disk
+	// (pg_current_wal_lsn() - restart_lsn); WALStatus its wal_status
+	// (reserved, extended, unreserved, lost); SafeWALSizeBytes its
+	// safe_wal_size, -1 when max_slot_wal_keep_size is unlimited.
+	RetainedWALBytes int64  `json:"retained_wal_bytes"`
+	WALStatus        string `json:"wal_status"`
+	SafeWALSizeBytes int64  `json:"safe_wal_size_bytes"`
+	// Daemon is the fkmat run that last reported itself streaming from the
+	// slot (fkmat.daemon), nil when none ever did.
+	Daemon *DaemonStatus `json:"daemon,omitempty"`
 	// Stall is the daemon's current stall (the same error recurring at the
 	// same source position), nil when it has none.
 	Stall *StallStatus `json:"stall,omitempty"`
 	// Problems lists what status found wrong, each with its fix.
 	Problems []string `json:"problems,omitempty"`
+}
+
+// DaemonStatus is the daemon as it last reported itself (every 10 s while
+// it streams).
+type DaemonStatus struct {
+	Host        string    `json:"host"`
+	PID         int       `json:"pid"`
+	Version     string    `json:"version"`
+	StartedAt   time.Time `json:"started_at"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+	// LagSeconds is how far behind the source it was at HeartbeatAt: the
+	// time since the source commit of the last transaction it applied,
+	// while it had a backlog; 0 without one.
+	LagSeconds float64 `json:"lag_seconds"`
+	// LastCommitTime is the source commit time of the last transaction it
+	// applied, if any.
+	LastCommitTime *time.Time `json:"last_commit_time,omitempty"`
+	// Live is set when the heartbeat is recent (within a minute).
+	Live bool `json:"live"`
 }
 
 // StallStatus is a stall as fkmat status shows it (from fkmat.stall).
@@ -224,7 +253,8 @@ func Status(ctx context.Context, cfg *Config, opts Options) ([]JoinStatus, error
 			SlotActive: info.ActivePID != 0, ConfirmedFlushLSN: info.ConfirmedFlushLSN.String(),
 			CurrentWALLSN: info.CurrentLSN.String(), LagBytes: info.LagBytes, CheckpointLSN: meta.checkpoint.String(),
 			Phase: "never_backfilled", RedisState: "ok", Metadata: "ok", TargetState: "ok", TargetRows: -1, Subscriptions: -1,
-			Stall: meta.stall,
+			RetainedWALBytes: info.RetainedBytes, WALStatus: info.WALStatus, SafeWALSizeBytes: info.SafeWALSize,
+			Daemon: meta.daemon, Stall: meta.stall,
 		}
 		st := meta.joins[p.Name]
 		if !meta.migrated {
@@ -234,6 +264,7 @@ func Status(ctx context.Context, cfg *Config, opts Options) ([]JoinStatus, error
 		if st.exists {
 			s.Phase = st.phase
 		}
+		s.Problems = append(s.Problems, slotProblems(cfg.Slot, info, s.Phase, meta.daemon, opts.MaxInactive, time.Now())...)
 		if err := statusRedis(ctx, rdb, cfg.Slot, opts, p, st, &s); err != nil {
 			return nil, err
 		}
@@ -251,15 +282,62 @@ type statusMeta struct {
 	checkpoint cdc.LSN
 	joins      map[string]joinState
 	stall      *StallStatus
+	daemon     *DaemonStatus
+}
+
+// slotProblems lists what is wrong with the slot of a join in phase: it is
+// missing, invalidated or about to be, or nobody has streamed from it for
+// longer than maxInactive (by the daemon's heartbeat).
+func slotProblems(slot string, info cdc.SlotInfo, phase string, d *DaemonStatus, maxInactive time.Duration, now time.Time) []string {
+	var out []string
+	switch {
+	case !info.Exists:
+		if phase != "never_backfilled" {
+			out = append(out, fmt.Sprintf("replication slot %q is missing (dropped?): the changes since the checkpoint are lost; run fkmat backfill --force", slot))
+		}
+		return out
+	case info.WALStatus == "lost":
+		out = append(out, fmt.Sprintf("replication slot %q is invalidated (wal_status lost: it retained more than max_slot_wal_keep_size): "+
+			"run fkmat backfill --force, and raise max_slot_wal_keep_size", slot))
+	case info.WALStatus == "unreserved":
+		out = append(out, fmt.Sprintf("replication slot %q is about to be invalidated (wal_status unreserved: it retains %d bytes, past max_slot_wal_keep_size): "+
+			"get fkmat run streaming from it, or raise max_slot_wal_keep_size", slot, info.RetainedBytes))
+	}
+	if info.Active || phase != "streaming" {
+		return out
+	}
+	switch {
+	case d == nil:
+		out = append(out, fmt.Sprintf("no fkmat run streams from replication slot %q (none has reported itself in fkmat.daemon); "+
+			"it retains %d bytes of WAL on the source's disk: start fkmat run, or fkmat teardown if the join is no longer wanted", slot, info.RetainedBytes))
+	case now.Sub(d.HeartbeatAt) > maxInactive:
+		out = append(out, fmt.Sprintf("no fkmat run has streamed from replication slot %q for %s (last: %s on %s, pid %d); "+
+			"it retains %d bytes of WAL on the source's disk: start fkmat run, or fkmat teardown if the join is no longer wanted",
+			slot, now.Sub(d.HeartbeatAt).Round(time.Second), d.Version, d.Host, d.PID, info.RetainedBytes))
+	}
+	return out
 }
 
 func readStatusMeta(ctx context.Context, target *pgxpool.Pool, slot string) (statusMeta, error) {
 	m := statusMeta{joins: map[string]joinState{}}
-	var hasStall bool
+	var hasStall, hasDaemon bool
 	err := target.QueryRow(ctx, `SELECT to_regclass('fkmat.join_state') IS NOT NULL AND to_regclass('fkmat.checkpoint') IS NOT NULL,
-		to_regclass('fkmat.stall') IS NOT NULL`).Scan(&m.migrated, &hasStall)
+		to_regclass('fkmat.stall') IS NOT NULL, to_regclass('fkmat.daemon') IS NOT NULL`).Scan(&m.migrated, &hasStall, &hasDaemon)
 	if err != nil || !m.migrated {
 		return m, err
+	}
+	if hasDaemon {
+		var d DaemonStatus
+		err := target.QueryRow(ctx, `SELECT host, pid, version, started_at, heartbeat_at, lag_seconds, last_commit_time,
+			heartbeat_at > now() - interval '1 minute' FROM fkmat.daemon WHERE slot = $1`, slot).Scan(
+			&d.Host, &d.PID, &d.Version, &d.StartedAt, &d.HeartbeatAt, &d.LagSeconds, &d.LastCommitTime, &d.Live)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return m, fmt.Errorf("read fkmat.daemon: %w", err)
+		default:
+			m.daemon = &d
+		}
 	}
 	lsn, err := sink.NewWriter(target).Checkpoint(ctx, slot)
 	if err != nil {
@@ -425,7 +503,8 @@ func Teardown(ctx context.Context, cfg *Config, dropTarget bool, opts Options) e
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	for _, q := range []string{`DELETE FROM fkmat.join_state WHERE slot = $1`, `DELETE FROM fkmat.checkpoint WHERE slot = $1`,
-		`DELETE FROM fkmat.stall WHERE slot = $1`, `DELETE FROM fkmat.partitions WHERE slot = $1`} {
+		`DELETE FROM fkmat.stall WHERE slot = $1`, `DELETE FROM fkmat.partitions WHERE slot = $1`,
+		`DELETE FROM fkmat.daemon WHERE slot = $1`} {
 		if _, err := tx.Exec(ctx, q, cfg.Slot); err != nil {
 			return fmt.Errorf("delete fkmat metadata: %w", err)
 		}

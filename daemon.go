@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -61,7 +62,24 @@ type Options struct {
 	// MetricsBound, when set, receives the address the metrics server
 	// listens on (useful with port 0).
 	MetricsBound func(net.Addr)
+	// SlotRetainedWarn is the WAL the slot may retain on the source before
+	// run warns; zero means DefaultSlotRetainedWarn. run warns as well when
+	// the slot's safe_wal_size falls below it.
+	SlotRetainedWarn int64
+	// SlotCheckInterval is how often run samples the slot and reports
+	// itself in fkmat.daemon; zero means 10 s.
+	SlotCheckInterval time.Duration
+	// MaxInactive is how long status accepts that no daemon streams from a
+	// streaming join's slot before it reports a problem; zero means
+	// DefaultMaxInactive.
+	MaxInactive time.Duration
 }
+
+// DefaultMaxInactive is the default Options.MaxInactive.
+const DefaultMaxInactive = 5 * time.Minute
+
+// DefaultSlotRetainedWarn is the default Options.SlotRetainedWarn: 1 GiB.
+const DefaultSlotRetainedWarn = 1 << 30
 
 func (o *Options) setDefaults() {
 	if o.Logger == nil {
@@ -72,6 +90,15 @@ func (o *Options) setDefaults() {
 	}
 	if o.MaxStallRestarts == 0 {
 		o.MaxStallRestarts = DefaultMaxStallRestarts
+	}
+	if o.SlotRetainedWarn == 0 {
+		o.SlotRetainedWarn = DefaultSlotRetainedWarn
+	}
+	if o.MaxInactive == 0 {
+		o.MaxInactive = DefaultMaxInactive
+	}
+	if o.SlotCheckInterval == 0 {
+		o.SlotCheckInterval = 10 * time.Second
 	}
 	o.Batch.setDefaults()
 }

@@ -13,6 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/buildinfo"
 )
 
 // observer publishes the running daemon's counters on /metrics and its
@@ -26,6 +29,31 @@ type observer struct {
 	base  pipelineCounters
 	// stall is the pipeline's current stall, nil when it is not stalled.
 	stall *Stall
+	// slot is the last sample of the replication slot, nil before one.
+	slot *cdc.SlotInfo
+}
+
+// setSlot records a sample of the slot.
+func (o *observer) setSlot(s *cdc.SlotInfo) {
+	if o == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.slot = s
+}
+
+// slotLag is the slot's lag in bytes at the last sample (0 before one).
+func (o *observer) slotLag() int64 {
+	if o == nil {
+		return 0
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.slot == nil {
+		return 0
+	}
+	return o.slot.LagBytes
 }
 
 // setStall records the current stall (nil: none).
@@ -93,11 +121,14 @@ func (o *observer) countersLocked() pipelineCounters {
 // descs lists every metric for Describe.
 var descs []*prometheus.Desc
 
-func desc(name, help string) *prometheus.Desc {
-	d := prometheus.NewDesc(name, help, nil, nil)
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	d := prometheus.NewDesc(name, help, labels, nil)
 	descs = append(descs, d)
 	return d
 }
+
+// walStatuses are the values of pg_replication_slots.wal_status.
+var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 
 var (
 	mBatches    = desc("fkmat_pipeline_batches_total", "Batches committed to the target and Redis.")
@@ -115,6 +146,14 @@ var (
 	mReady      = desc("fkmat_ready", "1 while streaming.")
 	mStalled    = desc("fkmat_pipeline_stalled", "1 while the pipeline fails with the same error at the same source position after restarts.")
 	mStallCount = desc("fkmat_pipeline_stall_recurrences", "Recurrences of the current stall's error (0 when not stalled).")
+	mBuild      = desc("fkmat_build_info", "Always 1; the labels say which fkmat runs.", "version", "goversion")
+	mLagSeconds = desc("fkmat_lag_seconds", "While there is a backlog, seconds since the source commit of the last applied transaction; 0 without one.")
+	mLastCommit = desc("fkmat_last_applied_commit_timestamp_seconds", "Source commit time (Unix seconds) of the last applied transaction.")
+	mRetained   = desc("fkmat_slot_retained_wal_bytes", "WAL the replication slot keeps on the source (pg_current_wal_lsn() - restart_lsn).")
+	mSafeWAL    = desc("fkmat_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is invalidated (safe_wal_size); absent when max_slot_wal_keep_size is unlimited.")
+	mWALStatus  = desc("fkmat_slot_wal_status", "1 for the slot's current wal_status, 0 for the others.", "status")
+	mSlotActive = desc("fkmat_slot_active", "1 while a walsender streams from the slot.")
+	mSlotLag    = desc("fkmat_slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn of the slot, at the last sample.")
 )
 
 // Describe implements prometheus.Collector.
@@ -128,7 +167,7 @@ func (o *observer) Describe(ch chan<- *prometheus.Desc) {
 func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	o.mu.Lock()
 	c := o.countersLocked()
-	p, phase, stall := o.p, o.phase, o.stall
+	p, phase, stall, slot := o.p, o.phase, o.stall, o.slot
 	o.mu.Unlock()
 	counter := func(d *prometheus.Desc, v float64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
@@ -162,6 +201,31 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 		gaugeOf(mLag, lag)
 		gaugeOf(mAcked, float64(st.AckedLSN))
 		gaugeOf(mBuffered, float64(st.BufferedChanges))
+		lag, last := p.lag(time.Now())
+		gaugeOf(mLagSeconds, lag)
+		if !last.IsZero() {
+			gaugeOf(mLastCommit, float64(last.UnixNano())/1e9)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(mBuild, prometheus.GaugeValue, 1, buildinfo.Version(), buildinfo.GoVersion())
+	if slot != nil && slot.Exists {
+		gaugeOf(mRetained, float64(slot.RetainedBytes))
+		if slot.SafeWALSize >= 0 {
+			gaugeOf(mSafeWAL, float64(slot.SafeWALSize))
+		}
+		for _, s := range walStatuses {
+			v := 0.0
+			if s == slot.WALStatus {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(mWALStatus, prometheus.GaugeValue, v, s)
+		}
+		active := 0.0
+		if slot.Active {
+			active = 1
+		}
+		gaugeOf(mSlotActive, active)
+		gaugeOf(mSlotLag, float64(slot.LagBytes))
 	}
 }
 

@@ -110,6 +110,44 @@ type pipeline struct {
 	placed map[*cdc.Relation]bool
 	// stats, read by the metrics handler
 	batches, txns, changes, upserted, deleted atomic.Int64
+	// lastCommit is the source commit time (Unix ns) of the last applied
+	// transaction; firstSeen that of the first one received; started is
+	// when the pipeline started.
+	lastCommit, firstSeen atomic.Int64
+	started               time.Time
+}
+
+// applied records the source commit time of the last transaction applied.
+func (p *pipeline) applied(t *cdc.Txn) {
+	if !t.CommitTime.IsZero() {
+		p.lastCommit.Store(t.CommitTime.UnixNano())
+	}
+}
+
+// lag is how far the pipeline is behind the source at now: while it has a
+// backlog (transactions received and not applied, or changes waiting), the
+// time since the source commit of the last transaction it applied (before
+// the first, of the first it received; before that, since it started); 0
+// without a backlog. It overstates the lag of the oldest waiting change by
+// at most the time between two source commits. last is the commit time of
+// the last transaction applied (zero before the first).
+func (p *pipeline) lag(now time.Time) (seconds float64, last time.Time) {
+	if ns := p.lastCommit.Load(); ns != 0 {
+		last = time.Unix(0, ns)
+	}
+	st := p.stream.Stats()
+	if st.ReceivedLSN <= st.AckedLSN && st.BufferedChanges == 0 {
+		return 0, last
+	}
+	since := last
+	if since.IsZero() {
+		if ns := p.firstSeen.Load(); ns != 0 {
+			since = time.Unix(0, ns)
+		} else {
+			since = p.started
+		}
+	}
+	return max(0, now.Sub(since).Seconds()), last
 }
 
 // batch is a run of whole transactions.
@@ -241,7 +279,11 @@ func (p *pipeline) next(ctx context.Context) (*cdc.Txn, error) {
 		p.held = nil
 		return t, nil
 	}
-	return p.stream.Next(ctx)
+	t, err := p.stream.Next(ctx)
+	if err == nil && !t.CommitTime.IsZero() {
+		p.firstSeen.CompareAndSwap(0, t.CommitTime.UnixNano())
+	}
+	return t, err
 }
 
 // collect adds whole transactions to a batch that starts with first, until a
@@ -462,6 +504,7 @@ func (p *pipeline) commit(ctx context.Context, job *commitJob) error {
 		// Nothing for any join: no write is needed, and acknowledging is safe
 		// because a restart from the older checkpoint finds nothing either.
 		p.stream.Ack(end)
+		p.applied(b.txns[len(b.txns)-1])
 		return nil
 	}
 	if job.writeTarget && job.tx == nil {
@@ -512,6 +555,7 @@ func (p *pipeline) commit(ctx context.Context, job *commitJob) error {
 	}
 	phase(&b.timing.redis)
 	p.stream.Ack(end)
+	p.applied(b.txns[len(b.txns)-1])
 	if p.progress != nil {
 		p.progress()
 	}
@@ -701,6 +745,7 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 		}
 	}
 	p.stream.Ack(end)
+	p.applied(first)
 	if p.progress != nil {
 		p.progress()
 	}

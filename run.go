@@ -201,7 +201,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	stream := d.cdc.NewStream(start)
 	p := &pipeline{
 		slot: d.cfg.Slot, publication: d.cfg.Publication, joins: d.joins, writer: d.writer, stream: stream,
-		limits: d.opts.Batch, log: d.log.With("component", "pipeline"), progress: rs.progress,
+		limits: d.opts.Batch, log: d.log.With("component", "pipeline"), progress: rs.progress, started: time.Now(),
 	}
 	p.targetLSN.Store(uint64(targetLSN))
 	d.log.Info("streaming", "slot", d.cfg.Slot, "start_lsn", start.String(), "joins", len(d.joins))
@@ -227,6 +227,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		return nil
 	})
 	g.Go(func() error { return d.watchPartitions(gctx, watch) })
+	g.Go(func() error { return d.watchSlot(gctx, p) })
 	g.Go(func() error {
 		runErr := p.run(gctx)
 		d.obs.setPhase("stopping")

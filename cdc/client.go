@@ -283,7 +283,10 @@ type SlotInfo struct {
 	// LagBytes how far ConfirmedFlushLSN is behind it.
 	CurrentLSN LSN
 	LagBytes   int64
-	name       string
+	// RetainedBytes is the WAL the slot keeps on the server's disk
+	// (CurrentLSN - RestartLSN).
+	RetainedBytes int64
+	name          string
 }
 
 // Usable returns nil when streaming can start from the slot, else an error
@@ -299,7 +302,9 @@ func (i SlotInfo) Usable() error {
 		return fmt.Errorf("%w: slot %q belongs to database %q, not %q; configure another slot name",
 			ErrSlotExists, i.name, i.Database, i.CurrentDatabase)
 	case i.WALStatus == "lost":
-		return fmt.Errorf("%w: slot %q lost WAL it needed (max_slot_wal_keep_size?); drop it, recreate it and backfill again",
+		return fmt.Errorf("%w: slot %q lost WAL it needed (wal_status lost: it retained more than max_slot_wal_keep_size); "+
+			"run fkmat backfill --force (it recreates the slot and rebuilds the joins), and raise max_slot_wal_keep_size "+
+			"or keep the daemon from falling that far behind",
 			ErrSlotInvalidated, i.name)
 	}
 	return nil
@@ -313,6 +318,11 @@ func (c *Client) SlotInfo(ctx context.Context) (SlotInfo, error) {
 	}
 	defer closeConn(conn)
 	return slotInfo(ctx, conn, c.cfg.Slot)
+}
+
+// ReadSlotInfo reads the state of the named slot on conn.
+func ReadSlotInfo(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, error) {
+	return slotInfo(ctx, conn, slot)
 }
 
 func slotInfo(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, error) {
@@ -357,6 +367,9 @@ func slotInfo(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, error
 	}
 	if i.Exists && i.ConfirmedFlushLSN != 0 {
 		i.LagBytes = int64(i.CurrentLSN) - int64(i.ConfirmedFlushLSN)
+	}
+	if i.Exists && i.RestartLSN != 0 {
+		i.RetainedBytes = int64(i.CurrentLSN) - int64(i.RestartLSN)
 	}
 	return i, nil
 }

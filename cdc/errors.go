@@ -146,7 +146,8 @@ func mapError(err error, slot, publication, user string) error {
 		return fmt.Errorf("%w: publication %q is missing at this WAL position; recreate the publication and the slot, then backfill again: %w",
 			ErrPublicationMissing, publication, err)
 	case pgErr.Code == "55000" && (strings.Contains(msg, "can no longer get changes") || strings.Contains(msg, "cannot read from logical replication slot") || strings.Contains(msg, "invalidated")):
-		return fmt.Errorf("%w: slot %q lost WAL it needed (max_slot_wal_keep_size?); drop it, recreate it and backfill again: %w",
+		return fmt.Errorf("%w: slot %q lost WAL it needed (it retained more than max_slot_wal_keep_size); "+
+			"run fkmat backfill --force (it recreates the slot and rebuilds the joins), and raise max_slot_wal_keep_size: %w",
 			ErrSlotInvalidated, slot, err)
 	case pgErr.Code == "42P01":
 		return fmt.Errorf("%w: create the table or fix the table list: %w", ErrTableMissing, err)

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/urfave/cli/v2"
@@ -142,4 +145,14 @@ func writeTargetless(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+func TestVersion(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"fkmat", "--version"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	if got := out.String(); !strings.HasPrefix(got, "fkmat ") || !strings.Contains(got, runtime.Version()) {
+		t.Fatalf("--version printed %q, want fkmat <version> (<go version>)", got)
+	}
 }

@@ -19,11 +19,9 @@ import (
 
 	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/buildinfo"
 	"github.com/fkmat/fkmat/sink"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 // Exit codes (SPEC): 0 ok, 1 failure or difference, 2 bad usage or configuration.
 const (
@@ -83,10 +81,13 @@ func (e *exitError) Error() string { return e.err.Error() }
 func (e *exitError) Unwrap() error { return e.err }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	cli.VersionPrinter = func(c *cli.Context) {
+		fmt.Fprintf(c.App.Writer, "fkmat %s (%s)\n", buildinfo.Version(), buildinfo.GoVersion())
+	}
 	app := &cli.App{
 		Name:      "fkmat",
 		Usage:     "keep a foreign-key join of two Postgres tables materialized, from logical replication",
-		Version:   version,
+		Version:   buildinfo.Version(),
 		Flags:     commonFlags(),
 		Writer:    stdout,
 		ErrWriter: stderr,

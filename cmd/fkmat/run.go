@@ -17,6 +17,8 @@ func runCommand() *cli.Command {
 				Usage: "when the Redis state is lost or foreign: rebuild (backfill again) or refuse (exit naming fkmat backfill --force)"},
 			&cli.IntFlag{Name: "max-stall-restarts", Value: fkmat.DefaultMaxStallRestarts, EnvVars: []string{"FKMAT_MAX_STALL_RESTARTS"},
 				Usage: "exit 1 after the same error recurs this many times at the same source position (a stall a restart cannot fix)"},
+			&cli.StringFlag{Name: "slot-retained-warn", Value: "1GiB", EnvVars: []string{"FKMAT_SLOT_RETAINED_WARN"},
+				Usage: "warn when the replication slot retains more WAL than this on the source, or its safe_wal_size falls below it (e.g. 1GiB, 512MB)"},
 			&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"FKMAT_METRICS_ADDR"},
 				Usage: "serve Prometheus /metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9187)"},
 		},
@@ -29,6 +31,9 @@ func runCommand() *cli.Command {
 			opts.MetricsAddr = c.String("metrics-addr")
 			if opts.MaxStallRestarts = c.Int("max-stall-restarts"); opts.MaxStallRestarts < 1 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--max-stall-restarts %d: use 1 or more", opts.MaxStallRestarts)}
+			}
+			if opts.SlotRetainedWarn, err = parseSize(c.String("slot-retained-warn")); err != nil {
+				return &exitError{code: exitUsage, err: fmt.Errorf("--slot-retained-warn: %w", err)}
 			}
 			if opts.OnLostState != fkmat.LostStateRebuild && opts.OnLostState != fkmat.LostStateRefuse {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--on-lost-state %q: use rebuild or refuse", opts.OnLostState)}

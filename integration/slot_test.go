@@ -1,0 +1,205 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/testenv"
+)
+
+// scraper reads one metric of a daemon's /metrics.
+type scraper struct {
+	t    *testing.T
+	base string
+}
+
+func boundScraper(t *testing.T, bound <-chan net.Addr) *scraper {
+	t.Helper()
+	select {
+	case a := <-bound:
+		return &scraper{t: t, base: "http://" + a.String()}
+	case <-time.After(30 * time.Second):
+		t.Fatal("metrics server not bound")
+		return nil
+	}
+}
+
+func (s *scraper) body() string {
+	s.t.Helper()
+	resp, err := http.Get(s.base + "/metrics")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// value returns the sample of series (a name with its labels, as printed),
+// and whether it is there.
+func metricValue(body, series string) (float64, bool) {
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindStringSubmatch(body)
+	if m == nil {
+		return 0, false
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v, true
+}
+
+// TestSlotSafety, on a Postgres of its own with a small
+// max_slot_wal_keep_size: the slot's retained WAL, wal_status and
+// safe_wal_size are exported; run warns when the slot retains more than
+// --slot-retained-warn; fkmat status reports a fresh daemon as fine; once
+// the stopped daemon's slot is invalidated (wal_status lost), status
+// reports it with the fix and run stops naming fkmat backfill --force and
+// max_slot_wal_keep_size; the rebuild streams again and the target equals
+// the SQL join.
+func TestSlotSafety(t *testing.T) {
+	tc := testenv.New(t)
+	x := tc.Env.ExtraPostgres(t, append(slices.Clone(testenv.PostgresArgs), "-c", "max_slot_wal_keep_size=48MB")...)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	src, err := pgxpool.New(ctx, x.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	exec := func(stmts ...string) {
+		t.Helper()
+		for _, s := range stmts {
+			if _, err := src.Exec(ctx, s); err != nil {
+				t.Fatalf("%s: %v", s, err)
+			}
+		}
+	}
+	exec(shop, `CREATE TABLE filler (id bigint, pad text)`,
+		`INSERT INTO customers SELECT g, 'c' || g, 't' FROM generate_series(1, 20) g`,
+		`INSERT INTO orders SELECT g, g % 25, g, 'n' FROM generate_series(1, 500) g`)
+	cfg, err := fkmat.ParseConfig([]byte(leftJoinYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Source = x.URL
+	cfg.Redis = (&url.URL{Scheme: "redis", Host: tc.Env.RedisAddr, Path: "/0"}).String()
+	cfg.Slot, cfg.Publication = tc.Slot, tc.Publication
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = testenv.DeleteKeys(context.Background(), tc.Redis, "fkmat:"+tc.Slot+":") })
+	caughtUp := func() {
+		t.Helper()
+		var want string
+		if err := src.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&want); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 90*time.Second, "caught up", func() bool {
+			var ok *bool
+			_ = src.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $2::pg_lsn AND (SELECT count(*) = 0 FROM fkmat.join_state WHERE phase <> 'streaming')
+				FROM pg_replication_slots WHERE slot_name = $1`, cfg.Slot, want).Scan(&ok)
+			return ok != nil && *ok
+		})
+	}
+
+	logs := &syncBuffer{}
+	bound := make(chan net.Addr, 1)
+	opts := fkmat.Options{MetricsAddr: "127.0.0.1:0", MetricsBound: func(a net.Addr) { bound <- a },
+		SlotRetainedWarn: 4 << 20, SlotCheckInterval: 300 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	d := startDaemon(t, cfg, opts)
+	m := boundScraper(t, bound)
+	caughtUp()
+	var body string
+	waitFor(t, 10*time.Second, "a sample of the slot streaming in /metrics", func() bool {
+		body = m.body()
+		v, ok := metricValue(body, "fkmat_slot_active")
+		return ok && v == 1
+	})
+	for _, series := range []string{`fkmat_slot_wal_status{status="reserved"}`, `fkmat_slot_active`} {
+		if v, ok := metricValue(body, series); !ok || v != 1 {
+			t.Errorf("%s = %v (present %v), want 1", series, v, ok)
+		}
+	}
+	if v, ok := metricValue(body, "fkmat_slot_safe_wal_size_bytes"); !ok || v <= 0 || v > 64<<20 {
+		// The server counts from the start of the oldest segment kept.
+		t.Errorf("fkmat_slot_safe_wal_size_bytes = %v (present %v), want within (0, 48 MiB + a 16 MiB segment]", v, ok)
+	}
+	if !regexp.MustCompile(`(?m)^fkmat_build_info\{goversion="go[^"]+",version="[^"]+"\} 1$`).MatchString(body) {
+		t.Errorf("/metrics lacks fkmat_build_info with version and goversion")
+	}
+
+	// 10 MB of WAL in a table no join uses: retained WAL passes the 4 MiB
+	// threshold (restart_lsn moves only at the server's running-xacts
+	// records), and run warns.
+	exec(`INSERT INTO filler SELECT g, repeat('x', 1000) FROM generate_series(1, 10000) g`)
+	waitFor(t, 30*time.Second, "retained WAL above 4 MiB in /metrics", func() bool {
+		v, ok := metricValue(m.body(), "fkmat_slot_retained_wal_bytes")
+		return ok && v > 4<<20
+	})
+	waitFor(t, 10*time.Second, "the retained-WAL warning", func() bool {
+		return strings.Contains(logs.String(), "the replication slot retains much WAL")
+	})
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	st, err := fkmat.Status(ctx, cfg, fkmat.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st[0].Problems) != 0 || st[0].Daemon == nil || !st[0].Daemon.Live || st[0].WALStatus != "reserved" {
+		t.Fatalf("status after a clean stop: problems %q, daemon %+v, wal_status %q; want none, a live heartbeat, reserved",
+			st[0].Problems, st[0].Daemon, st[0].WALStatus)
+	}
+
+	// The daemon is away; the source writes past max_slot_wal_keep_size and
+	// checkpoints: the slot is invalidated.
+	waitFor(t, 2*time.Minute, "the slot invalidated", func() bool {
+		exec(`INSERT INTO filler SELECT g, repeat('y', 1000) FROM generate_series(1, 30000) g`, `SELECT pg_switch_wal()`, `CHECKPOINT`)
+		var status *string
+		_ = src.QueryRow(ctx, `SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1`, cfg.Slot).Scan(&status)
+		return status != nil && *status == "lost"
+	})
+	st, err = fkmat.Status(ctx, cfg, fkmat.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st[0].WALStatus != "lost" || !slices.ContainsFunc(st[0].Problems, func(p string) bool {
+		return strings.Contains(p, "invalidated") && strings.Contains(p, "fkmat backfill --force") && strings.Contains(p, "max_slot_wal_keep_size")
+	}) {
+		t.Fatalf("status of an invalidated slot: wal_status %q, problems %q", st[0].WALStatus, st[0].Problems)
+	}
+	d = startDaemon(t, cfg, fkmat.Options{})
+	select {
+	case err := <-d.done:
+		d.cancel = nil
+		if !errors.Is(err, cdc.ErrSlotInvalidated) || !strings.Contains(err.Error(), "fkmat backfill --force") ||
+			!strings.Contains(err.Error(), "max_slot_wal_keep_size") {
+			t.Fatalf("run on an invalidated slot: %v; want ErrSlotInvalidated naming fkmat backfill --force and max_slot_wal_keep_size", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("run on an invalidated slot did not stop")
+	}
+
+	if err := fkmat.BackfillIfNeeded(ctx, cfg, true, fkmat.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	d = startDaemon(t, cfg, fkmat.Options{})
+	exec(`UPDATE customers SET name = 'again' WHERE id < 5`, `INSERT INTO orders VALUES (9001, 3, 1, 'after')`)
+	caughtUp()
+	assertOracle(t, cfg)
+}

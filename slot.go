@@ -1,0 +1,130 @@
+package fkmat
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/buildinfo"
+)
+
+// summaryInterval is how often run logs its summary line.
+const summaryInterval = time.Minute
+
+// warnEvery is how often one kind of warning repeats while its cause lasts.
+const warnEvery = 10 * time.Minute
+
+// rateLimit lets a warning through once per warnEvery per key.
+type rateLimit map[string]time.Time
+
+func (r rateLimit) allow(key string, now time.Time) bool {
+	if last, ok := r[key]; ok && now.Sub(last) < warnEvery {
+		return false
+	}
+	r[key] = now
+	return true
+}
+
+// watchSlot samples the replication slot every SlotCheckInterval while the
+// pipeline streams: it publishes the slot's retained WAL, wal_status and
+// safe_wal_size, warns (rate-limited) when the slot retains more than
+// SlotRetainedWarn or is close to being invalidated, stops run when the
+// slot is invalidated, reports the daemon in fkmat.daemon for fkmat
+// status, and logs a summary line every minute.
+func (d *daemon) watchSlot(ctx context.Context, p *pipeline) error {
+	t := time.NewTicker(d.opts.SlotCheckInterval)
+	defer t.Stop()
+	host, _ := os.Hostname()
+	started := time.Now()
+	warned := rateLimit{}
+	var last struct {
+		at               time.Time
+		changes, batches int64
+	}
+	last.at = started
+	for {
+		if err := d.checkSlot(ctx, p, warned); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if cdc.IsTerminal(err) {
+				return err
+			}
+			if warned.allow("check", time.Now()) {
+				d.log.Warn("sampling the replication slot failed", "err", err)
+			}
+		}
+		lag, lastCommit := p.lag(time.Now())
+		if err := d.heartbeat(ctx, host, started, lag, lastCommit); err != nil && ctx.Err() == nil && warned.allow("heartbeat", time.Now()) {
+			d.log.Warn("could not report the daemon in fkmat.daemon (fkmat status reads it)", "err", err)
+		}
+		if now := time.Now(); now.Sub(last.at) >= summaryInterval {
+			changes, batches := p.changes.Load(), p.batches.Load()
+			secs := now.Sub(last.at).Seconds()
+			d.log.Info("summary", "changes_per_second", float64(changes-last.changes)/secs,
+				"batches", batches-last.batches, "lag_seconds", lag, "lag_bytes", d.obs.slotLag(), "changes_total", changes)
+			last.at, last.changes, last.batches = now, changes, batches
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// checkSlot samples the slot once.
+func (d *daemon) checkSlot(ctx context.Context, p *pipeline, warned rateLimit) error {
+	conn, err := d.source.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	info, err := cdc.ReadSlotInfo(ctx, conn.Conn(), d.cfg.Slot)
+	conn.Release()
+	if err != nil {
+		return err
+	}
+	d.obs.setSlot(&info)
+	now := time.Now()
+	switch {
+	case !info.Exists:
+		return fmt.Errorf("%w: slot %q was dropped while fkmat streamed from it; run fkmat backfill --force", cdc.ErrSlotMissing, d.cfg.Slot)
+	case info.WALStatus == "lost":
+		return info.Usable()
+	case info.WALStatus == "unreserved" && warned.allow("unreserved", now):
+		d.log.Warn("the replication slot is about to be invalidated: the WAL it needs is past max_slot_wal_keep_size and may be removed at the next checkpoint",
+			"slot", d.cfg.Slot, "retained_bytes", info.RetainedBytes, "wal_status", info.WALStatus)
+	}
+	if info.RetainedBytes > d.opts.SlotRetainedWarn && warned.allow("retained", now) {
+		d.log.Warn("the replication slot retains much WAL on the source's disk",
+			"slot", d.cfg.Slot, "retained_bytes", info.RetainedBytes, "threshold_bytes", d.opts.SlotRetainedWarn,
+			"wal_status", info.WALStatus, "confirmed_flush_lsn", info.ConfirmedFlushLSN.String())
+	}
+	if info.SafeWALSize >= 0 && info.SafeWALSize < d.opts.SlotRetainedWarn && warned.allow("safe", now) {
+		d.log.Warn("the replication slot is close to max_slot_wal_keep_size: past it, Postgres invalidates the slot and the joins need a rebuild",
+			"slot", d.cfg.Slot, "safe_wal_size_bytes", info.SafeWALSize, "threshold_bytes", d.opts.SlotRetainedWarn,
+			"retained_bytes", info.RetainedBytes)
+	}
+	return nil
+}
+
+// heartbeat reports the daemon in fkmat.daemon.
+func (d *daemon) heartbeat(ctx context.Context, host string, started time.Time, lag float64, lastCommit time.Time) error {
+	var commit *time.Time
+	if !lastCommit.IsZero() {
+		commit = &lastCommit
+	}
+	_, err := d.target.Exec(ctx, `
+		INSERT INTO fkmat.daemon AS d (slot, host, pid, version, started_at, heartbeat_at, lag_seconds, last_commit_time)
+		VALUES ($1, $2, $3, $4, $5, now(), $6, $7)
+		ON CONFLICT (slot) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, version = EXCLUDED.version,
+			started_at = EXCLUDED.started_at, heartbeat_at = now(), lag_seconds = EXCLUDED.lag_seconds,
+			last_commit_time = coalesce(EXCLUDED.last_commit_time, d.last_commit_time)`,
+		d.cfg.Slot, host, os.Getpid(), buildinfo.Version(), started, lag, commit)
+	if err != nil {
+		return fmt.Errorf("report the daemon: %w", err)
+	}
+	return nil
+}

@@ -115,6 +115,9 @@ type pipeline struct {
 	// when the pipeline started.
 	lastCommit, firstSeen atomic.Int64
 	started               time.Time
+	// inLarge is set while a large transaction is applied chunk by chunk
+	// (its end is not received yet).
+	inLarge atomic.Bool
 }
 
 // applied records the source commit time of the last transaction applied.
@@ -136,7 +139,7 @@ func (p *pipeline) lag(now time.Time) (seconds float64, last time.Time) {
 		last = time.Unix(0, ns)
 	}
 	st := p.stream.Stats()
-	if st.ReceivedLSN <= st.AckedLSN && st.BufferedChanges == 0 {
+	if st.ReceivedLSN <= st.AckedLSN && st.BufferedChanges == 0 && !p.inLarge.Load() {
 		return 0, last
 	}
 	since := last
@@ -627,6 +630,8 @@ func (jr *joinRunner) failure(spans []txnSpan, err error) error {
 // If the stream restarts the transaction from chunk 0 (a reconnect), the
 // work so far is undone and the transaction starts over.
 func (p *pipeline) applyLarge(ctx context.Context, first *cdc.Txn) error {
+	p.inLarge.Store(true)
+	defer p.inLarge.Store(false)
 	for {
 		restart, err := p.tryLarge(ctx, first)
 		if err != nil && ctx.Err() != nil {

@@ -151,8 +151,16 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("status --json: exit %d, %q", r.code, r.stdout)
 	}
 	// 31 orders, all with a customer_id: 31 subscriptions.
-	if st[0].Phase != "streaming" || st[0].TargetRows != 31 || !st[0].SlotExists || st[0].RedisState != "ok" || st[0].Subscriptions != 31 {
+	if st[0].Phase != "streaming" || st[0].TargetRows != 31 || !st[0].SlotExists || st[0].RedisState != "ok" || st[0].Subscriptions != 31 ||
+		st[0].Daemon == nil || st[0].WALStatus != "reserved" || st[0].RetainedWALBytes <= 0 {
 		t.Fatalf("status = %+v", st[0])
+	}
+	// The daemon stopped a moment ago: past --max-inactive, a slot nobody
+	// streams from is a problem, and status exits 1.
+	r = keep(runCLI(t, env, "status", "--max-inactive", "1ms"))
+	if r.code != 1 || !strings.Contains(r.stdout, "problem: no fkmat run has streamed from replication slot") ||
+		!strings.Contains(r.stdout, "RETAINED_WAL") || !strings.Contains(r.stdout, "daemon: fkmat ") {
+		t.Fatalf("status with the slot inactive: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	if r := keep(runCLI(t, env, "verify")); r.code != 0 || !strings.Contains(r.stdout, "equal") {
 		t.Fatalf("verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)

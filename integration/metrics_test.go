@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -67,5 +69,54 @@ func TestMetricsEndpoints(t *testing.T) {
 	if v := value("fkmat_ready"); v != 1 {
 		t.Errorf("fkmat_ready = %v", v)
 	}
+	assertOracle(t, cfg)
+}
+
+// TestLagSeconds: while the daemon works through a backlog, fkmat_lag_seconds
+// counts from the source commit of the last transaction it applied (or,
+// before one, the first it received): transactions committed 3 s before the
+// daemon starts show a lag of at least 3 s; once it has caught up the lag is
+// 0, in /metrics and in fkmat status.
+func TestLagSeconds(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop, `INSERT INTO customers SELECT g, 'c' || g, 't' FROM generate_series(1, 10) g`)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	sqlExec(t, tc, `INSERT INTO orders VALUES (1, 1, 1, 'first')`)
+	committed := time.Now()
+	time.Sleep(3 * time.Second)
+	for i := 0; i < 40; i++ {
+		sqlExec(t, tc, fmt.Sprintf(`INSERT INTO orders SELECT g, g %% 11, g, 'n' FROM generate_series(%d, %d) g`, 2+i*2500, 1+(i+1)*2500))
+	}
+	bound := make(chan net.Addr, 1)
+	d = startDaemon(t, cfg, fkmat.Options{MetricsAddr: "127.0.0.1:0", MetricsBound: func(a net.Addr) { bound <- a },
+		SlotCheckInterval: 200 * time.Millisecond})
+	m := boundScraper(t, bound)
+	maxLag := 0.0
+	waitFor(t, 60*time.Second, "a lag of 3 s or more during the catch-up", func() bool {
+		if v, ok := metricValue(m.body(), "fkmat_lag_seconds"); ok {
+			maxLag = max(maxLag, v)
+		}
+		return maxLag >= 3
+	})
+	if maxLag > time.Since(committed).Seconds()+1 {
+		t.Fatalf("lag %.1f s, more than the %.1f s since the first waiting commit", maxLag, time.Since(committed).Seconds())
+	}
+	waitCaughtUp(t, tc, d)
+	waitFor(t, 10*time.Second, "no lag once caught up", func() bool {
+		v, ok := metricValue(m.body(), "fkmat_lag_seconds")
+		return ok && v == 0
+	})
+	if v, ok := metricValue(m.body(), "fkmat_last_applied_commit_timestamp_seconds"); !ok || v < float64(committed.Unix()) {
+		t.Fatalf("fkmat_last_applied_commit_timestamp_seconds = %v (present %v), want after %d", v, ok, committed.Unix())
+	}
+	waitFor(t, 10*time.Second, "status showing no lag", func() bool {
+		st, err := fkmat.Status(context.Background(), cfg, fkmat.Options{})
+		return err == nil && st[0].Daemon != nil && st[0].Daemon.Live && st[0].Daemon.LagSeconds == 0 && st[0].Daemon.LastCommitTime != nil
+	})
 	assertOracle(t, cfg)
 }

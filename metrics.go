@@ -31,6 +31,45 @@ type observer struct {
 	stall *Stall
 	// slot is the last sample of the replication slot, nil before one.
 	slot *cdc.SlotInfo
+	// restarts counts the pipeline restarts after an error.
+	restarts int64
+	// batchSeconds is the time batches spend in each phase.
+	batchSeconds *prometheus.HistogramVec
+}
+
+func newObserver() *observer {
+	return &observer{phase: "starting", batchSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "fkmat_pipeline_batch_seconds",
+		Help:    "Time a committed batch spent in each phase (collect, map, join, write, verify, target_commit, redis_commit, total).",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10), // 0.5 ms to 131 s
+	}, []string{"phase"})}
+}
+
+// observeBatch records a committed batch's timings.
+func (o *observer) observeBatch(t batchTiming) {
+	if o == nil {
+		return
+	}
+	total := time.Duration(0)
+	for _, ph := range []struct {
+		name string
+		d    time.Duration
+	}{{"collect", t.collect}, {"map", t.mapping}, {"join", t.join}, {"write", t.write}, {"verify", t.verify},
+		{"target_commit", t.target}, {"redis_commit", t.redis}} {
+		o.batchSeconds.WithLabelValues(ph.name).Observe(ph.d.Seconds())
+		total += ph.d
+	}
+	o.batchSeconds.WithLabelValues("total").Observe(total.Seconds())
+}
+
+// restarted counts a pipeline restart after an error.
+func (o *observer) restarted() {
+	if o == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.restarts++
 }
 
 // setSlot records a sample of the slot.
@@ -146,6 +185,7 @@ var (
 	mReady      = desc("fkmat_ready", "1 while streaming.")
 	mStalled    = desc("fkmat_pipeline_stalled", "1 while the pipeline fails with the same error at the same source position after restarts.")
 	mStallCount = desc("fkmat_pipeline_stall_recurrences", "Recurrences of the current stall's error (0 when not stalled).")
+	mRestarts   = desc("fkmat_pipeline_restarts_total", "Pipeline restarts from the checkpoints after an error (connection losses, stalls...).")
 	mBuild      = desc("fkmat_build_info", "Always 1; the labels say which fkmat runs.", "version", "goversion")
 	mLagSeconds = desc("fkmat_lag_seconds", "While there is a backlog, seconds since the source commit of the last applied transaction; 0 without one.")
 	mLastCommit = desc("fkmat_last_applied_commit_timestamp_seconds", "Source commit time (Unix seconds) of the last applied transaction.")
@@ -161,14 +201,16 @@ func (o *observer) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range descs {
 		ch <- d
 	}
+	o.batchSeconds.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
 func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	o.mu.Lock()
 	c := o.countersLocked()
-	p, phase, stall, slot := o.p, o.phase, o.stall, o.slot
+	p, phase, stall, slot, restarts := o.p, o.phase, o.stall, o.slot, o.restarts
 	o.mu.Unlock()
+	o.batchSeconds.Collect(ch)
 	counter := func(d *prometheus.Desc, v float64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
 	}
@@ -182,6 +224,7 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	counter(mFanout, float64(c.fanout))
 	counter(mDrops, float64(c.drops))
 	counter(mReconnects, float64(c.reconnects))
+	counter(mRestarts, float64(restarts))
 	ready, stalled, recurrences := 0.0, 0.0, 0.0
 	if phase == "streaming" && stall == nil {
 		ready = 1

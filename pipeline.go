@@ -115,6 +115,8 @@ type pipeline struct {
 	// when the pipeline started.
 	lastCommit, firstSeen atomic.Int64
 	started               time.Time
+	// timings, when set, receives each committed batch's timings.
+	timings func(batchTiming)
 	// inLarge is set while a large transaction is applied chunk by chunk
 	// (its end is not received yet).
 	inLarge atomic.Bool
@@ -565,6 +567,9 @@ func (p *pipeline) commit(ctx context.Context, job *commitJob) error {
 	p.batches.Add(1)
 	p.txns.Add(int64(len(b.txns)))
 	p.changes.Add(int64(b.changes))
+	if p.timings != nil {
+		p.timings(b.timing)
+	}
 	p.log.Debug("batch applied", append([]any{"txns", len(b.txns), "changes", b.changes, "end_lsn", end.String(), "target_written", job.writeTarget}, b.timing.attrs()...)...)
 	return nil
 }

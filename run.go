@@ -32,7 +32,7 @@ func Run(ctx context.Context, cfg *Config, opts Options) error {
 	opts.setDefaults()
 	var obs *observer
 	if opts.MetricsAddr != "" {
-		obs = &observer{phase: "starting"}
+		obs = newObserver()
 		mctx, stopMetrics := context.WithCancel(ctx)
 		addr, wait, err := serveMetrics(mctx, opts.MetricsAddr, obs, opts.Logger)
 		if err != nil {
@@ -94,6 +94,7 @@ func Run(ctx context.Context, cfg *Config, opts Options) error {
 			delay = time.Second
 		}
 		wait := delay/2 + rand.N(delay)
+		obs.restarted()
 		if !transient(err) {
 			st := stalls.observe(rs.start, rs.streaming, err)
 			if st.Recurrences > 0 {
@@ -202,6 +203,9 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	p := &pipeline{
 		slot: d.cfg.Slot, publication: d.cfg.Publication, joins: d.joins, writer: d.writer, stream: stream,
 		limits: d.opts.Batch, log: d.log.With("component", "pipeline"), progress: rs.progress, started: time.Now(),
+	}
+	if d.obs != nil {
+		p.timings = d.obs.observeBatch
 	}
 	p.targetLSN.Store(uint64(targetLSN))
 	d.log.Info("streaming", "slot", d.cfg.Slot, "start_lsn", start.String(), "joins", len(d.joins))

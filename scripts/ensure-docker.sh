@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Makes a Docker engine answer on this machine: installs the packages fkmat's
-# tests need when they are missing (as root, with apt-get), then starts dockerd
+# tests need when they are missing (Docker, debootstrap, redis-server, and
+# promtool and systemd-analyze for the deployment files) (as root, with apt-get), then starts dockerd
 # in the background when no engine answers. Idempotent; prints what it does.
 set -euo pipefail
 
@@ -12,6 +13,9 @@ need_pkgs=()
 command -v dockerd >/dev/null 2>&1 || need_pkgs+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need_pkgs+=(debootstrap)
 command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
+# promtool checks deploy/prometheus/alerts.yaml; systemd-analyze the unit.
+command -v promtool >/dev/null 2>&1 || need_pkgs+=(prometheus)
+command -v systemd-analyze >/dev/null 2>&1 || need_pkgs+=(systemd)
 if ((${#need_pkgs[@]})); then
 	if [ "$(id -u)" -ne 0 ]; then
 		echo "fkmat: missing packages: ${need_pkgs[*]}; install them (apt-get install -y ${need_pkgs[*]}) or run as root" >&2
@@ -20,7 +24,7 @@ if ((${#need_pkgs[@]})); then
 	echo "fkmat: installing ${need_pkgs[*]}"
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -q >/dev/null
-	apt-get install -y -q "${need_pkgs[@]}" >/dev/null
+	apt-get install -y -q --no-install-recommends "${need_pkgs[@]}" >/dev/null
 fi
 
 if docker info >/dev/null 2>&1; then

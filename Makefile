@@ -12,10 +12,14 @@ LDFLAGS := -X github.com/fkmat/fkmat/internal/buildinfo.version=$(VERSION)
 
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: build demo bench test test-unit test-race test-images lint soak
+.PHONY: build image demo bench test test-unit test-race test-images lint soak
 
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/fkmat
+
+## image: the container image fkmat:<version> (and fkmat:latest), from the static binary alone, with no registry
+image:
+	VERSION=$(VERSION) bash scripts/image.sh fkmat
 
 ## demo: throwaway Postgres + Redis, sample data, the real daemon, a live workload, verify, cleanup
 demo:

@@ -1,0 +1,70 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fkmat/fkmat/internal/testenv"
+)
+
+// TestImage builds the container image (scripts/image.sh, what make image
+// runs) and runs it end to end against the test containers: the daemon in
+// the image backfills and streams, stops cleanly on docker stop, and fkmat
+// verify in the image finds the target equal to the SQL join. The
+// container uses the host's network to reach them on loopback.
+func TestImage(t *testing.T) {
+	tc := testenv.New(t)
+	image := "fkmat-test/fkmat"
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "bash", filepath.Join("..", "scripts", "image.sh"), image).CombinedOutput(); err != nil {
+		t.Fatalf("scripts/image.sh: %v\n%s", err, out)
+	}
+	docker := func(args ...string) (string, error) {
+		out, err := exec.CommandContext(ctx, "docker", args...).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := docker("run", "--rm", image+":latest", "--version"); err != nil || !strings.HasPrefix(out, "fkmat ") {
+		t.Fatalf("the image's --version: %v %q", err, out)
+	}
+
+	sqlExec(t, tc, shop, `INSERT INTO customers SELECT g, 'c' || g, 't' FROM generate_series(1, 10) g`,
+		`INSERT INTO orders SELECT g, g % 12, g, 'n' FROM generate_series(1, 300) g`)
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	yml := "slot: " + tc.Slot + "\npublication: " + tc.Publication + "\n" + leftJoinYAML
+	if err := os.WriteFile(filepath.Join(dir, "fkmat.yaml"), []byte(yml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = testenv.DeleteKeys(context.Background(), tc.Redis, "fkmat:"+tc.Slot+":") })
+	name := "fkmat-image-test-" + tc.Slot
+	common := []string{"--network", "host", "-v", dir + ":/cfg:ro",
+		"-e", "FKMAT_SOURCE_URL=" + tc.DatabaseURL, "-e", "FKMAT_REDIS_URL=redis://" + tc.Env.RedisAddr + "/0", image + ":latest",
+		"--config", "/cfg/fkmat.yaml"}
+	if out, err := docker(append([]string{"run", "-d", "--name", name}, append(common, "--log-format", "json", "run")...)...); err != nil {
+		t.Fatalf("docker run: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _, _ = docker("rm", "-f", name) })
+	waitCaughtUpMeta(t, tc, tc.Pool, &daemon{})
+	sqlExec(t, tc, `UPDATE customers SET name = 'image' WHERE id < 4`, `INSERT INTO orders VALUES (1000, 2, 1, 'x')`, `DELETE FROM orders WHERE id = 7`)
+	waitCaughtUpMeta(t, tc, tc.Pool, &daemon{})
+	if out, err := docker("stop", "-t", "45", name); err != nil {
+		t.Fatalf("docker stop: %v\n%s", err, out)
+	}
+	if out, _ := docker("inspect", "-f", "{{.State.ExitCode}}", name); strings.TrimSpace(out) != "0" {
+		logs, _ := docker("logs", name)
+		t.Fatalf("the daemon in the image exited %s after SIGTERM\n%s", out, tail(logs, 20))
+	}
+	out, err := docker(append([]string{"run", "--rm"}, append(common, "verify")...)...)
+	if err != nil || !strings.Contains(out, "equal") {
+		t.Fatalf("verify in the image: %v\n%s", err, out)
+	}
+	assertOracle(t, daemonConfig(t, tc, leftJoinYAML))
+}

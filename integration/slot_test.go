@@ -198,7 +198,7 @@ func TestSlotSafety(t *testing.T) {
 	if err := fkmat.BackfillIfNeeded(ctx, cfg, true, fkmat.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	d = startDaemon(t, cfg, fkmat.Options{})
+	startDaemon(t, cfg, fkmat.Options{})
 	exec(`UPDATE customers SET name = 'again' WHERE id < 5`, `INSERT INTO orders VALUES (9001, 3, 1, 'after')`)
 	caughtUp()
 	assertOracle(t, cfg)

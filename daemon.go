@@ -69,6 +69,9 @@ type Options struct {
 	// SlotCheckInterval is how often run samples the slot and reports
 	// itself in fkmat.daemon; zero means 10 s.
 	SlotCheckInterval time.Duration
+	// VerifyInterval, when set, makes run compare every target with its SQL
+	// join in the background, a round per interval (see verifyLoop).
+	VerifyInterval time.Duration
 	// MaxInactive is how long status accepts that no daemon streams from a
 	// streaming join's slot before it reports a problem; zero means
 	// DefaultMaxInactive.

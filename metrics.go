@@ -33,6 +33,8 @@ type observer struct {
 	slot *cdc.SlotInfo
 	// restarts counts the pipeline restarts after an error.
 	restarts int64
+	// verify are the background verifier's counters (nil: none).
+	verify *verifyCounters
 	// batchSeconds is the time batches spend in each phase.
 	batchSeconds *prometheus.HistogramVec
 }
@@ -60,6 +62,16 @@ func (o *observer) observeBatch(t batchTiming) {
 		total += ph.d
 	}
 	o.batchSeconds.WithLabelValues("total").Observe(total.Seconds())
+}
+
+// setVerify makes v the background verifier's counters.
+func (o *observer) setVerify(v *verifyCounters) {
+	if o == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.verify = v
 }
 
 // restarted counts a pipeline restart after an error.
@@ -186,6 +198,9 @@ var (
 	mStalled    = desc("fkmat_pipeline_stalled", "1 while the pipeline fails with the same error at the same source position after restarts.")
 	mStallCount = desc("fkmat_pipeline_stall_recurrences", "Recurrences of the current stall's error (0 when not stalled).")
 	mRestarts   = desc("fkmat_pipeline_restarts_total", "Pipeline restarts from the checkpoints after an error (connection losses, stalls...).")
+	mVerified   = desc("fkmat_verify_rows_checked_total", "Rows the background verification (run --verify-interval) compared with the SQL join.")
+	mVerifyDiff = desc("fkmat_verify_differences", "Confirmed differences between a target and its SQL join: of the last completed verification round, or of the one in progress once it found more.")
+	mVerifyRuns = desc("fkmat_verify_rounds_total", "Background verification rounds completed over every join.")
 	mBuild      = desc("fkmat_build_info", "Always 1; the labels say which fkmat runs.", "version", "goversion")
 	mLagSeconds = desc("fkmat_lag_seconds", "While there is a backlog, seconds since the source commit of the last applied transaction; 0 without one.")
 	mLastCommit = desc("fkmat_last_applied_commit_timestamp_seconds", "Source commit time (Unix seconds) of the last applied transaction.")
@@ -208,7 +223,7 @@ func (o *observer) Describe(ch chan<- *prometheus.Desc) {
 func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	o.mu.Lock()
 	c := o.countersLocked()
-	p, phase, stall, slot, restarts := o.p, o.phase, o.stall, o.slot, o.restarts
+	p, phase, stall, slot, restarts, verify := o.p, o.phase, o.stall, o.slot, o.restarts, o.verify
 	o.mu.Unlock()
 	o.batchSeconds.Collect(ch)
 	counter := func(d *prometheus.Desc, v float64) {
@@ -225,6 +240,11 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	counter(mDrops, float64(c.drops))
 	counter(mReconnects, float64(c.reconnects))
 	counter(mRestarts, float64(restarts))
+	if verify != nil {
+		counter(mVerified, float64(verify.checked.Load()))
+		gaugeOf(mVerifyDiff, float64(verify.differences()))
+		counter(mVerifyRuns, float64(verify.rounds.Load()))
+	}
 	ready, stalled, recurrences := 0.0, 0.0, 0.0
 	if phase == "streaming" && stall == nil {
 		ready = 1

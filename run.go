@@ -52,7 +52,9 @@ func Run(ctx context.Context, cfg *Config, opts Options) error {
 	connected := false // once, in this process
 	var stalls stallTracker
 	var cleared atomic.Bool // the stall an earlier process recorded, if any
-	rs := &runState{progress: func() {
+	verify := &verifyCounters{}
+	obs.setVerify(verify)
+	rs := &runState{verify: verify, progress: func() {
 		was := stalls.progress()
 		if was {
 			obs.setStall(nil)
@@ -137,6 +139,8 @@ type runState struct {
 	start     cdc.LSN
 	streaming bool
 	progress  func()
+	// verify are the background verifier's counters, kept across restarts.
+	verify *verifyCounters
 }
 
 func runOnce(ctx context.Context, cfg *Config, opts Options, obs *observer, connected *bool, rs *runState) error {
@@ -232,6 +236,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	})
 	g.Go(func() error { return d.watchPartitions(gctx, watch) })
 	g.Go(func() error { return d.watchSlot(gctx, p) })
+	g.Go(func() error { return d.verifyLoop(gctx, p, rs.verify) })
 	g.Go(func() error {
 		runErr := p.run(gctx)
 		d.obs.setPhase("stopping")

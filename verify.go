@@ -226,17 +226,24 @@ type textRows struct {
 	fail error
 }
 
+// textSettings make text forms independent of session settings.
+const textSettings = "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, MDY'; SET extra_float_digits = 1"
+
 func openRows(ctx context.Context, pool *pgxpool.Pool, sql string) (*textRows, error) {
+	return openRowsArgs(ctx, pool, sql, nil)
+}
+
+// openRowsArgs is openRows with text parameters.
+func openRowsArgs(ctx context.Context, pool *pgxpool.Pool, sql string, args [][]byte) (*textRows, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	// Text forms must not depend on session settings.
-	if _, err := conn.Exec(ctx, "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, MDY'; SET extra_float_digits = 1"); err != nil {
+	if _, err := conn.Exec(ctx, textSettings); err != nil {
 		conn.Release()
 		return nil, err
 	}
-	return &textRows{conn: conn, rr: conn.Conn().PgConn().ExecParams(ctx, sql, nil, nil, nil, nil)}, nil
+	return &textRows{conn: conn, rr: conn.Conn().PgConn().ExecParams(ctx, sql, args, nil, nil, nil)}, nil
 }
 
 // next returns the next row (copied), or nil at the end or on error.

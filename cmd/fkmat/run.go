@@ -19,6 +19,8 @@ func runCommand() *cli.Command {
 				Usage: "exit 1 after the same error recurs this many times at the same source position (a stall a restart cannot fix)"},
 			&cli.StringFlag{Name: "slot-retained-warn", Value: "1GiB", EnvVars: []string{"FKMAT_SLOT_RETAINED_WARN"},
 				Usage: "warn when the replication slot retains more WAL than this on the source, or its safe_wal_size falls below it (e.g. 1GiB, 512MB)"},
+			&cli.DurationFlag{Name: "verify-interval", EnvVars: []string{"FKMAT_VERIFY_INTERVAL"},
+				Usage: "compare every target with its SQL join in the background, one throttled round per interval (e.g. 1h; off by default)"},
 			&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"FKMAT_METRICS_ADDR"},
 				Usage: "serve Prometheus /metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9187)"},
 		},
@@ -29,6 +31,9 @@ func runCommand() *cli.Command {
 			}
 			opts.OnLostState = c.String("on-lost-state")
 			opts.MetricsAddr = c.String("metrics-addr")
+			if opts.VerifyInterval = c.Duration("verify-interval"); opts.VerifyInterval < 0 {
+				return &exitError{code: exitUsage, err: fmt.Errorf("--verify-interval %s: use a positive duration, or leave it out", opts.VerifyInterval)}
+			}
 			if opts.MaxStallRestarts = c.Int("max-stall-restarts"); opts.MaxStallRestarts < 1 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--max-stall-restarts %d: use 1 or more", opts.MaxStallRestarts)}
 			}

@@ -33,9 +33,10 @@ bench: test-images
 test: test-images
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
-## soak: the fault-injection tests, long (FKMAT_FAULT_OPS, default 100000 ops; FKMAT_FAULT_SEED replays a run)
+## soak: the fault-injection tests, long (FKMAT_FAULT_OPS, default 100000 ops; FKMAT_FAULT_SEED replays a run), and 5 minutes of pgbench under continuous verification
 soak: test-images
-	FKMAT_FAULT_OPS=$${FKMAT_FAULT_OPS:-100000} $(GO) test -count=1 -v -run '^TestFault' -timeout 40m ./integration/
+	FKMAT_FAULT_OPS=$${FKMAT_FAULT_OPS:-100000} FKMAT_VERIFY_PGBENCH=$${FKMAT_VERIFY_PGBENCH:-5m} \
+		$(GO) test -count=1 -v -run '^(TestFault|TestContinuousVerifyPgbench$$)' -timeout 60m ./integration/
 
 ## test-race: the engine's and the pipeline's tests under the race detector (the join package, the root package, and the in-process daemon integration tests)
 RACE_TESTS := TestDaemonEndToEnd|TestKeyChangeToast|TestSelfJoin|TestPartitionedTables|TestStall|TestShutdownCommitFails|TestToastUnchanged|TestTruncate|TestJoinsShareOneSlot

@@ -69,6 +69,9 @@ type Options struct {
 	// SlotCheckInterval is how often run samples the slot and reports
 	// itself in fkmat.daemon; zero means 10 s.
 	SlotCheckInterval time.Duration
+	// SummaryInterval is how often run logs its summary line; zero means
+	// a minute.
+	SummaryInterval time.Duration
 	// VerifyInterval, when set, makes run compare every target with its SQL
 	// join in the background, a round per interval (see verifyLoop).
 	VerifyInterval time.Duration
@@ -96,6 +99,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.SlotRetainedWarn == 0 {
 		o.SlotRetainedWarn = DefaultSlotRetainedWarn
+	}
+	if o.SummaryInterval == 0 {
+		o.SummaryInterval = time.Minute
 	}
 	if o.MaxInactive == 0 {
 		o.MaxInactive = DefaultMaxInactive

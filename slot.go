@@ -10,9 +10,6 @@ import (
 	"github.com/fkmat/fkmat/internal/buildinfo"
 )
 
-// summaryInterval is how often run logs its summary line.
-const summaryInterval = time.Minute
-
 // warnEvery is how often one kind of warning repeats while its cause lasts.
 const warnEvery = 10 * time.Minute
 
@@ -60,11 +57,11 @@ func (d *daemon) watchSlot(ctx context.Context, p *pipeline) error {
 		if err := d.heartbeat(ctx, host, started, lag, lastCommit); err != nil && ctx.Err() == nil && warned.allow("heartbeat", time.Now()) {
 			d.log.Warn("could not report the daemon in fkmat.daemon (fkmat status reads it)", "err", err)
 		}
-		if now := time.Now(); now.Sub(last.at) >= summaryInterval {
+		if now := time.Now(); now.Sub(last.at) >= d.opts.SummaryInterval {
 			changes, batches := p.changes.Load(), p.batches.Load()
 			secs := now.Sub(last.at).Seconds()
 			d.log.Info("summary", "changes_per_second", float64(changes-last.changes)/secs,
-				"batches", batches-last.batches, "lag_seconds", lag, "lag_bytes", d.obs.slotLag(), "changes_total", changes)
+				"batches", batches-last.batches, "lag_seconds", lag, "lag_bytes", d.obs.slotLag())
 			last.at, last.changes, last.batches = now, changes, batches
 		}
 		select {

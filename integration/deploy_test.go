@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -130,8 +131,10 @@ func TestDashboardMetrics(t *testing.T) {
 		`INSERT INTO orders SELECT g, g % 21, g, 'n' FROM generate_series(1, 400) g`)
 	cfg := daemonConfig(t, tc, leftJoinYAML)
 	bound := make(chan net.Addr, 1)
+	logs := &syncBuffer{}
 	d := startDaemon(t, cfg, fkmat.Options{MetricsAddr: "127.0.0.1:0", MetricsBound: func(a net.Addr) { bound <- a },
-		SlotCheckInterval: 200 * time.Millisecond})
+		SlotCheckInterval: 200 * time.Millisecond, SummaryInterval: 500 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	m := boundScraper(t, bound)
 	waitCaughtUp(t, tc, d)
 	sqlExec(t, tc, `UPDATE customers SET name = 'warm' WHERE id = 1`)
@@ -183,6 +186,11 @@ func TestDashboardMetrics(t *testing.T) {
 			t.Errorf("%s = %v (present %v), want %v", series, v, ok, want)
 		}
 	}
+	// The summary line, every SummaryInterval (a minute by default), with
+	// the batches of the last change.
+	waitFor(t, 10*time.Second, "a summary line with work in it", func() bool {
+		return regexp.MustCompile(`msg=summary changes_per_second=[0-9.e+]+ batches=[1-9]\d* lag_seconds=\S+ lag_bytes=\d+`).MatchString(logs.String())
+	})
 	if v, _ := metricValue(after, "fkmat_slot_retained_wal_bytes"); v <= 0 {
 		t.Errorf("fkmat_slot_retained_wal_bytes = %v, want > 0", v)
 	}

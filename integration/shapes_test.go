@@ -243,17 +243,22 @@ func TestSelfJoin(t *testing.T) {
 	}
 }
 
+// rangeOrders creates orders partitioned by range of created (the key is id
+// and created), with partitions for 2025 and 2026.
+var rangeOrders = []string{
+	`CREATE TABLE orders (id bigint, created date, customer_id bigint, amount numeric(12,2), note text,
+		PRIMARY KEY (id, created)) PARTITION BY RANGE (created)`,
+	`CREATE TABLE orders_2025 PARTITION OF orders FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`,
+	`CREATE TABLE orders_2026 PARTITION OF orders FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`,
+}
+
 // TestCheckPartitionReplicaIdentity: pgoutput sends a partitioned table's
 // old rows with each leaf partition's replica identity, so check refuses a
 // leaf whose identity does not carry the key, naming the partition.
 func TestCheckPartitionReplicaIdentity(t *testing.T) {
 	tc := testenv.New(t)
-	sqlExec(t, tc,
-		`CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`,
-		`CREATE TABLE orders (id bigint, created date, customer_id bigint, amount numeric(12,2), note text,
-			PRIMARY KEY (id, created)) PARTITION BY RANGE (created)`,
-		`CREATE TABLE orders_2025 PARTITION OF orders FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`,
-		`CREATE TABLE orders_2026 PARTITION OF orders FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`)
+	sqlExec(t, tc, `CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`)
+	sqlExec(t, tc, rangeOrders...)
 	cfg := daemonConfig(t, tc, partitionedYAML)
 	ctx := context.Background()
 	if err := fkmat.Check(ctx, cfg, fkmat.Options{}); err != nil {
@@ -279,13 +284,9 @@ func TestCheckPartitionReplicaIdentity(t *testing.T) {
 // stopped, until a rebuild.
 func TestPartitionTruncate(t *testing.T) {
 	tc := testenv.New(t)
-	sqlExec(t, tc,
-		`CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`,
-		`CREATE TABLE orders (id bigint, created date, customer_id bigint, amount numeric(12,2), note text,
-			PRIMARY KEY (id, created)) PARTITION BY RANGE (created)`,
-		`CREATE TABLE orders_2025 PARTITION OF orders FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`,
-		`CREATE TABLE orders_2026 PARTITION OF orders FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`,
-		`CREATE TABLE orders_default PARTITION OF orders DEFAULT`,
+	sqlExec(t, tc, `CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`)
+	sqlExec(t, tc, rangeOrders...)
+	sqlExec(t, tc, `CREATE TABLE orders_default PARTITION OF orders DEFAULT`,
 		`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 10) g`,
 		`INSERT INTO orders SELECT g, date '2025-01-01' + g % 800, g % 12, g, 'n' FROM generate_series(1, 400) g`)
 	cfg := daemonConfig(t, tc, partitionedYAML)

@@ -280,12 +280,15 @@ func (d *daemon) sweep(ctx context.Context, garbage *atomic.Bool) {
 	t := time.NewTicker(sweepInterval)
 	defer t.Stop()
 	garbage.Store(true)
+	warned := rateLimit{}
 	for {
 		if garbage.Swap(false) {
 			for _, jr := range d.joins {
 				n, err := jr.store.Sweep(ctx)
 				if err != nil && ctx.Err() == nil {
-					d.log.Warn("sweeping old redis keys failed", "join", jr.plan.Name, "err", err)
+					if warned.allow(jr.plan.Name, time.Now()) {
+						d.log.Warn("sweeping old redis keys failed (repeats at most every 10 minutes)", "join", jr.plan.Name, "err", err)
+					}
 					garbage.Store(true) // try again next time
 				} else if n > 0 {
 					d.log.Info("swept old redis keys", "join", jr.plan.Name, "keys", n)

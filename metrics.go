@@ -94,19 +94,6 @@ func (o *observer) setSlot(s *cdc.SlotInfo) {
 	o.slot = s
 }
 
-// slotLag is the slot's lag in bytes at the last sample (0 before one).
-func (o *observer) slotLag() int64 {
-	if o == nil {
-		return 0
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.slot == nil {
-		return 0
-	}
-	return o.slot.LagBytes
-}
-
 // setStall records the current stall (nil: none).
 func (o *observer) setStall(s *Stall) {
 	if o == nil {

@@ -41,8 +41,9 @@ func (d *daemon) watchSlot(ctx context.Context, p *pipeline) error {
 		changes, batches int64
 	}
 	last.at = started
+	var lagBytes int64 // at the last sample
 	for {
-		if err := d.checkSlot(ctx, p, warned); err != nil {
+		if info, err := d.checkSlot(ctx, warned); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -52,6 +53,8 @@ func (d *daemon) watchSlot(ctx context.Context, p *pipeline) error {
 			if warned.allow("check", time.Now()) {
 				d.log.Warn("sampling the replication slot failed", "err", err)
 			}
+		} else {
+			lagBytes = info.LagBytes
 		}
 		lag, lastCommit := p.lag(time.Now())
 		if err := d.heartbeat(ctx, host, started, lag, lastCommit); err != nil && ctx.Err() == nil && warned.allow("heartbeat", time.Now()) {
@@ -61,7 +64,7 @@ func (d *daemon) watchSlot(ctx context.Context, p *pipeline) error {
 			changes, batches := p.changes.Load(), p.batches.Load()
 			secs := now.Sub(last.at).Seconds()
 			d.log.Info("summary", "changes_per_second", float64(changes-last.changes)/secs,
-				"batches", batches-last.batches, "lag_seconds", lag, "lag_bytes", d.obs.slotLag())
+				"batches", batches-last.batches, "lag_seconds", lag, "lag_bytes", lagBytes)
 			last.at, last.changes, last.batches = now, changes, batches
 		}
 		select {
@@ -73,23 +76,23 @@ func (d *daemon) watchSlot(ctx context.Context, p *pipeline) error {
 }
 
 // checkSlot samples the slot once.
-func (d *daemon) checkSlot(ctx context.Context, p *pipeline, warned rateLimit) error {
+func (d *daemon) checkSlot(ctx context.Context, warned rateLimit) (cdc.SlotInfo, error) {
 	conn, err := d.source.Acquire(ctx)
 	if err != nil {
-		return err
+		return cdc.SlotInfo{}, err
 	}
 	info, err := cdc.ReadSlotInfo(ctx, conn.Conn(), d.cfg.Slot)
 	conn.Release()
 	if err != nil {
-		return err
+		return info, err
 	}
 	d.obs.setSlot(&info)
 	now := time.Now()
 	switch {
 	case !info.Exists:
-		return fmt.Errorf("%w: slot %q was dropped while fkmat streamed from it; run fkmat backfill --force", cdc.ErrSlotMissing, d.cfg.Slot)
+		return info, fmt.Errorf("%w: slot %q was dropped while fkmat streamed from it; run fkmat backfill --force", cdc.ErrSlotMissing, d.cfg.Slot)
 	case info.WALStatus == "lost":
-		return info.Usable()
+		return info, info.Usable()
 	case info.WALStatus == "unreserved" && warned.allow("unreserved", now):
 		d.log.Warn("the replication slot is about to be invalidated: the WAL it needs is past max_slot_wal_keep_size and may be removed at the next checkpoint",
 			"slot", d.cfg.Slot, "retained_bytes", info.RetainedBytes, "wal_status", info.WALStatus)
@@ -104,7 +107,7 @@ func (d *daemon) checkSlot(ctx context.Context, p *pipeline, warned rateLimit) e
 			"slot", d.cfg.Slot, "safe_wal_size_bytes", info.SafeWALSize, "threshold_bytes", d.opts.SlotRetainedWarn,
 			"retained_bytes", info.RetainedBytes)
 	}
-	return nil
+	return info, nil
 }
 
 // heartbeat reports the daemon in fkmat.daemon.

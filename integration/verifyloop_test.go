@@ -211,7 +211,9 @@ func TestContinuousVerifyPgbench(t *testing.T) {
 	waitCaughtUp(t, tc, d)
 	// Two more rounds, each begun after pgbench stopped, and then no lag.
 	start, _ := metricValue(m.body(), "fkmat_verify_rounds_total")
-	waitFor(t, 3*time.Minute, "two verification rounds after pgbench", func() bool {
+	// A round over the table pgbench grew (about 750 rows a second) takes
+	// about 80 s per million rows.
+	waitFor(t, 3*time.Minute+2*length, "two verification rounds after pgbench", func() bool {
 		v, _ := metricValue(m.body(), "fkmat_verify_rounds_total")
 		return v >= start+2
 	})

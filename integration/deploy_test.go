@@ -123,8 +123,8 @@ func TestDeployFiles(t *testing.T) {
 
 // TestDashboardMetrics scrapes /metrics of a daemon under a workload: every
 // metric the Grafana dashboard and the alert rules reference exists, and
-// the ones that count work move while it works (a terminated connection
-// makes the pipeline restart).
+// the ones that count work move while it works (TestStall checks that
+// fkmat_pipeline_restarts_total counts restarts).
 func TestDashboardMetrics(t *testing.T) {
 	tc := testenv.New(t)
 	sqlExec(t, tc, shop, `INSERT INTO customers SELECT g, 'c' || g, 't' FROM generate_series(1, 20) g`,
@@ -145,17 +145,8 @@ func TestDashboardMetrics(t *testing.T) {
 		sqlExec(t, tc, `UPDATE customers SET name = name || 'x' WHERE id = `+strconv.Itoa(1+i%20),
 			`INSERT INTO orders VALUES (`+strconv.Itoa(1000+i)+`, 3, 1, 'w')`, `DELETE FROM orders WHERE id = `+strconv.Itoa(10+i))
 	}
-	// Every connection of the daemon to the database is cut: the pipeline
-	// restarts from its checkpoints.
-	sqlExec(t, tc, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
-	sqlExec(t, tc, `UPDATE customers SET tier = 'after' WHERE id = 2`)
 	waitCaughtUp(t, tc, d)
-	var after string
-	waitFor(t, 30*time.Second, "the restart counted", func() bool {
-		after = m.body()
-		v, _ := metricValue(after, "fkmat_pipeline_restarts_total")
-		return v >= 1
-	})
+	after := m.body()
 
 	alerts := deployFile(t, "prometheus/alerts.yaml")
 	names := referencedMetrics(append(dashboardExprs(t), alerts)...)
@@ -172,8 +163,7 @@ func TestDashboardMetrics(t *testing.T) {
 	}
 	for _, series := range []string{"fkmat_pipeline_changes_total", "fkmat_pipeline_transactions_total", "fkmat_pipeline_batches_total",
 		"fkmat_sink_rows_upserted_total", "fkmat_sink_rows_deleted_total", "fkmat_join_fanout_rows_total",
-		`fkmat_pipeline_batch_seconds_count{phase="total"}`, `fkmat_pipeline_batch_seconds_count{phase="target_commit"}`,
-		"fkmat_pipeline_restarts_total"} {
+		`fkmat_pipeline_batch_seconds_count{phase="total"}`, `fkmat_pipeline_batch_seconds_count{phase="target_commit"}`} {
 		b, _ := metricValue(before, series)
 		a, ok := metricValue(after, series)
 		if !ok || a <= b {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -66,6 +67,10 @@ func TestStall(t *testing.T) {
 		_, body := get("/metrics")
 		return strings.Contains(body, "\nfkmat_pipeline_stalled 1\n")
 	})
+	// Every recurrence is a pipeline restart (the FkmatRestarting alert).
+	if _, body := get("/metrics"); !regexp.MustCompile(`\nfkmat_pipeline_restarts_total [1-9]`).MatchString(body) {
+		t.Errorf("fkmat_pipeline_restarts_total did not count the stall's restarts")
+	}
 	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "stalled") {
 		t.Errorf("/readyz while stalled: %d %q", code, body)
 	}

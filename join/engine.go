@@ -5,14 +5,18 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync/atomic"
 )
 
 // Engine maintains one join. It is not safe for concurrent use: the daemon
 // applies one batch at a time, in commit order.
 type Engine struct {
-	spec      Spec
-	store     StateReader
+	spec  Spec
+	store StateReader
+	// stats are counted by Apply; published is their copy at the end of
+	// the last Apply, which Stats may read from another goroutine.
 	stats     Stats
+	published atomic.Pointer[Stats]
 	nullRight []Value
 	// reorder, when set (by tests), permutes each segment's response queue
 	// before it is resolved, to show that the order does not matter.
@@ -38,8 +42,20 @@ func NewEngine(spec Spec, store StateReader) (*Engine, error) {
 // Spec returns the engine's spec, defaults filled.
 func (e *Engine) Spec() Spec { return e.spec }
 
-// Stats returns the engine's cumulative counters.
-func (e *Engine) Stats() Stats { return e.stats }
+// Stats returns the engine's cumulative counters as of the end of the last
+// Apply. It is safe to call while Apply runs (the metrics handler does).
+func (e *Engine) Stats() Stats {
+	if s := e.published.Load(); s != nil {
+		return *s
+	}
+	return Stats{}
+}
+
+// publish makes the counters so far visible to Stats.
+func (e *Engine) publish() {
+	s := e.stats
+	e.published.Store(&s)
+}
 
 // segment is the resolver's and the subscription side's per-segment state. A
 // segment is a batch, or the part of it between two truncates.
@@ -71,6 +87,7 @@ type batch struct {
 // in one target transaction. Apply takes ownership of the changes' values.
 // On error nothing of the batch may be persisted.
 func (e *Engine) Apply(ctx context.Context, changes []Change, emit func(context.Context, Output) error) (Mutations, error) {
+	defer e.publish()
 	if err := e.checkChanges(changes); err != nil {
 		return Mutations{}, fmt.Errorf("apply %s batch: %w", e.spec.Name, err)
 	}

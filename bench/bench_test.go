@@ -12,6 +12,12 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// Limits are measured without Docker's userland proxy in the path (it
+	// caps decoding near half its real rate here): the servers run in the
+	// host's network namespace, on loopback ports of their own.
+	if os.Getenv("FKMAT_TEST_NETWORK") == "" {
+		_ = os.Setenv("FKMAT_TEST_NETWORK", "host")
+	}
 	code := testenv.Main(m)
 	if binDir != "" {
 		_ = os.RemoveAll(binDir)
@@ -37,7 +43,7 @@ func TestBench(t *testing.T) {
 	for _, w := range []struct {
 		name string
 		run  func(t *testing.T, s sizes, rep *report)
-	}{{"W1", benchW1}, {"W2", benchW2}, {"W3", benchW3}, {"W4", benchW4}} {
+	}{{"W1", benchW1}, {"W2", benchW2}, {"W3", benchW3}, {"W4", benchW4}, {"W5", benchW5}} {
 		if only != "" && !contains(only, w.name) {
 			continue
 		}
@@ -191,23 +197,27 @@ func (r *streamResult) add(rep *report) {
 		rep.row(name, fmt.Sprintf("freshness p50 / p99 at %d changes/s", r.pacedRate), quantile(r.pacedLat, 0.5).Seconds(), "s",
 			fmt.Sprintf("p99 %.3f s, %d markers over %d changes", quantile(r.pacedLat, 0.99).Seconds(), len(r.pacedLat), r.pacedChanges), false)
 	}
-	cpu := r.catchUse.cpu / (n / 1000)
-	rep.row(name, "CPU per 1k changes (catch-up)", cpu, "s", fmt.Sprintf("fkmat; redis-server %.4f s", r.catchUse.redisCPU/(n/1000)), false)
+	per1k := func(sec float64) float64 { return sec / (n / 1000) }
+	u := r.catchUse
+	rep.row(name, "CPU per 1k changes (catch-up), fkmat + redis-server", per1k(u.cpu+u.redisCPU), "s",
+		fmt.Sprintf("fkmat %.1f ms, redis-server %.1f ms, walsender %.1f ms, target backends %.1f ms",
+			1000*per1k(u.cpu), 1000*per1k(u.redisCPU), 1000*per1k(u.walsenderCPU), 1000*per1k(u.backendCPU)), false)
 	rep.row(name, "fkmat target rows written (catch-up)", r.catchUse.upserted+r.catchUse.deleted, "rows",
 		fmt.Sprintf("SQL result changed by %d", w.targetWrites), false)
 	peak := max(r.liveUse.peakRSSMB, r.catchUse.peakRSSMB, r.backfillUse.peakRSSMB)
 	rep.row(name, "fkmat peak RSS", peak, "MB", "max of backfill, live and catch-up", false)
 	rep.rss = max(rep.rss, peak)
 
+	share := r.decode.Seconds() / r.catchUp.Seconds()
 	switch w.name {
 	case "W1":
-		rep.target("W1 catch-up ≥ 50% of the write limit", r.writeLimit.Seconds()/r.catchUp.Seconds(), ">=", 0.5, "x")
-		rep.target("W1 live writer slowdown ≤ 1.3x", r.live.Seconds()/r.base.Seconds(), "<=", 1.3, "x")
+		rep.target("W1 catch-up ≥ 0.5x the decode limit", share, ">=", 0.5, "x")
 		if r.pacedLat != nil {
-			rep.target(fmt.Sprintf("freshness p99 ≤ 1 s at %d changes/s", r.pacedRate), quantile(r.pacedLat, 0.99).Seconds(), "<=", 1, "s")
+			rep.target(fmt.Sprintf("freshness p99 ≤ 250 ms at %d changes/s", r.pacedRate), quantile(r.pacedLat, 0.99).Seconds(), "<=", 0.25, "s")
 		}
+		rep.target("fkmat + redis-server CPU ≤ 10 ms per 1k W1 changes", 1000*per1k(u.cpu+u.redisCPU), "<=", 10, "ms")
 	case "W3":
-		rep.target("W3 live writer slowdown ≤ 1.3x", r.live.Seconds()/r.base.Seconds(), "<=", 1.3, "x")
+		rep.target("W3 catch-up ≥ 0.4x the decode limit", share, ">=", 0.4, "x")
 	}
 }
 
@@ -292,4 +302,6 @@ func benchW4(t *testing.T, s sizes, rep *report) {
 		fmt.Sprintf("redis-server CPU %.2f s (one command per row and per subscription, as the state layout needs)", floorCPU), true)
 	rep.rss = max(rep.rss, u.peakRSSMB)
 	rep.target("W4 backfill within 2x of INSERT … SELECT", u.took.Seconds()/limit.Seconds(), "<=", 2, "x")
+	rep.target("Redis memory ≤ 100 B per left row, all state", mem/n, "<=", 100, "B")
+	rep.target("Redis memory ≤ 20 B per subscription", byKind['s']/subs, "<=", 20, "B")
 }

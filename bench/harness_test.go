@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -42,7 +43,11 @@ func newDB(b testing.TB, w *workload) *db {
 	d := &db{Case: testenv.New(b), b: b}
 	d.exec(w.setup...)
 	path := filepath.Join(b.TempDir(), "fkmat.yaml")
-	if err := os.WriteFile(path, []byte("slot: "+d.Slot+"\n"+joinYAML), 0o600); err != nil {
+	yaml := w.yaml
+	if yaml == "" {
+		yaml = joinYAML
+	}
+	if err := os.WriteFile(path, []byte("slot: "+d.Slot+"\n"+yaml), 0o600); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = testenv.DeleteKeys(context.Background(), d.Redis, "fkmat:"+d.Slot+":") })
@@ -73,13 +78,19 @@ func (d *db) int64(q string, args ...any) int64 {
 // assertJoin fails unless table holds exactly the SQL join of the source.
 func (d *db) assertJoin(table string) {
 	d.b.Helper()
-	cols := `SELECT id, customer_id, amount, note, name, tier FROM ` + pgx.Identifier{table}.Sanitize()
-	q := fmt.Sprintf(`SELECT count(*) FROM ((%[1]s EXCEPT ALL %[2]s) UNION ALL (%[2]s EXCEPT ALL %[1]s)) d`, cols, joinSQL)
+	d.assertQuery(table, `SELECT id, customer_id, amount, note, name, tier FROM `+pgx.Identifier{table}.Sanitize(), joinSQL)
+}
+
+// assertQuery fails unless the rows of got and of want (the SQL oracle)
+// are the same multiset.
+func (d *db) assertQuery(table, got, want string) {
+	d.b.Helper()
+	q := fmt.Sprintf(`SELECT count(*) FROM ((%[1]s EXCEPT ALL %[2]s) UNION ALL (%[2]s EXCEPT ALL %[1]s)) d`, got, want)
 	if n := d.int64(q); n != 0 {
 		d.b.Fatalf("%s differs from the SQL join in %d rows", table, n)
 	}
-	if got, want := d.int64(`SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()), d.int64(`SELECT count(*) FROM orders`); got != want {
-		d.b.Fatalf("%s has %d rows, the join %d", table, got, want)
+	if g, w := d.int64(`SELECT count(*) FROM (`+got+`) g`), d.int64(`SELECT count(*) FROM (`+want+`) w`); g != w {
+		d.b.Fatalf("%s has %d rows, the join %d", table, g, w)
 	}
 }
 
@@ -143,13 +154,17 @@ func (d *db) command(args ...string) *exec.Cmd {
 
 // usage is what one fkmat process used.
 type usage struct {
-	took       time.Duration
-	cpu        float64 // seconds, user + system
-	peakRSSMB  float64
-	redisCPU   float64 // seconds of redis-server CPU while it ran
-	upserted   float64 // target rows written (run only)
-	deleted    float64
-	fanoutRows float64
+	took      time.Duration
+	cpu       float64 // seconds, user + system
+	peakRSSMB float64
+	redisCPU  float64 // seconds of redis-server CPU while it ran
+	// walsenderCPU and backendCPU are the seconds of CPU of the daemon's
+	// walsender and of its target backends (run only, and only with
+	// testenv.HostNetwork, where their PIDs are host PIDs; else NaN).
+	walsenderCPU, backendCPU float64
+	upserted                 float64 // target rows written (run only)
+	deleted                  float64
+	fanoutRows               float64
 }
 
 func (d *db) backfill() usage {
@@ -277,6 +292,7 @@ func (p *daemon) stop() usage {
 	u.deleted = p.metric("fkmat_sink_rows_deleted_total")
 	u.fanoutRows = p.metric("fkmat_join_fanout_rows_total")
 	u.redisCPU = p.d.redisCPU() - p.redis0
+	u.walsenderCPU, u.backendCPU = p.d.postgresCPU()
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-p.done:
@@ -290,6 +306,68 @@ func (p *daemon) stop() usage {
 	u.peakRSSMB = p.rss()
 	return u
 }
+
+// postgresCPU returns the CPU seconds used so far by the walsender serving
+// fkmat's slot and by fkmat's other backends in the database (its target
+// pool; they are opened when the daemon starts, so this is their use since
+// then). Without testenv.HostNetwork the servers' PIDs are not host PIDs:
+// both are NaN.
+func (d *db) postgresCPU() (walsender, backends float64) {
+	d.b.Helper()
+	if !testenv.HostNetwork() {
+		return math.NaN(), math.NaN()
+	}
+	rows, err := d.Pool.Query(context.Background(), `SELECT pid, backend_type = 'walsender' FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name LIKE 'fkmat%'`)
+	if err != nil {
+		d.b.Fatal(err)
+	}
+	type proc struct {
+		PID       int
+		Walsender bool
+	}
+	procs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[proc])
+	if err != nil {
+		d.b.Fatal(err)
+	}
+	for _, pr := range procs {
+		cpu, err := processCPU(pr.PID)
+		if err != nil {
+			continue // exited since
+		}
+		if pr.Walsender {
+			walsender += cpu
+		} else {
+			backends += cpu
+		}
+	}
+	return walsender, backends
+}
+
+// processCPU reads a process's user + system CPU seconds from /proc.
+func processCPU(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name (which may hold spaces) in parentheses:
+	// state is field 3, utime 14, stime 15.
+	_, rest, ok := bytes.Cut(b, []byte(") "))
+	if !ok {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(rest))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / clockTicks, nil
+}
+
+// clockTicks is the kernel's USER_HZ, the unit of /proc/PID/stat times
+// (100 on Linux for every architecture Go supports here).
+const clockTicks = 100
 
 // metric reads one unlabelled value from the daemon's /metrics.
 func (p *daemon) metric(name string) float64 {

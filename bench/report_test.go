@@ -130,6 +130,8 @@ func format(v float64, unit string) string {
 		return fmt.Sprintf("%.0f MB", v)
 	case "B":
 		return fmt.Sprintf("%.1f B", v)
+	case "ms":
+		return fmt.Sprintf("%.1f ms", v)
 	default:
 		return fmt.Sprintf("%.0f %s", v, unit)
 	}

@@ -51,6 +51,8 @@ type workload struct {
 	// orders is how many orders exist at the end (and how many rows the
 	// write limit's first pass inserts).
 	orders int
+	// yaml is fkmat's join configuration (joinYAML when empty).
+	yaml string
 }
 
 func (w *workload) changes() int {
@@ -121,6 +123,7 @@ type sizes struct {
 	W2TriggerUpdates                       int
 	W3Orders, W3Customers, W3Updates       int
 	W4Orders, W4Customers                  int
+	W5Scale, W5Seconds                     int // pgbench -s and -T
 	Refreshes                              int
 	ProbeEvery                             int // ms between freshness markers
 }
@@ -131,6 +134,7 @@ var fullSizes = sizes{
 	W2Hot: 200_000, W2Others: 999, W2PerOther: 100, W2Updates: 200, W2TriggerUpdates: 10,
 	W3Orders: 100_000, W3Customers: 10_000, W3Updates: 100_000,
 	W4Orders: 1_000_000, W4Customers: 50_000,
+	W5Scale: 2, W5Seconds: 20,
 	Refreshes: 3, ProbeEvery: 50,
 }
 
@@ -140,6 +144,7 @@ var smokeSizes = sizes{
 	W2Hot: 2_000, W2Others: 9, W2PerOther: 10, W2Updates: 5, W2TriggerUpdates: 2,
 	W3Orders: 1_000, W3Customers: 100, W3Updates: 1_000,
 	W4Orders: 20_000, W4Customers: 1_000,
+	W5Scale: 1, W5Seconds: 2,
 	Refreshes: 1, ProbeEvery: 50,
 }
 

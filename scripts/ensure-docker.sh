@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes a Docker engine answer on this machine: installs the packages fkmat's
 # tests need when they are missing (Docker, debootstrap, redis-server, and
-# promtool and systemd-analyze for the deployment files) (as root, with apt-get), then starts dockerd
+# promtool and systemd-analyze for the deployment files, pgbench) (as root, with apt-get), then starts dockerd
 # in the background when no engine answers. Idempotent; prints what it does.
 set -euo pipefail
 
@@ -16,6 +16,8 @@ command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
 # promtool checks deploy/prometheus/alerts.yaml; systemd-analyze the unit.
 command -v promtool >/dev/null 2>&1 || need_pkgs+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || need_pkgs+=(systemd)
+# pgbench drives the pgbench bench workload and TestContinuousVerifyPgbench.
+[ -x /usr/lib/postgresql/15/bin/pgbench ] || need_pkgs+=(postgresql-client-15)
 if ((${#need_pkgs[@]})); then
 	if [ "$(id -u)" -ne 0 ]; then
 		echo "fkmat: missing packages: ${need_pkgs[*]}; install them (apt-get install -y ${need_pkgs[*]}) or run as root" >&2

@@ -409,30 +409,34 @@ func (e *Env) startPostgres(ctx context.Context, image string) error {
 	if err != nil {
 		return err
 	}
-	c, err := testcontainers.Run(ctx, image,
+	args := append([]string{"postgres"}, PostgresArgs...)
+	if HostNetwork() {
+		args = append(args, "-c", "listen_addresses=127.0.0.1", "-c", "port="+strconv.Itoa(port))
+	}
+	c, err := testcontainers.Run(ctx, image, append(publish("5432/tcp", port,
+		func(hc *container.HostConfig) { hc.ShmSize = 512 << 20 }),
 		testcontainers.WithEnv(map[string]string{
 			"POSTGRES_PASSWORD": e.Password,
 			"POSTGRES_USER":     "postgres",
 			"POSTGRES_DB":       "postgres",
 		}),
-		testcontainers.WithCmd(append([]string{"postgres"}, PostgresArgs...)...),
-		testcontainers.WithExposedPorts("5432/tcp"),
+		testcontainers.WithCmd(args...),
 		testcontainers.WithConfigModifier(func(c *container.Config) { c.StopSignal = "SIGINT" }),
-		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
-			hc.PortBindings = loopbackBinding("5432/tcp", port)
-			hc.ShmSize = 512 << 20
-		}),
 		testcontainers.WithWaitStrategy(wait.ForLog("database system is ready to accept connections").
 			WithStartupTimeout(2*time.Minute)),
-	)
+	)...)
 	if c != nil {
 		e.pg = c
 	}
 	if err != nil {
 		return fmt.Errorf("start postgres container from %s: %w", image, err)
 	}
-	if err := assertLoopback(ctx, c, "5432/tcp", port); err != nil {
-		return err
+	// With HostNetwork nothing is published: the server's own arguments
+	// bind it to 127.0.0.1.
+	if !HostNetwork() {
+		if err := assertLoopback(ctx, c, "5432/tcp", port); err != nil {
+			return err
+		}
 	}
 	e.pgPort = port
 	e.AdminURL = e.urlFor("postgres", nil)
@@ -451,27 +455,67 @@ func (e *Env) startRedis(ctx context.Context, image string) error {
 	if err != nil {
 		return err
 	}
-	c, err := testcontainers.Run(ctx, image,
-		testcontainers.WithCmd("redis-server", "--appendonly", "yes", "--appendfsync", "everysec"),
-		testcontainers.WithExposedPorts("6379/tcp"),
-		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
-			hc.PortBindings = loopbackBinding("6379/tcp", port)
-		}),
+	args := []string{"redis-server", "--appendonly", "yes", "--appendfsync", "everysec"}
+	if HostNetwork() {
+		args = append(args, "--bind", "127.0.0.1", "--port", strconv.Itoa(port))
+	}
+	c, err := testcontainers.Run(ctx, image, append(publish("6379/tcp", port, nil),
+		testcontainers.WithCmd(args...),
 		testcontainers.WithWaitStrategy(wait.ForLog("Ready to accept connections").WithStartupTimeout(time.Minute)),
-	)
+	)...)
 	if c != nil {
 		e.rd = c
 	}
 	if err != nil {
 		return fmt.Errorf("start redis container from %s: %w", image, err)
 	}
-	if err := assertLoopback(ctx, c, "6379/tcp", port); err != nil {
-		return err
+	// With HostNetwork nothing is published: the server's own arguments
+	// bind it to 127.0.0.1.
+	if !HostNetwork() {
+		if err := assertLoopback(ctx, c, "6379/tcp", port); err != nil {
+			return err
+		}
 	}
 	e.redisPort = port
 	e.RedisAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	e.redis = redis.NewClient(&redis.Options{Addr: e.RedisAddr, MaxRetries: -1})
 	return waitRedis(ctx, e.redis)
+}
+
+// HostNetwork reports whether the shared containers run in the host's
+// network and PID namespaces (FKMAT_TEST_NETWORK=host, which make bench
+// sets): each server then listens on a loopback port of its own, and
+// clients reach it without Docker's userland proxy (docker-proxy), which
+// otherwise sits in every round trip and caps pgoutput decoding near half
+// its real rate on this kind of machine. The servers' process IDs (a
+// walsender's, a backend's) are then host PIDs, readable in /proc.
+func HostNetwork() bool { return os.Getenv("FKMAT_TEST_NETWORK") == "host" }
+
+// publish returns the options that make a container's port reachable on
+// the loopback port hostPort: published through Docker (docker-proxy), or,
+// with HostNetwork, the host's own namespaces (the server's arguments name
+// the port). more, if set, modifies the host config further.
+func publish(containerPort string, hostPort int, more func(*container.HostConfig)) []testcontainers.ContainerCustomizer {
+	if !HostNetwork() {
+		return []testcontainers.ContainerCustomizer{
+			testcontainers.WithExposedPorts(containerPort),
+			testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
+				hc.PortBindings = loopbackBinding(containerPort, hostPort)
+				if more != nil {
+					more(hc)
+				}
+			}),
+		}
+	}
+	return []testcontainers.ContainerCustomizer{
+		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
+			hc.NetworkMode = "host"
+			hc.PidMode = "host"
+			if more != nil {
+				more(hc)
+			}
+		}),
+	}
 }
 
 // configureTestcontainers disables the reaper (no registry to pull it from)

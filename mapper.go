@@ -179,7 +179,9 @@ func (m *mapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Change,
 func (l *layout) appendChange(dst []join.Change, c *cdc.Change) ([]join.Change, error) {
 	switch c.Kind {
 	case cdc.ChangeInsert:
-		return append(dst, l.upsert(c.New)), nil
+		up := l.upsert(c.New)
+		up.Insert = true
+		return append(dst, up), nil
 	case cdc.ChangeUpdate:
 		if c.OldKind == cdc.OldNone {
 			if hasToast(pick(c.New, l.key)) {

@@ -29,7 +29,8 @@ const (
 	DefaultStandbyInterval = 10 * time.Second
 	DefaultChunkChanges    = 10_000
 	DefaultChunkBytes      = 16 << 20
-	DefaultQueueChunks     = 4
+	DefaultQueueChanges    = 30_000
+	DefaultQueueBytes      = 64 << 20
 	DefaultConnectTimeout  = 30 * time.Second
 	DefaultBackoffMin      = 500 * time.Millisecond
 	DefaultBackoffMax      = 30 * time.Second
@@ -61,10 +62,15 @@ type Config struct {
 	// chunk is cut after the change that reaches either limit.
 	ChunkChanges int
 	ChunkBytes   int
-	// QueueChunks is the number of chunks that may wait for the consumer.
-	// With the chunk limits it bounds the memory the stream holds:
-	// (QueueChunks+1) × ChunkChanges changes or ChunkBytes bytes.
-	QueueChunks int
+	// QueueChanges and QueueBytes bound the chunks that wait for the
+	// consumer, by their changes and their bytes, so that the stream keeps
+	// reading while the consumer works on a batch: size them to hold at
+	// least two of the consumer's batches. A chunk is queued when it fits,
+	// or when the queue is empty. With the chunk limits they bound the
+	// memory the stream holds: QueueChanges + ChunkChanges changes and
+	// QueueBytes + ChunkBytes bytes.
+	QueueChanges int
+	QueueBytes   int
 	// ConnectTimeout bounds connecting and starting replication.
 	ConnectTimeout time.Duration
 	// BackoffMin and BackoffMax bound the exponential, jittered delay
@@ -110,7 +116,8 @@ func (c *Config) setDefaults() {
 	setDur(&c.ServerTimeout, DefaultServerTimeout)
 	setInt(&c.ChunkChanges, DefaultChunkChanges)
 	setInt(&c.ChunkBytes, DefaultChunkBytes)
-	setInt(&c.QueueChunks, DefaultQueueChunks)
+	setInt(&c.QueueChanges, DefaultQueueChanges)
+	setInt(&c.QueueBytes, DefaultQueueBytes)
 	for i := range c.Tables {
 		if c.Tables[i].Schema == "" {
 			c.Tables[i].Schema = "public"
@@ -154,7 +161,8 @@ func (c *Config) Validate() error {
 		{"standby interval", c.StandbyInterval > 0},
 		{"chunk changes", c.ChunkChanges > 0},
 		{"chunk bytes", c.ChunkBytes > 0},
-		{"queue chunks", c.QueueChunks > 0},
+		{"queue changes", c.QueueChanges > 0},
+		{"queue bytes", c.QueueBytes > 0},
 		{"connect timeout", c.ConnectTimeout > 0},
 		{"backoff min", c.BackoffMin > 0},
 		{"backoff max", c.BackoffMax >= c.BackoffMin},

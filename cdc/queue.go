@@ -6,14 +6,20 @@ import (
 	"time"
 )
 
-// queue is the bounded hand-over between the stream and its consumer. Unlike
-// a channel it keeps exact accounts: a chunk counts from the moment the
-// stream offers it until the consumer takes it.
+// queue is the bounded hand-over between the stream and its consumer,
+// bounded by the changes and bytes of the chunks it holds (not their
+// number: a transaction of one change and a chunk of ten thousand are not
+// the same load). Unlike a channel it keeps exact accounts: a chunk counts
+// from the moment the stream offers it until the consumer takes it.
 type queue struct {
-	mu      sync.Mutex
-	items   []*Txn
-	size    int
-	offered *Txn // a chunk waiting for room
+	mu    sync.Mutex
+	items []*Txn
+	// limCh and limB bound the queued chunks' changes and bytes; a chunk
+	// that does not fit is still queued when the queue is empty.
+	limCh, limB int64
+	// queuedCh and queuedB are the queued chunks' changes and bytes.
+	queuedCh, queuedB int64
+	offered           *Txn // a chunk waiting for room
 	changes int64
 	bytes   int64
 	maxCh   int64
@@ -22,8 +28,8 @@ type queue struct {
 	room    chan struct{} // signalled when an item was taken
 }
 
-func newQueue(size int) *queue {
-	return &queue{size: size, ready: make(chan struct{}, 1), room: make(chan struct{}, 1)}
+func newQueue(changes, bytes int64) *queue {
+	return &queue{limCh: changes, limB: bytes, ready: make(chan struct{}, 1), room: make(chan struct{}, 1)}
 }
 
 func signal(c chan struct{}) {
@@ -70,10 +76,13 @@ func (q *queue) push(ctx context.Context, t *Txn, interval time.Duration, tick f
 func (q *queue) tryAdd() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.items) >= q.size {
+	t := q.offered
+	ch, b := int64(len(t.Changes)), int64(t.Bytes)
+	if len(q.items) > 0 && (q.queuedCh+ch > q.limCh || q.queuedB+b > q.limB) {
 		return false
 	}
-	q.items = append(q.items, q.offered)
+	q.items = append(q.items, t)
+	q.queuedCh, q.queuedB = q.queuedCh+ch, q.queuedB+b
 	q.offered = nil
 	signal(q.ready)
 	return true
@@ -101,6 +110,8 @@ func (q *queue) tryTake() (*Txn, bool) {
 	q.items = q.items[1:]
 	q.changes -= int64(len(t.Changes))
 	q.bytes -= int64(t.Bytes)
+	q.queuedCh -= int64(len(t.Changes))
+	q.queuedB -= int64(t.Bytes)
 	signal(q.room)
 	if len(q.items) > 0 {
 		signal(q.ready) // for another waiting consumer

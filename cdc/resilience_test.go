@@ -29,7 +29,7 @@ func TestStreamLargeTransactionBounded(t *testing.T) {
 		queue        = 2
 	)
 	tc, c := setup(t, `CREATE TABLE big (id int PRIMARY KEY, pad text)`, []TableName{{Name: "big"}}, func(c *Config) {
-		c.ChunkChanges, c.ChunkBytes, c.QueueChunks = chunkChanges, chunkBytes, queue
+		c.ChunkChanges, c.ChunkBytes, c.QueueChanges, c.QueueBytes = chunkChanges, chunkBytes, queue*chunkChanges, queue*(chunkBytes+2048)
 		// A server that drops silent clients after 2s: the stream must
 		// keep the connection alive while the consumer stalls.
 		c.ConnString = withParam(t, c.ConnString, "wal_sender_timeout", "2s")
@@ -141,7 +141,7 @@ func withParam(t *testing.T, connString, key, value string) string {
 func TestStreamReconnectMidTransaction(t *testing.T) {
 	const rows = 150_000 // ~60 MB: more than TCP and proxy buffers hold
 	tc, c := setup(t, `CREATE TABLE big (id int PRIMARY KEY, pad text)`, []TableName{{Name: "big"}}, func(c *Config) {
-		c.ChunkChanges, c.QueueChunks = 1000, 2
+		c.ChunkChanges, c.QueueChanges = 1000, 2000
 	})
 	s := startStream(t, c)
 	exec(t, tc, fmt.Sprintf(`INSERT INTO big SELECT i, repeat(md5(i::text), 12) FROM generate_series(1, %d) i`, rows))
@@ -496,7 +496,7 @@ func TestStreamRestartFromCheckpoint(t *testing.T) {
 func TestStreamConnectionLostWhileBlocked(t *testing.T) {
 	const txns = 20
 	tc, c := setup(t, `CREATE TABLE t (id int PRIMARY KEY)`, []TableName{{Name: "t"}}, func(c *Config) {
-		c.QueueChunks = 1
+		c.QueueChanges = 1 // one single-row transaction
 		c.StandbyInterval = 300 * time.Millisecond
 	})
 	s := startStream(t, c)

@@ -73,7 +73,7 @@ func (c *Client) NewStream(start LSN) *Stream {
 		c:      c,
 		cfg:    c.cfg,
 		log:    c.log,
-		queue:  newQueue(c.cfg.QueueChunks),
+		queue:  newQueue(int64(c.cfg.QueueChanges), int64(c.cfg.QueueBytes)),
 		done:   make(chan struct{}),
 		start:  start,
 		asm:    newAssembler(c.cfg.ChunkChanges, c.cfg.ChunkBytes, c.log),

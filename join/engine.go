@@ -168,24 +168,34 @@ type changeKeys struct {
 
 // prefetch encodes each change's keys and reads the state the batch needs in
 // two rounds: the left rows, then the right rows of the new foreign keys, of
-// the stored rows' old foreign keys and of the right changes.
+// the stored rows' old foreign keys and of the right changes. A row whose
+// first change in the batch is an insert (Change.Insert) did not exist at
+// the batch start: its state is known absent and not read.
 func (b *batch) prefetch(ctx context.Context, changes []Change) ([]changeKeys, error) {
 	keys := make([]changeKeys, len(changes))
 	left, right := map[Key]struct{}{}, map[Key]struct{}{}
+	// firstLeft and firstRight record, per row key of each side, whether
+	// the row's first change in the batch was an insert.
+	firstLeft, firstRight := map[Key]bool{}, map[Key]bool{}
+	see := func(first map[Key]bool, k Key, insert bool) {
+		if _, ok := first[k]; !ok {
+			first[k] = insert
+		}
+	}
 	for i, c := range changes {
 		var err error
 		switch c.Kind {
 		case LeftUpsert, LeftDelete, LeftKeyChange:
-			if keys[i].key, err = EncodeKey(b.e.spec.PK, c.Left.PK); err != nil {
-				return nil, fmt.Errorf("change %d: encode left key: %w", i, err)
-			}
-			left[keys[i].key] = struct{}{}
 			if c.Kind == LeftKeyChange {
 				if keys[i].old, err = EncodeKey(b.e.spec.PK, c.OldKey); err != nil {
 					return nil, fmt.Errorf("change %d: encode old left key: %w", i, err)
 				}
-				left[keys[i].old] = struct{}{}
+				see(firstLeft, keys[i].old, false)
 			}
+			if keys[i].key, err = EncodeKey(b.e.spec.PK, c.Left.PK); err != nil {
+				return nil, fmt.Errorf("change %d: encode left key: %w", i, err)
+			}
+			see(firstLeft, keys[i].key, c.Insert && c.Kind == LeftUpsert)
 			if c.Kind != LeftDelete && !hasNull(c.Left.FK) && !hasToast(c.Left.FK) {
 				fk, err := EncodeKey(b.e.spec.FK, c.Left.FK)
 				if err != nil {
@@ -194,16 +204,23 @@ func (b *batch) prefetch(ctx context.Context, changes []Change) ([]changeKeys, e
 				right[fk] = struct{}{}
 			}
 		case RightUpsert, RightDelete, RightKeyChange:
-			if keys[i].key, err = EncodeKey(b.e.spec.RightKey, c.Right.Key); err != nil {
-				return nil, fmt.Errorf("change %d: encode right key: %w", i, err)
-			}
-			right[keys[i].key] = struct{}{}
 			if c.Kind == RightKeyChange {
 				if keys[i].old, err = EncodeKey(b.e.spec.RightKey, c.OldKey); err != nil {
 					return nil, fmt.Errorf("change %d: encode old right key: %w", i, err)
 				}
-				right[keys[i].old] = struct{}{}
+				see(firstRight, keys[i].old, false)
 			}
+			if keys[i].key, err = EncodeKey(b.e.spec.RightKey, c.Right.Key); err != nil {
+				return nil, fmt.Errorf("change %d: encode right key: %w", i, err)
+			}
+			see(firstRight, keys[i].key, c.Insert && c.Kind == RightUpsert)
+		}
+	}
+	for k, inserted := range firstLeft {
+		if inserted {
+			b.ov.storeLeft[k] = nil // known absent
+		} else {
+			left[k] = struct{}{}
 		}
 	}
 	if err := b.ov.loadLeft(ctx, slices.Sorted(maps.Keys(left))); err != nil {
@@ -212,6 +229,14 @@ func (b *batch) prefetch(ctx context.Context, changes []Change) ([]changeKeys, e
 	for _, e := range b.ov.storeLeft {
 		if e != nil && e.fk != "" {
 			right[e.fk] = struct{}{}
+		}
+	}
+	for k, inserted := range firstRight {
+		if inserted {
+			delete(right, k)
+			b.ov.storeRight[k] = nil // known absent
+		} else {
+			right[k] = struct{}{}
 		}
 	}
 	return keys, b.ov.loadRight(ctx, slices.Sorted(maps.Keys(right)))

@@ -128,6 +128,11 @@ type Change struct {
 	Right RightRow
 	// OldKey is the key the row had before a key change.
 	OldKey []Value
+	// Insert marks an upsert of a row that did not exist just before it (a
+	// pgoutput INSERT): when it is the first change of its key in a batch,
+	// the key's state at the batch start is known to be absent, and the
+	// engine does not read it.
+	Insert bool
 }
 
 // Output is one ordered piece of a batch's effect on the target table. The

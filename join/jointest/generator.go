@@ -194,8 +194,14 @@ func (g *Generator) leftUpsert() join.Change {
 		row.FK = g.toast(row.FK, old.FK)
 		row.Values = g.toast(row.Values, old.Values)
 	}
-	return join.Change{Kind: join.LeftUpsert, Left: row}
+	return join.Change{Kind: join.LeftUpsert, Left: row, Insert: g.insert(old == nil)}
 }
+
+// insert returns whether an upsert of a row that exists (or not) is marked
+// as an insert: never for an existing row (pgoutput sends an UPDATE), and
+// for a new one three times in four, so that the engine meets new rows
+// with and without the hint.
+func (g *Generator) insert(isNew bool) bool { return isNew && g.r.IntN(4) != 0 }
 
 // freeKey returns a key of the domain that rows does not hold.
 func freeKey[R any](g *Generator, fams []join.Family, domain [][]join.Value, rows map[join.Key]R) ([]join.Value, bool) {
@@ -256,7 +262,7 @@ func (g *Generator) rightUpsert() join.Change {
 		}
 		row.Values = g.toast(row.Values, old.Values)
 	}
-	return join.Change{Kind: join.RightUpsert, Right: row}
+	return join.Change{Kind: join.RightUpsert, Right: row, Insert: g.insert(old == nil)}
 }
 
 // toast replaces some values equal to the old ones by Toast markers.

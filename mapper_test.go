@@ -84,6 +84,10 @@ func TestMapperChanges(t *testing.T) {
 	if first.PK[0].Text != "1" || first.FK[0].Text != "7" || first.Values[1].Text != "n" {
 		t.Errorf("insert mapped to %+v", first)
 	}
+	// Only the INSERT is marked as one: the engine skips reading its state.
+	if !got[0].Insert || got[1].Insert || got[2].Insert {
+		t.Errorf("Insert marks = %t, %t, %t; want true, false, false", got[0].Insert, got[1].Insert, got[2].Insert)
+	}
 	if !got[1].Left.Values[1].Toast || !got[1].Left.FK[0].Null {
 		t.Errorf("toast/null update mapped to %+v", got[1].Left)
 	}
@@ -129,6 +133,9 @@ func TestMapperSelfJoin(t *testing.T) {
 		if got[i].Kind != k {
 			t.Errorf("change %d kind = %s, want %s", i, got[i].Kind, k)
 		}
+	}
+	if !got[0].Insert || !got[1].Insert {
+		t.Errorf("an INSERT of a self-referencing table is an insert on both sides: %t, %t", got[0].Insert, got[1].Insert)
 	}
 	if l := got[0].Left; l.PK[0].Text != "2" || l.FK[0].Text != "2" || l.Values[0].Text != "ann" {
 		t.Errorf("left upsert = %+v", l)

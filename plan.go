@@ -109,6 +109,20 @@ type catalogTable struct {
 	// leaves are the leaf partitions of a partitioned table: pgoutput sends
 	// each change with the replica identity of the leaf that holds the row.
 	leaves []replicaOf
+	// uniques are the table's valid unique indexes on plain columns, not
+	// partial (the primary key among them).
+	uniques []uniqueIndex
+}
+
+// uniqueIndex is a unique index (or constraint) of a table.
+type uniqueIndex struct {
+	Name    string
+	Columns []string
+	// Immediate is false for a DEFERRABLE constraint: inside a
+	// transaction two rows may then hold one key.
+	Immediate bool
+	// NullsNotDistinct is set by NULLS NOT DISTINCT.
+	NullsNotDistinct bool
 }
 
 // replicaOf is one relation's replica identity.
@@ -159,6 +173,19 @@ func describeTable(ctx context.Context, db Querier, t TableName) (*catalogTable,
 	}
 	if ct.identity, err = indexColumns(ctx, db, oid, "indisreplident"); err != nil {
 		return nil, fmt.Errorf("read replica identity of %s: %w", t, err)
+	}
+	rows, err = db.Query(ctx, `
+		SELECT i.indexrelid::regclass::text,
+			(SELECT array_agg(a.attname ORDER BY k.ord) FROM unnest(i.indkey[:i.indnkeyatts - 1]) WITH ORDINALITY AS k(attnum, ord)
+				JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum),
+			i.indimmediate, i.indnullsnotdistinct
+		FROM pg_index i WHERE i.indrelid = $1 AND i.indisunique AND i.indisvalid
+			AND i.indpred IS NULL AND i.indexprs IS NULL ORDER BY 1`, oid)
+	if err != nil {
+		return nil, fmt.Errorf("read unique indexes of %s: %w", t, err)
+	}
+	if ct.uniques, err = pgx.CollectRows(rows, pgx.RowToStructByPos[uniqueIndex]); err != nil {
+		return nil, fmt.Errorf("read unique indexes of %s: %w", t, err)
 	}
 	rows, err = db.Query(ctx, `
 		SELECT p.relid::regclass::text, c.relreplident::text, c.oid FROM pg_partition_tree($1::oid) p
@@ -254,6 +281,8 @@ func resolveJoin(jc JoinConfig, lookup func(TableName) (*catalogTable, error)) (
 	p.Right.Values = rightOutput(right, jc.Right, p.Right.Key, add)
 	checkReplicaIdentity(left, p.Left.Key, "left", add)
 	checkReplicaIdentity(right, p.Right.Key, "right", add)
+	checkUnique(left, p.Left.Key, "left", add)
+	checkUnique(right, p.Right.Key, "right", add)
 	if len(probs) > 0 {
 		return nil, probs, nil
 	}
@@ -364,6 +393,46 @@ func rightOutput(ct *catalogTable, rc RightConfig, key []SourceColumn, add func(
 // checkReplicaIdentity makes sure UPDATEs and DELETEs carry the key:
 // pgoutput sends only the replica identity columns of the old row. For a
 // partitioned table, the identity that counts is each leaf partition's.
+// checkUnique checks that key identifies one row at every moment: a unique
+// index on some of its columns (the primary key, or a unique constraint
+// that is not DEFERRABLE, and NULLS NOT DISTINCT unless its columns are NOT
+// NULL). The engine keeps one state per key; two rows sharing a key would
+// be merged into one, silently.
+func checkUnique(ct *catalogTable, key []SourceColumn, side string, add func(string, ...any)) {
+	if len(key) == 0 {
+		return // already reported
+	}
+	in := map[string]SourceColumn{}
+	var names []string
+	for _, c := range key {
+		in[c.Name] = c
+		names = append(names, c.Name)
+	}
+	var deferrable string
+	for _, u := range ct.uniques {
+		covered := len(u.Columns) > 0
+		for _, c := range u.Columns {
+			if k, ok := in[c]; !ok || (!k.NotNull && !u.NullsNotDistinct) {
+				covered = false
+			}
+		}
+		if !covered {
+			continue
+		}
+		if u.Immediate {
+			return
+		}
+		deferrable = u.Name
+	}
+	if deferrable != "" {
+		add("%s.key (%s) of %s is unique only through %s, which is DEFERRABLE: inside a transaction two rows may hold one key; "+
+			"make the constraint NOT DEFERRABLE, or set %s.key to columns of another unique index", side, strings.Join(names, ", "), ct.name, deferrable, side)
+		return
+	}
+	add("%s.key (%s) of %s is not unique: no primary key or unique index on NOT NULL columns among them (not partial, not on expressions); "+
+		"fkmat keeps one state per key: create such an index, or set %s.key to the primary key", side, strings.Join(names, ", "), ct.name, side)
+}
+
 func checkReplicaIdentity(ct *catalogTable, key []SourceColumn, side string, add func(string, ...any)) {
 	if len(ct.leaves) == 0 {
 		checkIdentity(replicaOf{name: ct.name.String(), replica: ct.replica, pk: ct.pk, identity: ct.identity}, ct.name, key, side, add)

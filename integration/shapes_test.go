@@ -337,3 +337,49 @@ func TestPartitionTruncate(t *testing.T) {
 	waitCaughtUp(t, tc, d)
 	assertOracle(t, cfg)
 }
+
+// TestCheckKeyUnique: a configured key must identify one row at every
+// moment. The engine keeps one state per key, so two rows sharing a key
+// would be merged silently: check refuses a key without a unique index on
+// NOT NULL columns, one behind a partial index, and one behind a
+// DEFERRABLE constraint, each naming the fix, and accepts a unique index
+// (also one on fewer columns than the key, with INCLUDE columns) or NULLS
+// NOT DISTINCT.
+func TestCheckKeyUnique(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, `CREATE TABLE customers (id bigint PRIMARY KEY, name text)`,
+		`CREATE TABLE orders (id bigint, region int, customer_id bigint, note text)`,
+		`ALTER TABLE orders REPLICA IDENTITY FULL`)
+	const yaml = `
+joins:
+  - name: orders_enriched
+    type: left
+    left: {table: orders, key: [id, region], foreign_key: [customer_id]}
+    right: {table: customers}
+    target: {table: orders_enriched}
+`
+	cfg := daemonConfig(t, tc, yaml)
+	ctx := context.Background()
+	for _, step := range []struct {
+		sql  []string
+		want string // "" = accepted
+	}{
+		{nil, "is not unique"},
+		{[]string{`CREATE UNIQUE INDEX orders_partial ON orders (id) WHERE region > 0`}, "is not unique"},
+		{[]string{`CREATE UNIQUE INDEX orders_id ON orders (id) INCLUDE (note)`}, "is not unique"}, // id may be NULL
+		{[]string{`ALTER TABLE orders ALTER id SET NOT NULL`}, ""},
+		{[]string{`DROP INDEX orders_id`, `ALTER TABLE orders ADD CONSTRAINT orders_u UNIQUE (id, region) DEFERRABLE`,
+			`ALTER TABLE orders ALTER region SET NOT NULL`}, "DEFERRABLE"},
+		{[]string{`ALTER TABLE orders DROP CONSTRAINT orders_u`, `ALTER TABLE orders ALTER region DROP NOT NULL`,
+			`CREATE UNIQUE INDEX orders_nnd ON orders (id, region) NULLS NOT DISTINCT`}, ""},
+	} {
+		sqlExec(t, tc, step.sql...)
+		err := fkmat.Check(ctx, cfg, fkmat.Options{})
+		switch {
+		case step.want == "" && err != nil:
+			t.Fatalf("after %v: check refused: %v", step.sql, err)
+		case step.want != "" && (err == nil || !strings.Contains(err.Error(), step.want) || !strings.Contains(err.Error(), "left.key (id, region)")):
+			t.Fatalf("after %v: check = %v, want an error with %q naming left.key", step.sql, err, step.want)
+		}
+	}
+}

@@ -20,12 +20,12 @@ type queue struct {
 	// queuedCh and queuedB are the queued chunks' changes and bytes.
 	queuedCh, queuedB int64
 	offered           *Txn // a chunk waiting for room
-	changes int64
-	bytes   int64
-	maxCh   int64
-	maxB    int64
-	ready   chan struct{} // signalled when an item was added
-	room    chan struct{} // signalled when an item was taken
+	changes           int64
+	bytes             int64
+	maxCh             int64
+	maxB              int64
+	ready             chan struct{} // signalled when an item was added
+	room              chan struct{} // signalled when an item was taken
 }
 
 func newQueue(changes, bytes int64) *queue {

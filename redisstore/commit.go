@@ -45,13 +45,14 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error 
 	}
 	var (
 		next    Meta
+		wrote   bool  // MULTI/EXEC was sent
 		execErr error // the error of MULTI/EXEC itself, once sent
 		planned int64 // the subscriptions the batch adds, net
 		replies subReplies
 	)
 	key := s.keys.meta()
 	err = s.rdb.Watch(ctx, func(tx *redis.Tx) error {
-		planned, replies = 0, subReplies{}
+		planned, replies, wrote = 0, subReplies{}, false
 		stored, err := readMeta(ctx, tx, key)
 		if err != nil {
 			return err
@@ -79,6 +80,7 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error 
 		}
 		next.Subscriptions = countSubs(stored.Subscriptions, m.ClearLeft, planned)
 		w := s.plan(&m, next)
+		wrote = true
 		_, execErr = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			replies = s.queue(ctx, p, w)
 			p.HSet(ctx, key, appendSubs([]any{fieldCheckpoint, strconv.FormatUint(next.Checkpoint, 10),
@@ -93,6 +95,9 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error 
 	}, key)
 	if err := s.settle(ctx, err, execErr, next, "commit at "+strconv.FormatUint(lsn, 10)); err != nil {
 		return fmt.Errorf("commit redis state at %d: %w", lsn, err)
+	}
+	if wrote {
+		s.right.apply(next.RightGen, &m)
 	}
 	if err := s.fixSubs(ctx, next, replies.delta()-planned); err != nil {
 		return fmt.Errorf("commit redis state at %d: applied, but %w", lsn, err)
@@ -185,6 +190,9 @@ func sameState(cached, stored Meta) error {
 func (s *Store) settle(ctx context.Context, err, execErr error, next Meta, what string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err != nil {
+		s.right.drop() // what landed is not known
+	}
 	switch {
 	case err == nil:
 		s.meta = &next

@@ -21,6 +21,9 @@ const (
 	// DefaultPageSize bounds the arguments of one command and the keys of
 	// one sweep step.
 	DefaultPageSize = 512
+	// DefaultRightCacheBytes bounds the cache of right rows: some 200k
+	// rows of a few short columns.
+	DefaultRightCacheBytes = 32 << 20
 )
 
 // Config configures a Store. The zero value of every field but Prefix means
@@ -43,6 +46,11 @@ type Config struct {
 	// compact up to 512 fields of at most 64 bytes each (expected rows / 256
 	// is a good count). Default DefaultRowShards.
 	RowShards int
+	// RightCacheBytes bounds the in-process cache of right rows (about
+	// this many bytes of rows and bookkeeping). Zero means
+	// DefaultRightCacheBytes; negative disables the cache. Not part of the
+	// persistent layout.
+	RightCacheBytes int
 	// PageSize is the largest number of members, fields or keys sent in one
 	// command: Commit splits larger sets into several commands inside its one
 	// MULTI, and Sweep scans and unlinks this many keys per step. Default
@@ -63,6 +71,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.PageSize == 0 {
 		c.PageSize = DefaultPageSize
+	}
+	if c.RightCacheBytes == 0 {
+		c.RightCacheBytes = DefaultRightCacheBytes
 	}
 	return c
 }

@@ -17,6 +17,7 @@ import (
 // (each with its own rows). It refuses a state that has a checkpoint, a
 // transaction in flight, clears or deletes.
 func (s *Store) Load(ctx context.Context, m join.Mutations) error {
+	defer s.right.drop()
 	if m.ClearLeft || m.ClearRight || len(m.DelLeft) > 0 || len(m.DelRight) > 0 || len(m.DelSubs) > 0 {
 		return errors.New("load redis state: only puts and subscription adds can be loaded")
 	}

@@ -61,6 +61,7 @@ func inFlightError(txn uint64) error {
 // before the MULTI, under WATCH of the meta hash; like Commit, CommitPartial
 // assumes it is the only writer of the state.
 func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn uint64) error {
+	defer s.right.drop()
 	if txn == 0 {
 		return errors.New("commit partial redis state: transaction id 0 is invalid")
 	}
@@ -253,6 +254,7 @@ func (s *Store) undoField(key, item string) string {
 // lsn above the checkpoint it fails with ErrNotInFlight: the chunks were
 // rolled back by Recover, and the checkpoint must not move past them.
 func (s *Store) FinishPartial(ctx context.Context, lsn uint64) error {
+	defer s.right.drop()
 	if lsn == 0 {
 		return errors.New("finish partial redis state: LSN 0 is invalid")
 	}
@@ -309,6 +311,7 @@ func (s *Store) FinishPartial(ctx context.Context, lsn uint64) error {
 // called again. The daemon calls it at startup and whenever the replication
 // stream restarts a transaction from its first chunk.
 func (s *Store) Recover(ctx context.Context) (rolledBack bool, err error) {
+	defer s.right.drop()
 	cached, err := s.current(ctx)
 	if err != nil {
 		return false, fmt.Errorf("recover redis state: %w", err)

@@ -98,6 +98,12 @@ type Store struct {
 	// rebuilt.
 	broken error
 
+	// right caches right rows (see rightCache).
+	right *rightCache
+	// beforeFill, when set by tests, runs in GetRight between the Redis
+	// read and the cache fill.
+	beforeFill func()
+
 	// beforeExec, when set by tests, runs after a commit's commands are
 	// queued and before EXEC.
 	beforeExec func(context.Context, redis.Pipeliner)
@@ -121,7 +127,7 @@ func Open(ctx context.Context, rdb redis.UniversalClient, cfg Config) (*Store, e
 		return nil, fmt.Errorf("open redis store: %T is not supported yet: its transactions are not atomic across shards; use one Redis server (with Sentinel for failover)", rdb)
 	}
 	cfg = cfg.WithDefaults()
-	s := &Store{rdb: rdb, cfg: cfg, keys: newKeys(cfg)}
+	s := &Store{rdb: rdb, cfg: cfg, keys: newKeys(cfg), right: newRightCache(cfg.RightCacheBytes)}
 	if _, err := s.load(ctx); err != nil && !errors.Is(err, ErrNoState) {
 		return nil, fmt.Errorf("open redis store: %w", err)
 	}
@@ -186,6 +192,7 @@ func (s *Store) InFlight() uint64 {
 // in flight is forgotten with its undo log. Existing data becomes garbage
 // that Sweep deletes; Init itself is O(1).
 func (s *Store) Init(ctx context.Context, epoch, fingerprint string) error {
+	defer s.right.drop()
 	if epoch == "" {
 		return errors.New("init redis state: empty epoch")
 	}
@@ -338,15 +345,28 @@ func (s *Store) GetLeft(ctx context.Context, keys []join.Key) (map[join.Key]join
 	return out, nil
 }
 
-// GetRight returns the stored right rows of keys, in one pipelined round
-// trip. Absent keys are missing from the map.
+// GetRight returns the stored right rows of keys: those in the cache of
+// right rows from it, the others in one pipelined round trip. Absent keys
+// are missing from the map.
 func (s *Store) GetRight(ctx context.Context, keys []join.Key) (map[join.Key]join.RightState, error) {
 	m, err := s.current(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("get right rows: %w", err)
 	}
 	out := make(map[join.Key]join.RightState, len(keys))
-	err = s.hgetAll(ctx, keys, func(k join.Key) string { return s.keys.right(m.RightGen, string(k)) },
+	misses, start := s.right.lookup(m.RightGen, keys, out)
+	if len(misses) == 0 {
+		return out, nil
+	}
+	defer func() {
+		if err == nil {
+			if s.beforeFill != nil {
+				s.beforeFill()
+			}
+			s.right.fill(m.RightGen, start, misses, out)
+		}
+	}()
+	err = s.hgetAll(ctx, misses, func(k join.Key) string { return s.keys.right(m.RightGen, string(k)) },
 		func(k join.Key, v string) error {
 			st, err := decodeRight(v)
 			if err == nil {

@@ -18,7 +18,9 @@ func TestRightCache(t *testing.T) {
 	ctx := context.Background()
 	s, tc := newStore(t, Config{SubShards: 4, RowShards: 4})
 	c7, c8, c9 := intKey(t, 7), intKey(t, 8), intKey(t, 9)
-	row := func(k int, v string) join.RightState { return join.RightState{Key: texts(fmt.Sprint(k)), Values: texts(v)} }
+	row := func(k int, v string) join.RightState {
+		return join.RightState{Key: texts(fmt.Sprint(k)), Values: texts(v)}
+	}
 	read := func(s *Store, k join.Key) string {
 		t.Helper()
 		got, err := s.GetRight(ctx, []join.Key{k})

@@ -405,7 +405,7 @@ func (p *pipeline) prepare(ctx context.Context, b *batch, inflight *commitJob) (
 				return nil // replaying for Redis only: the target has it
 			}
 			if job.tx == nil {
-				if buffered += len(out.Upserts) + len(out.Deletes); buffered <= maxBufferedRows {
+				if buffered += out.Rows(); buffered <= maxBufferedRows {
 					job.outs[i] = append(job.outs[i], out)
 					return nil
 				}

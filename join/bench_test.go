@@ -56,7 +56,7 @@ func BenchmarkFanout10k(b *testing.B) {
 	for b.Loop() {
 		rows = 0
 		_, err := eng.Apply(ctx, changes, func(_ context.Context, o join.Output) error {
-			rows += len(o.Upserts)
+			rows += o.Rows()
 			return nil
 		})
 		if err != nil {

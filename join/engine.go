@@ -269,13 +269,25 @@ func (b *batch) endSegment(ctx context.Context) error {
 	if err := b.resolveQueue(ctx); err != nil {
 		return err
 	}
+	var own map[Key][]Key
+	if len(b.seg.dirty) > 0 {
+		own = b.ownDependents()
+	}
 	for chunk := range slices.Chunk(slices.Sorted(maps.Keys(b.seg.dirty)), fanOutChunk) {
-		pre, err := b.prefetchFanOut(ctx, chunk)
+		modes := make(map[Key]fanOutMode, len(chunk))
+		for _, fk := range chunk {
+			m, err := b.fanOutMode(ctx, fk)
+			if err != nil {
+				return fmt.Errorf("fan out right key: %w", err)
+			}
+			modes[fk] = m
+		}
+		pre, err := b.prefetchFanOut(ctx, chunk, modes)
 		if err != nil {
 			return fmt.Errorf("fan out right keys: %w", err)
 		}
 		for _, fk := range chunk {
-			if err := b.fanOut(ctx, fk, pre); err != nil {
+			if err := b.fanOut(ctx, fk, pre, modes[fk], own[fk]); err != nil {
 				return fmt.Errorf("fan out right key: %w", err)
 			}
 		}

@@ -143,6 +143,11 @@ func format(o join.Output) string {
 	for _, row := range o.Upserts {
 		parts = append(parts, "+"+formatValues(row))
 	}
+	for _, u := range o.RightUpdates {
+		for _, pk := range u.Keys {
+			parts = append(parts, "="+formatValues(pk)+":"+formatValues(u.Right))
+		}
+	}
 	return strings.Join(parts, " ")
 }
 
@@ -208,15 +213,15 @@ func TestEngineCases(t *testing.T) {
 			inner: []string{"+10|1|6|alice"}, left: []string{"+10|1|6|alice"}},
 		{name: "TOAST no-op", batch: []join.Change{lu("10", "@", "@")}, noDependents: true},
 		{name: "right update", batch: []join.Change{ru("1", "alicia")},
-			inner: []string{"+10|1|5|alicia"}, left: []string{"+10|1|5|alicia"}},
+			inner: []string{"=10:alicia"}, left: []string{"=10:alicia"}},
 		{name: "right update changing nothing", batch: []join.Change{ru("1", "alice")}, noDependents: true},
 		{name: "right TOAST update", batch: []join.Change{{Kind: join.RightUpsert, Right: join.RightRow{Key: vals("1"), Values: vals("@")}}},
 			noDependents: true},
 		{name: "right updated three times", batch: []join.Change{ru("1", "a"), ru("1", "b"), ru("1", "c")},
-			inner: []string{"+10|1|5|c"}, left: []string{"+10|1|5|c"}},
+			inner: []string{"=10:c"}, left: []string{"=10:c"}},
 		{name: "right update and revert", batch: []join.Change{ru("1", "a"), ru("1", "alice")}},
 		{name: "right delete", batch: []join.Change{rd("1")},
-			inner: []string{"-10"}, left: []string{"+10|1|5|~"}},
+			inner: []string{"-10"}, left: []string{"=10:~"}},
 		{name: "right delete of a never-existing row", batch: []join.Change{rd("99")}, noDependents: true},
 		{name: "right delete and reinsert", batch: []join.Change{rd("1"), ru("1", "alice")}},
 		{name: "right insert for a waiting subscriber", batch: []join.Change{lu("11", "9", "7"), ru("9", "zed")},
@@ -245,10 +250,10 @@ func TestEngineCases(t *testing.T) {
 		{name: "insert, then its key changed", batch: []join.Change{lu("11", "2", "7"), lk("11", "21", "@", "@")},
 			inner: []string{"+21|2|7|bob"}, left: []string{"+21|2|7|bob"}},
 		{name: "right key change", batch: []join.Change{rk("1", "3", "alice")},
-			inner: []string{"-10"}, left: []string{"+10|1|5|~"}},
+			inner: []string{"-10"}, left: []string{"=10:~"}},
 		{name: "right key change with a TOASTed value, then a subscriber", batch: []join.Change{
 			{Kind: join.RightKeyChange, OldKey: vals("1"), Right: join.RightRow{Key: vals("3"), Values: vals("@")}}, lu("11", "3", "7")},
-			inner: []string{"-10", "+11|3|7|alice"}, left: []string{"+10|1|5|~", "+11|3|7|alice"}},
+			inner: []string{"-10", "+11|3|7|alice"}, left: []string{"=10:~", "+11|3|7|alice"}},
 		{name: "right key change to a dangling FK", batch: []join.Change{lu("11", "9", "7"), rk("2", "9", "@")},
 			inner: []string{"+11|9|7|bob"}, left: []string{"+11|9|7|bob"}},
 		{name: "right key changed and back", batch: []join.Change{rk("1", "3", "@"), rk("3", "1", "@")}},
@@ -261,9 +266,9 @@ func TestEngineCases(t *testing.T) {
 			left:  []string{"+11|2|7|bob", "TRUNCATE", "+10|1|5|al"}},
 		{name: "right truncate mid-batch", batch: []join.Change{lu("11", "2", "7"), rt, ru("1", "al"), lu("13", "2", "1")},
 			inner: []string{"+11|2|7|bob", "TRUNCATE", "+10|1|5|al"},
-			left:  []string{"+11|2|7|bob", "NULLRIGHT", "+10|1|5|al", "+13|2|1|~"}},
+			left:  []string{"+11|2|7|bob", "NULLRIGHT", "=10:al", "+13|2|1|~"}},
 		{name: "right truncate then reinsert", batch: []join.Change{rt, ru("1", "alice"), ru("2", "bob")},
-			inner: []string{"TRUNCATE", "+10|1|5|alice"}, left: []string{"NULLRIGHT", "+10|1|5|alice"}},
+			inner: []string{"TRUNCATE", "+10|1|5|alice"}, left: []string{"NULLRIGHT", "=10:alice"}},
 		{name: "left truncate then refill", batch: []join.Change{lt, lu("10", "1", "5"), lu("12", "~", "8")},
 			inner: []string{"TRUNCATE", "+10|1|5|alice"}, left: []string{"TRUNCATE", "+10|1|5|alice +12|~|8|~"},
 			innerDrops: 1},
@@ -354,7 +359,7 @@ func TestFanoutPages(t *testing.T) {
 	before := h.eng.Stats()
 	got := h.batch(ru("1", "al"), lu("15", "1", "1"), lu("16", "1", "1"))
 	want := []string{
-		"+10|1|1|al +11|1|1|al", "+12|1|1|al +13|1|1|al", "+14|1|1|al", // stored dependents, a page each
+		"=10:al =11:al", "=12:al =13:al", "=14:al", // stored dependents, right columns only, a page each
 		"+15|1|1|al +16|1|1|al", // rows changed in the batch, settled last
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -386,11 +391,11 @@ func TestCompositeKeys(t *testing.T) {
 				left("x", "1", "a", "1", "l1"), left("x", "2", "a", "10", "l2"), left("x\x00", "1", "a\x00", "1", "l3"),
 				left("", "1", "", "1", "l4"), left("x", "3", "a", "~", "l5"))
 			got := h.batch(right("a", "1", "R1"))
-			if want := []string{"+x|1|l1|R1"}; !reflect.DeepEqual(got, want) {
+			if want := []string{"=x|1:R1"}; !reflect.DeepEqual(got, want) {
 				t.Errorf("outputs = %q, want %q", got, want)
 			}
 			got = h.batch(right("", "1", "RE"), right("a\x00", "1", "RZ"))
-			if want := []string{"+|1|l4|RE", "+x\x00|1|l3|RZ"}; !reflect.DeepEqual(got, want) {
+			if want := []string{"=|1:RE", "=x\x00|1:RZ"}; !reflect.DeepEqual(got, want) {
 				t.Errorf("outputs = %q, want %q", got, want)
 			}
 		})
@@ -472,7 +477,7 @@ func TestFanoutCoalesced(t *testing.T) {
 	h.batch(ru("1", "alice"), ru("2", "bob"), lu("10", "1", "5"), lu("11", "2", "5"))
 	calls := h.store.Calls.Dependents
 	got := h.batch(ru("1", "a"), ru("2", "b"), ru("1", "b"), rd("2"), ru("1", "c"))
-	if want := []string{"+10|1|5|c", "-11"}; !reflect.DeepEqual(got, want) {
+	if want := []string{"=10:c", "-11"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("outputs = %q, want %q", got, want)
 	}
 	if n := h.store.Calls.Dependents - calls; n != 1 {
@@ -503,13 +508,14 @@ func TestFanoutManyRightKeys(t *testing.T) {
 	// batch also checks the target against the SQL join.
 	rows := 0
 	for _, o := range h.batch(renames...) {
-		rows += strings.Count(o, "|renamed")
+		rows += strings.Count(o, ":renamed")
 	}
 	if rows != 3000 {
 		t.Fatalf("%d renamed rows written, want 3000", rows)
 	}
-	// 1000 keys in chunks of 512: two reads of first pages, two of left rows.
-	if d, l := h.store.Calls.Dependents-deps, h.store.Calls.GetLeft-lefts; d != 2 || l != 2 {
-		t.Errorf("%d dependents reads and %d left reads for 1000 changed right keys, want 2 and 2", d, l)
+	// 1000 keys in chunks of 512: two reads of first pages, and none of
+	// left rows: a rename changes only the right columns.
+	if d, l := h.store.Calls.Dependents-deps, h.store.Calls.GetLeft-lefts; d != 2 || l != 0 {
+		t.Errorf("%d dependents reads and %d left reads for 1000 changed right keys, want 2 and 0", d, l)
 	}
 }

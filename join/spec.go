@@ -149,11 +149,34 @@ type Output struct {
 	Upserts []Row
 	// Deletes are the left key values of rows to delete; each row exists.
 	Deletes [][]Value
+	// RightUpdates set the right columns of existing rows, after the
+	// upserts and deletes (they concern other keys).
+	RightUpdates []RightUpdate
+}
+
+// RightUpdate is a fan-out that changes only the right columns of rows that
+// exist before and after it: the rows with left keys Keys get the right
+// values Right (all NULL for a left join without a match). The engine
+// emits it without reading the rows' left state; each row's right part
+// differs from Right.
+type RightUpdate struct {
+	Keys  [][]Value
+	Right []Value
+}
+
+// Rows returns how many target rows o writes at most (a truncate and a
+// null-right count as none).
+func (o *Output) Rows() int {
+	n := len(o.Upserts) + len(o.Deletes)
+	for _, u := range o.RightUpdates {
+		n += len(u.Keys)
+	}
+	return n
 }
 
 // empty reports whether o changes nothing.
 func (o *Output) empty() bool {
-	return !o.Truncate && !o.NullRight && len(o.Upserts) == 0 && len(o.Deletes) == 0
+	return !o.Truncate && !o.NullRight && len(o.Upserts) == 0 && len(o.Deletes) == 0 && len(o.RightUpdates) == 0
 }
 
 // Stats are the engine's cumulative counters.

@@ -140,11 +140,67 @@ type fanOutPrefetch struct {
 	lefts map[Key]*LeftState
 }
 
-// prefetchFanOut reads the first stored dependents of fks and their left
-// rows, when the store can read many pages at once and there are several
-// keys; nil means each fan-out reads its own.
-func (b *batch) prefetchFanOut(ctx context.Context, fks []Key) (*fanOutPrefetch, error) {
-	if b.ov.leftCleared || len(fks) < 2 {
+// fanOutMode is how a fan-out answers the stored dependents of a changed
+// right key that the batch's left changes did not touch.
+type fanOutMode uint8
+
+const (
+	// fanOutNone: their joined rows do not change: the right part is the
+	// same at the segment's start and end (changed and changed back, or
+	// no row before nor after in an inner join).
+	fanOutNone fanOutMode = iota
+	// fanOutRight: their rows exist before and after and only the right
+	// columns change. Each page of keys becomes one RightUpdate; their
+	// left rows are not read.
+	fanOutRight
+	// fanOutRows: their rows appear or disappear (an inner join's right
+	// row inserted or deleted): each is resolved from its left row.
+	fanOutRows
+)
+
+// fanOutMode returns the mode of right key fk's fan-out.
+func (b *batch) fanOutMode(ctx context.Context, fk Key) (fanOutMode, error) {
+	right, err := b.ov.rightOf(ctx, fk)
+	if err != nil {
+		return 0, err
+	}
+	start, err := b.rightAtSegStart(ctx, fk)
+	if err != nil {
+		return 0, err
+	}
+	before := start != nil || b.e.spec.Type == Left
+	after := right != nil || b.e.spec.Type == Left
+	switch {
+	case !before && !after, before && after && ValuesEqual(b.rightPart(start), b.rightPart(right)):
+		return fanOutNone, nil
+	case before && after:
+		return fanOutRight, nil
+	}
+	return fanOutRows, nil
+}
+
+// ownDependents returns, per right key, the left rows the batch changed
+// that reference it: a fan-out answers them from the overlay.
+func (b *batch) ownDependents() map[Key][]Key {
+	own := map[Key][]Key{}
+	for pk, e := range b.ov.left {
+		if e != nil && e.fk != "" {
+			own[e.fk] = append(own[e.fk], pk)
+		}
+	}
+	return own
+}
+
+// prefetchFanOut reads the first stored dependents of fks and, for those
+// whose mode is fanOutRows, their left rows, when the store can read many
+// pages at once and there are several keys; nil means each fan-out reads
+// its own.
+func (b *batch) prefetchFanOut(ctx context.Context, fks []Key, modes map[Key]fanOutMode) (*fanOutPrefetch, error) {
+	if b.ov.leftCleared {
+		return nil, nil
+	}
+	fks = slices.DeleteFunc(slices.Clone(fks), func(fk Key) bool { return modes[fk] == fanOutNone })
+	if len(fks) < 2 {
 		return nil, nil
 	}
 	mr, ok := b.ov.store.(ManyDependentsReader)
@@ -164,6 +220,9 @@ func (b *batch) prefetchFanOut(ctx context.Context, fks []Key) (*fanOutPrefetch,
 	var want []Key
 	for i, fk := range fks {
 		pre.first[fk] = pages[i]
+		if modes[fk] != fanOutRows {
+			continue
+		}
 		for _, pk := range pages[i] {
 			_, inBatch := b.ov.left[pk]
 			_, cached := b.ov.storeLeft[pk]
@@ -192,8 +251,9 @@ func (b *batch) prefetchFanOut(ctx context.Context, fks []Key) (*fanOutPrefetch,
 // fanOut answers every left row subscribed to right key fk with its final
 // right row, a page at a time: first the subscriptions added in this batch,
 // then the stored ones in key order. pre, when not nil, holds fk's first
-// stored page and its left rows.
-func (b *batch) fanOut(ctx context.Context, fk Key, pre *fanOutPrefetch) error {
+// stored page and, in mode fanOutRows, its left rows. own are the left rows
+// the batch changed that reference fk.
+func (b *batch) fanOut(ctx context.Context, fk Key, pre *fanOutPrefetch, mode fanOutMode, own []Key) error {
 	right, err := b.ov.rightOf(ctx, fk)
 	if err != nil {
 		return err
@@ -214,7 +274,71 @@ func (b *batch) fanOut(ctx context.Context, fk Key, pre *fanOutPrefetch) error {
 	if b.ov.leftCleared {
 		return nil
 	}
-	return b.fanOutStored(ctx, fk, right, touched, pre)
+	if mode == fanOutRows {
+		return b.fanOutStored(ctx, fk, right, touched, pre)
+	}
+	// The stored dependents the batch changed (and that still reference
+	// fk) are answered from the overlay; the others only in fanOutRight.
+	own = slices.DeleteFunc(slices.Clone(own), func(pk Key) bool { _, ok := touched[pk]; return ok })
+	slices.Sort(own)
+	for page := range slices.Chunk(own, b.e.spec.PageSize) {
+		if err := b.resolvePage(ctx, fk, right, page, pre); err != nil {
+			return err
+		}
+	}
+	if mode == fanOutNone {
+		return nil
+	}
+	return b.fanOutRight(ctx, fk, right, touched, pre)
+}
+
+// fanOutRight pages through the stored dependents of fk that the batch did
+// not change and sets their right columns, without reading their left rows:
+// their target rows exist before and after, and only the right part
+// differs.
+func (b *batch) fanOutRight(ctx context.Context, fk Key, right *RightState, touched map[Key]bool, pre *fanOutPrefetch) error {
+	values := b.rightPart(right)
+	var after Key
+	for {
+		size := b.e.spec.PageSize
+		var page []Key
+		if first, ok := pre.firstPage(fk, after); ok {
+			page, size = first, pre.limit
+		} else {
+			var err error
+			if page, err = b.ov.store.Dependents(ctx, fk, after, size); err != nil {
+				return fmt.Errorf("read dependents: %w", err)
+			}
+		}
+		if len(page) == 0 {
+			return nil
+		}
+		after = page[len(page)-1]
+		keys := make([][]Value, 0, len(page))
+		for _, pk := range page {
+			if _, ok := touched[pk]; ok {
+				continue
+			}
+			if _, ok := b.ov.left[pk]; ok {
+				continue // changed by the batch: answered from the overlay
+			}
+			vals, _, err := DecodeKey(b.e.spec.PK, string(pk))
+			if err != nil {
+				return fmt.Errorf("decode dependent key: %w", err)
+			}
+			keys = append(keys, vals)
+			b.e.stats.Responses++
+			b.e.stats.FanoutRows++
+		}
+		if len(keys) > 0 {
+			if err := b.emitOutput(ctx, Output{RightUpdates: []RightUpdate{{Keys: keys, Right: values}}}); err != nil {
+				return err
+			}
+		}
+		if len(page) < size {
+			return nil
+		}
+	}
 }
 
 // fanOutStored pages through the stored dependents of fk, skipping the

@@ -95,8 +95,8 @@ func (t *Tx) Rollback(ctx context.Context) error {
 	return err
 }
 
-// Apply writes one join output (truncate, null-right, deletes, upserts, in
-// that order) to table.
+// Apply writes one join output (truncate, null-right, deletes, upserts,
+// right-column updates, in that order) to table.
 func (t *Tx) Apply(ctx context.Context, table *Table, out join.Output) error {
 	if out.Truncate {
 		if err := t.Truncate(ctx, table); err != nil {
@@ -111,7 +111,51 @@ func (t *Tx) Apply(ctx context.Context, table *Table, out join.Output) error {
 	if err := t.Delete(ctx, table, out.Deletes); err != nil {
 		return err
 	}
-	return t.Upsert(ctx, table, out.Upserts)
+	if err := t.Upsert(ctx, table, out.Upserts); err != nil {
+		return err
+	}
+	for _, u := range out.RightUpdates {
+		if err := t.UpdateRight(ctx, table, u); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// UpdateRight sets the right columns of the rows with keys u.Keys to
+// u.Right, touching only the rows whose right columns differ: the left
+// columns are neither read nor written.
+func (t *Tx) UpdateRight(ctx context.Context, table *Table, u join.RightUpdate) error {
+	if len(u.Keys) == 0 {
+		return nil
+	}
+	right := table.Columns[table.RightFrom:]
+	if len(u.Right) != len(right) {
+		return fmt.Errorf("update right columns of %s: %d values for %d columns", table.Ident(), len(u.Right), len(right))
+	}
+	if len(right) == 0 {
+		return nil
+	}
+	args, err := columnArrays(u.Keys, table.KeyCount)
+	if err != nil {
+		return fmt.Errorf("update right columns of %s: %w", table.Ident(), err)
+	}
+	for i, v := range u.Right {
+		if v.Toast {
+			return fmt.Errorf("update right columns of %s: value %d is an unchanged-TOAST marker", table.Ident(), i)
+		}
+		if v.Null {
+			args = append(args, nil)
+		} else {
+			args = append(args, v.Text)
+		}
+	}
+	tag, err := t.tx.Exec(ctx, updateRightSQL(table), args...)
+	if err != nil {
+		return fmt.Errorf("update right columns of %s: %w", table.Ident(), err)
+	}
+	t.Stats.Upserted += tag.RowsAffected()
+	return nil
 }
 
 // Truncate empties the table (inside the transaction: readers see the old
@@ -304,6 +348,29 @@ func upsertSQL(t *Table) string {
 	}
 	return sql + "UPDATE SET " + strings.Join(set, ", ") +
 		" WHERE ROW(" + strings.Join(cur, ", ") + ") IS DISTINCT FROM ROW(" + strings.Join(exc, ", ") + ")"
+}
+
+// updateRightSQL renders the statement of UpdateRight: the keys as text
+// arrays $1..$k, then one text parameter per right column.
+func updateRightSQL(t *Table) string {
+	from, exprs := unnestFrom(t.Columns[:t.KeyCount])
+	cond := make([]string, t.KeyCount)
+	for i, c := range t.Columns[:t.KeyCount] {
+		cond[i] = "t." + pgx.Identifier{c.Name}.Sanitize() + " = " + exprs[i]
+	}
+	right := t.Columns[t.RightFrom:]
+	set := make([]string, len(right))
+	cur := make([]string, len(right))
+	vals := make([]string, len(right))
+	for i, c := range right {
+		n := pgx.Identifier{c.Name}.Sanitize()
+		vals[i] = fmt.Sprintf("$%d::text::%s", t.KeyCount+i+1, c.Type)
+		set[i] = n + " = " + vals[i]
+		cur[i] = "t." + n
+	}
+	return "UPDATE " + t.Ident() + " AS t SET " + strings.Join(set, ", ") + " FROM " + from +
+		" WHERE " + strings.Join(cond, " AND ") +
+		" AND ROW(" + strings.Join(cur, ", ") + ") IS DISTINCT FROM ROW(" + strings.Join(vals, ", ") + ")"
 }
 
 func deleteSQL(t *Table) string {

@@ -145,6 +145,39 @@ func TestWriterSkipsNoOps(t *testing.T) {
 	}
 }
 
+// TestUpdateRight: a right update sets only the right columns of the rows
+// with the given keys (left columns untouched, absent keys no-ops), counts
+// only the rows whose right part differed, and writes NULLs; quoted
+// identifiers throughout.
+func TestUpdateRight(t *testing.T) {
+	tc, w, tbl, ctx := setup(t)
+	apply(t, ctx, w, tbl, 100, join.Output{Upserts: []join.Row{
+		{v("1"), v("10.50"), v("n1"), v("ann"), v("gold")},
+		{v("2"), v("3"), null, v("bob"), v("gold")},
+		{v("3"), v("4"), v("n3"), v("ann"), v("gold")},
+	}})
+	st := apply(t, ctx, w, tbl, 200, join.Output{RightUpdates: []join.RightUpdate{
+		{Keys: [][]join.Value{{v("1")}, {v("3")}, {v("99")}}, Right: []join.Value{v("anna"), v("gold")}},
+	}})
+	if st.Upserted != 2 {
+		t.Fatalf("right update wrote %d rows, want 2", st.Upserted)
+	}
+	if got, want := dump(t, ctx, tc, tbl), "1|10.50|n1|anna|gold 2|3.00|<null>|bob|gold 3|4.00|n3|anna|gold"; got != want {
+		t.Fatalf("target = %q, want %q", got, want)
+	}
+	// Rows that already hold the values are not rewritten; NULLs are written.
+	st = apply(t, ctx, w, tbl, 300, join.Output{RightUpdates: []join.RightUpdate{
+		{Keys: [][]join.Value{{v("1")}}, Right: []join.Value{v("anna"), v("gold")}},
+		{Keys: [][]join.Value{{v("2")}}, Right: []join.Value{null, null}},
+	}})
+	if st.Upserted != 1 {
+		t.Fatalf("right updates wrote %d rows, want 1 (row 1 already equal)", st.Upserted)
+	}
+	if got, want := dump(t, ctx, tc, tbl), "1|10.50|n1|anna|gold 2|3.00|<null>|<null>|<null> 3|4.00|n3|anna|gold"; got != want {
+		t.Fatalf("target = %q, want %q", got, want)
+	}
+}
+
 // TestCheckpointNeverBackwards: a commit with an older LSN fails and leaves
 // the target untouched.
 func TestCheckpointNeverBackwards(t *testing.T) {

@@ -56,6 +56,26 @@ func (t *Target) Apply(o join.Output) error {
 			return err
 		}
 	}
+	for _, u := range o.RightUpdates {
+		if len(u.Right) != t.spec.RightValues {
+			return fmt.Errorf("right update with %d values", len(u.Right))
+		}
+		for _, pk := range u.Keys {
+			k, err := t.write(pk)
+			if err != nil {
+				return err
+			}
+			old, ok := t.Rows[k]
+			if !ok {
+				return fmt.Errorf("right update of absent row %v", pk)
+			}
+			row := append(slices.Clone(old[:len(old)-t.spec.RightValues]), u.Right...)
+			if join.ValuesEqual(old, row) {
+				return fmt.Errorf("redundant right update of unchanged row %v", row)
+			}
+			t.Rows[k] = row
+		}
+	}
 	return nil
 }
 

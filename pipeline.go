@@ -23,13 +23,17 @@ type BatchLimits struct {
 	Changes int
 	// Bytes is the approximate payload size after which a batch is closed.
 	Bytes int
-	// Delay is the longest a batch waits for more transactions once it has one.
+	// Delay is the longest a batch waits for more transactions once it has one
+	// while the pipeline keeps up; behind, up to MaxDelay (see batchSizer).
 	Delay time.Duration
-	// Idle, when set, closes a batch early when no transaction follows for
-	// this long. Off by default: measured in make bench, a 5 ms idle gap
-	// saved about 15 ms of median freshness but split bursts (W2's 200 hot
-	// renames) into more batches, doubling the fan-out writes.
+	// Idle closes a batch early when no transaction follows for this long.
+	// Default Delay: measured in make bench, a 5 ms idle gap saved about
+	// 15 ms of median freshness but split bursts (W2's 200 hot renames)
+	// into more batches, doubling the fan-out writes.
 	Idle time.Duration
+	// MaxDelay bounds how long a batch waits while the pipeline is behind
+	// (see batchSizer). Default 10 × Delay.
+	MaxDelay time.Duration
 }
 
 func (b *BatchLimits) setDefaults() {
@@ -44,6 +48,9 @@ func (b *BatchLimits) setDefaults() {
 	}
 	if b.Idle == 0 {
 		b.Idle = b.Delay
+	}
+	if b.MaxDelay == 0 {
+		b.MaxDelay = 10 * b.Delay
 	}
 }
 
@@ -93,6 +100,7 @@ type pipeline struct {
 	writer      *sink.Writer
 	stream      *cdc.Stream
 	limits      BatchLimits
+	sizer       batchSizer
 	log         *slog.Logger
 
 	// targetLSN is the slot's checkpoint in the target database: every
@@ -298,7 +306,7 @@ func (p *pipeline) next(ctx context.Context) (*cdc.Txn, error) {
 func (p *pipeline) collect(ctx context.Context, first *cdc.Txn) *batch {
 	b := &batch{txns: []*cdc.Txn{first}, changes: len(first.Changes), bytes: first.Bytes}
 	replay := first.EndLSN <= p.target()
-	deadline := time.Now().Add(p.limits.Delay)
+	deadline := time.Now().Add(p.sizer.delay())
 	for b.changes < p.limits.Changes && b.bytes < p.limits.Bytes {
 		until := time.Now().Add(p.limits.Idle)
 		if deadline.Before(until) {
@@ -559,6 +567,8 @@ func (p *pipeline) commit(ctx context.Context, job *commitJob) error {
 		}
 	}
 	phase(&b.timing.redis)
+	t := &b.timing
+	p.sizer.worked(t.mapping + t.join + t.write + t.verify + t.target + t.redis)
 	p.stream.Ack(end)
 	p.applied(b.txns[len(b.txns)-1])
 	if p.progress != nil {

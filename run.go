@@ -206,7 +206,8 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	stream := d.cdc.NewStream(start)
 	p := &pipeline{
 		slot: d.cfg.Slot, publication: d.cfg.Publication, joins: d.joins, writer: d.writer, stream: stream,
-		limits: d.opts.Batch, log: d.log.With("component", "pipeline"), progress: rs.progress, started: time.Now(),
+		limits: d.opts.Batch, sizer: batchSizer{limits: d.opts.Batch}, log: d.log.With("component", "pipeline"),
+		progress: rs.progress, started: time.Now(),
 	}
 	if d.obs != nil {
 		p.timings = d.obs.observeBatch

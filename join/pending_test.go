@@ -10,49 +10,97 @@ import (
 	"github.com/fkmat/fkmat/join/jointest"
 )
 
-// laggingStore persists each batch's mutations only when the next batch is
-// persisted, reading through a join.Pending that overlays the batch not yet
-// persisted, as the daemon does while a commit is in flight. Sometimes the
-// commit "lands" at once and the overlay stays set, which must read the
-// same. Batches that clear a side are persisted at once.
+// laggingStore persists each batch's mutations only when depth later
+// batches are held, reading through a chain of join.Pending overlays (the
+// oldest held batch nearest the store), as the daemon does while commits
+// are in flight: with depth 2, one batch's state commit and the next one's
+// target commit. Sometimes the oldest commit "lands" at once while its
+// overlay stays set, which must read the same. Batches that clear a side
+// are persisted at once, after the ones held.
 type laggingStore struct {
-	*join.Pending
-	inner *jointest.Store
-	held  *join.Mutations
-	r     *rand.Rand
+	*join.Pending // the top of the chain: the engine's reader
+	chain         []*join.Pending
+	inner         *jointest.Store
+	held          []*join.Mutations
+	// landed is set when the oldest held batch is already persisted (its
+	// overlay still set).
+	landed bool
+	r      *rand.Rand
 	// overlaid counts batches read through a non-empty overlay.
 	overlaid int
 }
 
-func (l *laggingStore) Apply(ctx context.Context, m join.Mutations) error {
-	if err := l.flush(ctx); err != nil {
-		return err
+func newLaggingStore(inner *jointest.Store, depth int, r *rand.Rand) *laggingStore {
+	l := &laggingStore{inner: inner, r: r}
+	var base join.StateReader = inner
+	for range depth {
+		p := join.NewPending(base)
+		l.chain = append(l.chain, p)
+		base = p
 	}
-	if err := l.Set(&m); err != nil {
-		_ = l.Set(nil)
+	l.Pending = l.chain[depth-1]
+	return l
+}
+
+func (l *laggingStore) Apply(ctx context.Context, m join.Mutations) error {
+	if m.ClearLeft || m.ClearRight {
+		if err := l.flush(ctx, len(l.held)); err != nil {
+			return err
+		}
 		return l.inner.Apply(ctx, m)
+	}
+	if len(l.held) == len(l.chain) {
+		if err := l.flush(ctx, 1); err != nil {
+			return err
+		}
 	}
 	if !m.Empty() {
 		l.overlaid++
 	}
-	if l.r.IntN(3) == 0 {
-		return l.inner.Apply(ctx, m)
+	l.held = append(l.held, &m)
+	if err := l.set(); err != nil {
+		return err
 	}
-	l.held = &m
+	if !l.landed && l.r.IntN(3) == 0 {
+		// The oldest commit lands; its overlay stays until the next batch.
+		l.landed = true
+		return l.inner.Apply(ctx, *l.held[0])
+	}
 	return nil
 }
 
-func (l *laggingStore) flush(ctx context.Context) error {
-	if l.held == nil {
-		return nil
+// set overlays the held batches, the oldest nearest the store.
+func (l *laggingStore) set() error {
+	for i, p := range l.chain {
+		var m *join.Mutations
+		if i < len(l.held) {
+			m = l.held[i]
+		}
+		if err := p.Set(m); err != nil {
+			return err
+		}
 	}
-	m := l.held
-	l.held = nil
-	return l.inner.Apply(ctx, *m)
+	return nil
+}
+
+// flush persists the n oldest held batches.
+func (l *laggingStore) flush(ctx context.Context, n int) error {
+	for range n {
+		m, landed := l.held[0], l.landed
+		l.held, l.landed = l.held[1:], false
+		if landed {
+			continue
+		}
+		if err := l.inner.Apply(ctx, *m); err != nil {
+			return err
+		}
+	}
+	return l.set()
 }
 
 // TestPendingRandomBatches runs the random scenarios of TestRandomBatches
-// with the state one batch behind, read through join.Pending: the target
+// with the state one and two batches behind, read through join.Pending: the
+// target
 // must still equal the SQL join after every batch, with no redundant write,
 // and the state must match the source (read through the overlay, and once
 // the last batch is persisted, directly).
@@ -64,8 +112,9 @@ func TestPendingRandomBatches(t *testing.T) {
 	}
 	for _, typ := range []join.JoinType{join.Inner, join.Left} {
 		for seed := range seeds {
-			for _, page := range []int{1, 2, 1000} {
-				t.Run(fmt.Sprintf("%s/seed%d/page%d", typ, seed, page), func(t *testing.T) {
+			for _, c := range []struct{ page, depth int }{{1, 1}, {2, 1}, {1000, 1}, {1, 2}, {2, 2}, {1000, 2}} {
+				page := c.page
+				t.Run(fmt.Sprintf("%s/seed%d/page%d/behind%d", typ, seed, page, c.depth), func(t *testing.T) {
 					t.Parallel()
 					sc := jointest.Scenario{
 						Spec: join.Spec{Name: "p", Type: typ, PK: ints(1), FK: ints(1), RightKey: ints(1),
@@ -73,12 +122,12 @@ func TestPendingRandomBatches(t *testing.T) {
 						Seed: uint64(seed), Batches: 200, MaxBatch: 40, TruncateOneIn: 300,
 					}
 					inner := jointest.NewStore()
-					store := &laggingStore{Pending: join.NewPending(inner), inner: inner, r: rand.New(rand.NewPCG(uint64(seed), 11))}
+					store := newLaggingStore(inner, c.depth, rand.New(rand.NewPCG(uint64(seed), 11)))
 					eng, err := jointest.Run(context.Background(), sc, store)
 					if err != nil {
 						t.Fatal(err)
 					}
-					if err := store.flush(context.Background()); err != nil {
+					if err := store.flush(context.Background(), len(store.held)); err != nil {
 						t.Fatal(err)
 					}
 					if err := inner.Check(sc.Spec); err != nil {

@@ -185,12 +185,13 @@ func (d *daemon) openJoin(ctx context.Context, p *JoinPlan) (*joinRunner, error)
 	}
 	spec := p.Spec
 	spec.PageSize = d.opts.PageSize
-	pending := join.NewPending(store)
+	older := join.NewPending(store)
+	pending := join.NewPending(older)
 	engine, err := join.NewEngine(spec, pending)
 	if err != nil {
 		return nil, err
 	}
-	return &joinRunner{plan: p, engine: engine, store: store, pending: pending, mapper: newMapper(p)}, nil
+	return &joinRunner{plan: p, engine: engine, store: store, pending: pending, older: older, mapper: newMapper(p)}, nil
 }
 
 // redisPrefix is the key prefix of one join's state.

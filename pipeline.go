@@ -60,11 +60,22 @@ type joinRunner struct {
 	engine *join.Engine
 	store  *redisstore.Store
 	// pending is the engine's reader: the store, overlaid with the
-	// mutations of the batch whose commit is in flight.
-	pending *join.Pending
+	// mutations of the batches whose commits are in flight, the older
+	// through older (nearer the store), the newer through pending.
+	pending, older *join.Pending
 	mapper  *mapper
 	// epoch is the Redis state's epoch the daemon started streaming with.
 	epoch string
+}
+
+// overlay sets the in-flight mutations the engine reads through: older
+// (the batch in its state commit) and newer (the next one); nil for none.
+func (jr *joinRunner) overlay(older, newer *join.Mutations) error {
+	err := jr.older.Set(older)
+	if err2 := jr.pending.Set(newer); err == nil {
+		err = err2
+	}
+	return err
 }
 
 // errStateChanged means a join's Redis state vanished or was replaced while
@@ -197,19 +208,23 @@ func (p *pipeline) target() cdc.LSN { return cdc.LSN(p.targetLSN.Load()) }
 
 func (b *batch) end() cdc.LSN { return b.txns[len(b.txns)-1].EndLSN }
 
-// run applies batches until ctx is done; then it finishes the batch in hand
-// and returns nil (a clean shutdown) or the first error.
+// run applies batches until ctx is done; then it finishes the batches in
+// hand and returns nil (a clean shutdown) or the first error.
 //
-// Batches overlap: while batch N's target write, target commit and Redis
-// commit run in the background, batch N+1 is collected, mapped and joined,
-// reading the Redis state through an overlay of N's mutations (join.Pending),
-// which is the state N's commit produces. N+1's own writes start only once
-// N is fully committed, so commits, checkpoints and acknowledgements keep
-// their order, and an error in N discards N+1 before it wrote anything.
+// Batches overlap in three stages: while batch N's Redis state commit runs,
+// batch N+1's target rows are written and committed, and batch N+2 is
+// collected, mapped and joined, reading the Redis state through overlays of
+// N's and N+1's mutations (join.Pending), which are the state their commits
+// produce. Each batch's target commit follows the previous batch's target
+// commit, and its state commit and acknowledgement follow the previous
+// batch's state commit, so checkpoints and acknowledgements keep their
+// order; an error in a batch discards every later one before it commits
+// anything more (a target already committed ahead of the state is replayed
+// for Redis only on the next start).
 func (p *pipeline) run(ctx context.Context) (err error) {
-	var inflight *commitJob
+	var f []*commitJob // in flight, oldest first
 	defer func() {
-		if werr := p.wait(inflight); err == nil {
+		if werr := p.waitAll(f); err == nil {
 			err = werr
 		}
 		if err != nil && ctx.Err() != nil {
@@ -217,7 +232,10 @@ func (p *pipeline) run(ctx context.Context) (err error) {
 		}
 	}()
 	for {
-		first, err := p.nextWhile(ctx, inflight)
+		if f, err = p.trim(f); err != nil {
+			return err
+		}
+		first, err := p.nextWhile(ctx, f)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -225,14 +243,14 @@ func (p *pipeline) run(ctx context.Context) (err error) {
 			return err
 		}
 		if !first.Final {
-			err := p.wait(inflight)
-			inflight = nil
+			err := p.waitAll(f)
+			f = nil
 			if err != nil {
 				return err
 			}
 			// Chunks commit their state as they go: nothing may be overlaid.
 			for _, jr := range p.joins {
-				_ = jr.pending.Set(nil)
+				_ = jr.overlay(nil, nil)
 			}
 			if err := p.applyLarge(ctx, first); err != nil {
 				return err
@@ -242,16 +260,23 @@ func (p *pipeline) run(ctx context.Context) (err error) {
 		start := time.Now()
 		b := p.collect(ctx, first)
 		b.timing.collect = time.Since(start)
+		// At most two batches in flight while the next is joined: one in
+		// its state commit, one in its target commit.
+		for len(f) > 2 {
+			if err := p.wait(f[0]); err != nil {
+				return err
+			}
+			f = f[1:]
+		}
 		// The batch in hand is finished even during shutdown, within a
 		// grace period. A batch is never timed out while the daemon runs:
 		// a right row with a million dependents takes as long as it takes,
 		// and a deadline would fail it again on every restart.
 		bctx, cancel := afterGrace(ctx, shutdownGrace)
-		job, err := p.prepare(bctx, b, inflight)
-		if werr := p.wait(inflight); err == nil {
-			err = werr
+		job, err := p.prepare(bctx, b, f)
+		if err == nil {
+			f, err = p.trim(f)
 		}
-		inflight = nil
 		if err != nil {
 			if job != nil && job.tx != nil {
 				_ = job.tx.Rollback(context.WithoutCancel(bctx))
@@ -259,7 +284,11 @@ func (p *pipeline) run(ctx context.Context) (err error) {
 			cancel()
 			return err
 		}
-		inflight = p.startCommit(bctx, cancel, job)
+		var prev *commitJob
+		if len(f) > 0 {
+			prev = f[len(f)-1]
+		}
+		f = append(f, p.startCommit(bctx, cancel, job, prev))
 	}
 }
 
@@ -344,11 +373,17 @@ type commitJob struct {
 	muts []join.Mutations
 	// truncations are the batch's TRUNCATEs, noted with its target write.
 	truncations []truncation
-	// finished is closed when the commits are done, with their result in
-	// err.
-	finished chan struct{}
-	err      error
+	// targetDone is closed when the target stage is done, with its result
+	// in targetErr; finished when the job is done, with its result in err.
+	targetDone chan struct{}
+	targetErr  error
+	finished   chan struct{}
+	err        error
 }
+
+// errEarlierFailed ends a batch whose predecessor failed: it commits
+// nothing more (the predecessor's error is the one reported).
+var errEarlierFailed = errors.New("an earlier batch failed")
 
 // maxBufferedRows bounds the target rows a prepared batch holds in memory;
 // past it (a big fan-out) the batch waits for the one in flight and writes
@@ -359,7 +394,7 @@ const maxBufferedRows = 50_000
 // overlay of the in-flight batch's mutations; if those cannot be overlaid
 // (a TRUNCATE), or the batch's output outgrows maxBufferedRows, prepare
 // first waits for the in-flight batch, whose error it then returns.
-func (p *pipeline) prepare(ctx context.Context, b *batch, inflight *commitJob) (*commitJob, error) {
+func (p *pipeline) prepare(ctx context.Context, b *batch, f []*commitJob) (*commitJob, error) {
 	job := &commitJob{b: b, end: b.end(), touched: make([]bool, len(p.joins)),
 		outs: make([][]join.Output, len(p.joins)), muts: make([]join.Mutations, len(p.joins))}
 	job.writeTarget = job.end > p.target()
@@ -383,24 +418,27 @@ func (p *pipeline) prepare(ctx context.Context, b *batch, inflight *commitJob) (
 	}
 	phase(&b.timing.mapping)
 
-	settled := inflight == nil
+	settled := len(f) == 0
 	settle := func() error {
 		if settled {
 			return nil
 		}
 		settled = true
-		return p.wait(inflight)
+		return p.waitAll(f)
 	}
 	for i, jr := range p.joins {
-		var over *join.Mutations
-		if inflight != nil {
-			over = &inflight.muts[i]
+		var older, newer *join.Mutations
+		switch len(f) {
+		case 1:
+			newer = &f[0].muts[i]
+		case 2:
+			older, newer = &f[0].muts[i], &f[1].muts[i]
 		}
-		if err := jr.pending.Set(over); errors.Is(err, join.ErrCannotOverlay) {
+		if err := jr.overlay(older, newer); errors.Is(err, join.ErrCannotOverlay) {
 			if err := settle(); err != nil {
 				return nil, err
 			}
-			_ = jr.pending.Set(nil)
+			_ = jr.overlay(nil, nil)
 		}
 	}
 	buffered := 0
@@ -459,14 +497,19 @@ func (p *pipeline) beginTarget(ctx context.Context, job *commitJob) error {
 	return nil
 }
 
-// startCommit runs the job's commits in the background; wait collects the
-// result. cancel releases the job's context when it is done.
-func (p *pipeline) startCommit(ctx context.Context, cancel context.CancelFunc, job *commitJob) *commitJob {
-	job.finished = make(chan struct{})
+// startCommit runs the job's commits in the background, after prev's
+// (nil: none in flight); wait collects the result. cancel releases the
+// job's context when it is done.
+func (p *pipeline) startCommit(ctx context.Context, cancel context.CancelFunc, job, prev *commitJob) *commitJob {
+	job.targetDone, job.finished = make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(job.finished)
 		defer cancel()
-		job.err = p.commit(ctx, job)
-		close(job.finished)
+		job.targetErr = p.commitTarget(ctx, job, prev)
+		close(job.targetDone)
+		if job.err = job.targetErr; job.err == nil {
+			job.err = p.commitState(ctx, job, prev)
+		}
 	}()
 	return job
 }
@@ -481,18 +524,49 @@ func (p *pipeline) wait(job *commitJob) error {
 	return job.err
 }
 
-// nextWhile is next, but returns the in-flight job's error as soon as its
+// waitAll waits for every job and returns the first one's error (a later
+// job of a failed one ends with errEarlierFailed).
+func (p *pipeline) waitAll(f []*commitJob) error {
+	var first error
+	for _, job := range f {
+		if err := p.wait(job); first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// trim drops the finished jobs at the front of f, returning the first error.
+func (p *pipeline) trim(f []*commitJob) ([]*commitJob, error) {
+	for len(f) > 0 {
+		select {
+		case <-f[0].finished:
+		default:
+			return f, nil
+		}
+		if f[0].err != nil {
+			return f, f[0].err
+		}
+		f = f[1:]
+	}
+	return f, nil
+}
+
+// nextWhile is next, but returns an in-flight job's error as soon as its
 // commits fail, instead of waiting for a transaction that may never come.
-func (p *pipeline) nextWhile(ctx context.Context, inflight *commitJob) (*cdc.Txn, error) {
-	if inflight == nil {
+// The last job ends when any fails: every job ends with its predecessor's
+// failure.
+func (p *pipeline) nextWhile(ctx context.Context, f []*commitJob) (*cdc.Txn, error) {
+	if len(f) == 0 {
 		return p.next(ctx)
 	}
+	last := f[len(f)-1]
 	nctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		select {
-		case <-inflight.finished:
-			if inflight.err != nil {
+		case <-last.finished:
+			if last.err != nil {
 				cancel()
 			}
 		case <-nctx.Done():
@@ -500,26 +574,31 @@ func (p *pipeline) nextWhile(ctx context.Context, inflight *commitJob) (*cdc.Txn
 	}()
 	t, err := p.next(nctx)
 	if err != nil && ctx.Err() == nil {
-		if werr := p.wait(inflight); werr != nil {
+		if werr := p.waitAll(f); werr != nil {
 			return nil, werr
 		}
 	}
 	return t, err
 }
 
-// commit writes the target (with the checkpoint), commits the Redis state
-// of every join, and acknowledges the batch's end. Only one runs at a time,
-// in batch order.
-func (p *pipeline) commit(ctx context.Context, job *commitJob) error {
-	b, end := job.b, job.end
-	phase := stopwatch()
+// commitTarget writes the job's target rows and commits them with the
+// checkpoint, once prev's target commit is done. Target transactions never
+// overlap: two writing the same rows could deadlock.
+func (p *pipeline) commitTarget(ctx context.Context, job, prev *commitJob) error {
+	if job.tx != nil {
+		defer job.tx.Rollback(context.WithoutCancel(ctx))
+	}
+	if prev != nil {
+		<-prev.targetDone
+		if prev.targetErr != nil {
+			return errEarlierFailed
+		}
+	}
 	if !slices.Contains(job.touched, true) {
-		// Nothing for any join: no write is needed, and acknowledging is safe
-		// because a restart from the older checkpoint finds nothing either.
-		p.stream.Ack(end)
-		p.applied(b.txns[len(b.txns)-1])
 		return nil
 	}
+	b, end := job.b, job.end
+	phase := stopwatch()
 	if job.writeTarget && job.tx == nil {
 		if err := p.beginTarget(ctx, job); err != nil {
 			if job.tx != nil {
@@ -527,8 +606,6 @@ func (p *pipeline) commit(ctx context.Context, job *commitJob) error {
 			}
 			return err
 		}
-	}
-	if job.tx != nil {
 		defer job.tx.Rollback(context.WithoutCancel(ctx))
 	}
 	phase(&b.timing.write)
@@ -555,6 +632,27 @@ func (p *pipeline) commit(ctx context.Context, job *commitJob) error {
 		p.deleted.Add(job.tx.Stats.Deleted)
 	}
 	phase(&b.timing.target)
+	return nil
+}
+
+// commitState commits the Redis state of every join the job touched and
+// acknowledges the job's end, once prev is done.
+func (p *pipeline) commitState(ctx context.Context, job, prev *commitJob) error {
+	if prev != nil {
+		<-prev.finished
+		if prev.err != nil {
+			return errEarlierFailed
+		}
+	}
+	b, end := job.b, job.end
+	if !slices.Contains(job.touched, true) {
+		// Nothing for any join: no write is needed, and acknowledging is safe
+		// because a restart from the older checkpoint finds nothing either.
+		p.stream.Ack(end)
+		p.applied(b.txns[len(b.txns)-1])
+		return nil
+	}
+	phase := stopwatch()
 	for i, jr := range p.joins {
 		if !job.touched[i] && jr.store.Checkpoint() >= uint64(end) {
 			continue

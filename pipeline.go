@@ -63,7 +63,7 @@ type joinRunner struct {
 	// mutations of the batches whose commits are in flight, the older
 	// through older (nearer the store), the newer through pending.
 	pending, older *join.Pending
-	mapper  *mapper
+	mapper         *mapper
 	// epoch is the Redis state's epoch the daemon started streaming with.
 	epoch string
 }

@@ -112,7 +112,9 @@ type pipeline struct {
 	stream      *cdc.Stream
 	limits      BatchLimits
 	sizer       batchSizer
-	log         *slog.Logger
+	// stages, when set (by tests), replace commitTarget and commitState.
+	stages *commitStages
+	log    *slog.Logger
 
 	// targetLSN is the slot's checkpoint in the target database: every
 	// transaction with EndLSN <= targetLSN is already in the target.
@@ -501,17 +503,45 @@ func (p *pipeline) beginTarget(ctx context.Context, job *commitJob) error {
 // (nil: none in flight); wait collects the result. cancel releases the
 // job's context when it is done.
 func (p *pipeline) startCommit(ctx context.Context, cancel context.CancelFunc, job, prev *commitJob) *commitJob {
+	target, state := p.commitTarget, p.commitState
+	if p.stages != nil {
+		target, state = p.stages.target, p.stages.state
+	}
 	job.targetDone, job.finished = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(job.finished)
 		defer cancel()
-		job.targetErr = p.commitTarget(ctx, job, prev)
-		close(job.targetDone)
-		if job.err = job.targetErr; job.err == nil {
-			job.err = p.commitState(ctx, job, prev)
+		if prev != nil {
+			<-prev.targetDone
 		}
+		if prev != nil && prev.targetErr != nil {
+			job.targetErr = errEarlierFailed
+		} else {
+			job.targetErr = target(ctx, job)
+		}
+		if job.tx != nil {
+			_ = job.tx.Rollback(context.WithoutCancel(ctx)) // a no-op once committed
+		}
+		close(job.targetDone)
+		if job.err = job.targetErr; job.err != nil {
+			return
+		}
+		if prev != nil {
+			if <-prev.finished; prev.err != nil {
+				job.err = errEarlierFailed
+				return
+			}
+		}
+		job.err = state(ctx, job)
 	}()
 	return job
+}
+
+// commitStages are the two stages of a batch's commit; tests replace the
+// pipeline's (commitTarget and commitState) to check how startCommit
+// orders them.
+type commitStages struct {
+	target, state func(ctx context.Context, job *commitJob) error
 }
 
 // wait returns the result of the job's commits (nil for no job), waiting
@@ -582,18 +612,10 @@ func (p *pipeline) nextWhile(ctx context.Context, f []*commitJob) (*cdc.Txn, err
 }
 
 // commitTarget writes the job's target rows and commits them with the
-// checkpoint, once prev's target commit is done. Target transactions never
-// overlap: two writing the same rows could deadlock.
-func (p *pipeline) commitTarget(ctx context.Context, job, prev *commitJob) error {
-	if job.tx != nil {
-		defer job.tx.Rollback(context.WithoutCancel(ctx))
-	}
-	if prev != nil {
-		<-prev.targetDone
-		if prev.targetErr != nil {
-			return errEarlierFailed
-		}
-	}
+// checkpoint. startCommit runs it once the previous batch's target commit
+// is done: target transactions never overlap (two writing the same rows
+// could deadlock).
+func (p *pipeline) commitTarget(ctx context.Context, job *commitJob) error {
 	if !slices.Contains(job.touched, true) {
 		return nil
 	}
@@ -601,12 +623,8 @@ func (p *pipeline) commitTarget(ctx context.Context, job, prev *commitJob) error
 	phase := stopwatch()
 	if job.writeTarget && job.tx == nil {
 		if err := p.beginTarget(ctx, job); err != nil {
-			if job.tx != nil {
-				_ = job.tx.Rollback(context.WithoutCancel(ctx))
-			}
-			return err
+			return err // startCommit rolls job.tx back
 		}
-		defer job.tx.Rollback(context.WithoutCancel(ctx))
 	}
 	phase(&b.timing.write)
 	// The engines' reads are done: if the state was lost or replaced since
@@ -636,14 +654,9 @@ func (p *pipeline) commitTarget(ctx context.Context, job, prev *commitJob) error
 }
 
 // commitState commits the Redis state of every join the job touched and
-// acknowledges the job's end, once prev is done.
-func (p *pipeline) commitState(ctx context.Context, job, prev *commitJob) error {
-	if prev != nil {
-		<-prev.finished
-		if prev.err != nil {
-			return errEarlierFailed
-		}
-	}
+// acknowledges the job's end. startCommit runs it once the previous batch
+// is done: state commits and acknowledgements keep the batches' order.
+func (p *pipeline) commitState(ctx context.Context, job *commitJob) error {
 	b, end := job.b, job.end
 	if !slices.Contains(job.touched, true) {
 		// Nothing for any join: no write is needed, and acknowledging is safe

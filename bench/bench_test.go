@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -34,6 +35,12 @@ func TestBench(t *testing.T) {
 	s, full := smokeSizes, os.Getenv("FKMAT_BENCH") == "full"
 	if full {
 		s = fullSizes
+	}
+	// FKMAT_BENCH_W4_ORDERS sizes the backfill (e.g. 10000000; customers
+	// scale with it).
+	if v, err := strconv.Atoi(os.Getenv("FKMAT_BENCH_W4_ORDERS")); err == nil && v > 0 {
+		s.W4Customers = max(1, s.W4Customers*v/s.W4Orders)
+		s.W4Orders = v
 	}
 	if testing.Short() {
 		t.Skip("needs Docker")
@@ -252,16 +259,38 @@ func benchW2(t *testing.T, s sizes, rep *report) {
 	if written > float64(w.targetWrites) {
 		t.Errorf("fkmat wrote %.0f target rows, more than the %d the SQL result changed by", written, w.targetWrites)
 	}
+	// Catch-up: the renames written while fkmat is stopped, drained first by
+	// a bare reader (the decode limit), then by fkmat.
+	var decode, catchUp time.Duration
+	{
+		d := newDB(t, w)
+		d.backfill()
+		bare := d.Slot + "_bare"
+		d.exec(fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, bare))
+		d.write(w.txns, 0)
+		if n, commits, took := d.drainBare(bare, len(w.txns)); n != w.changes() || commits != len(w.txns) {
+			t.Fatalf("bare reader saw %d changes in %d commits, want %d in %d", n, commits, w.changes(), len(w.txns))
+		} else {
+			decode = took
+		}
+		p := d.run("catchup")
+		catchUp = d.waitCaught(p).Sub(p.start)
+		p.stop()
+		d.assertJoin("orders_enriched")
+	}
 	trigAll := trigPer * time.Duration(len(w.txns))
 	rep.row(name, fmt.Sprintf("%d renames, writer alone", len(w.txns)), base.Seconds(), "s", "no maintenance", true)
 	rep.row(name, "fkmat: first rename to caught up", took.Seconds(), "s",
 		fmt.Sprintf("%.0f target rows written (SQL result changed by %d)", written, w.targetWrites), true)
+	rep.row(name, "fkmat catch-up (start to caught up)", catchUp.Seconds(), "s",
+		fmt.Sprintf("the renames written while fkmat was stopped; decode limit %.3f s (%.3fx)", decode.Seconds(), decode.Seconds()/catchUp.Seconds()), true)
 	rep.row(name, "row-level triggers, all renames", trigAll.Seconds(), "s",
 		fmt.Sprintf("%.2f s per rename, %d measured, extrapolated", trigPer.Seconds(), s.W2TriggerUpdates), true)
 	rep.row(name, "REFRESH MATERIALIZED VIEW CONCURRENTLY", mv.Seconds(), "s", fmt.Sprintf("per refresh at %d rows", w.orders), true)
 	rep.row(name, "fkmat peak RSS", max(u.peakRSSMB, bf.peakRSSMB), "MB", "backfill and run", false)
 	rep.rss = max(rep.rss, u.peakRSSMB, bf.peakRSSMB)
 	rep.target("W2 ≥ 10x faster than triggers", trigAll.Seconds()/took.Seconds(), ">=", 10, "x")
+	rep.target("W2 catch-up ≥ 0.4x the decode limit", decode.Seconds()/catchUp.Seconds(), ">=", 0.4, "x")
 }
 
 // benchW4 (backfill): orders over customers already present, then fkmat
@@ -292,6 +321,8 @@ func benchW4(t *testing.T, s sizes, rep *report) {
 	rep.row(name, "fkmat backfill (target + Redis state)", u.took.Seconds(), "s",
 		fmt.Sprintf("%.0f rows/s, %.2fx the limit's time", n/u.took.Seconds(), u.took.Seconds()/limit.Seconds()), true)
 	rep.row(name, "CPU during the backfill", u.cpu, "s", fmt.Sprintf("fkmat; redis-server %.2f s", u.redisCPU), false)
+	rep.row(name, "CPU per 1k rows, fkmat + redis-server", 1000*(u.cpu+u.redisCPU)/n, "s",
+		fmt.Sprintf("fkmat %.2f ms, redis-server %.2f ms, at %d rows", 1e6*u.cpu/n, 1e6*u.redisCPU/n, s.W4Orders), false)
 	rep.row(name, "fkmat peak RSS", u.peakRSSMB, "MB", "", false)
 	rep.row(name, "Redis memory per left row (INFO used_memory delta)", mem/n, "B", fmt.Sprintf("all state, %.0f MB in all", mem/1e6), false)
 	rep.row(name, "Redis memory per subscription (MEMORY USAGE)", byKind['s']/subs, "B", fmt.Sprintf("%.0f subscriptions", subs), false)

@@ -298,22 +298,7 @@ func (b *batch) fanOut(ctx context.Context, fk Key, pre *fanOutPrefetch, mode fa
 // differs.
 func (b *batch) fanOutRight(ctx context.Context, fk Key, right *RightState, touched map[Key]bool, pre *fanOutPrefetch) error {
 	values := b.rightPart(right)
-	var after Key
-	for {
-		size := b.e.spec.PageSize
-		var page []Key
-		if first, ok := pre.firstPage(fk, after); ok {
-			page, size = first, pre.limit
-		} else {
-			var err error
-			if page, err = b.ov.store.Dependents(ctx, fk, after, size); err != nil {
-				return fmt.Errorf("read dependents: %w", err)
-			}
-		}
-		if len(page) == 0 {
-			return nil
-		}
-		after = page[len(page)-1]
+	return b.storedPages(ctx, fk, pre, func(page []Key) error {
 		keys := make([][]Value, 0, len(page))
 		for _, pk := range page {
 			if _, ok := touched[pk]; ok {
@@ -330,20 +315,29 @@ func (b *batch) fanOutRight(ctx context.Context, fk Key, right *RightState, touc
 			b.e.stats.Responses++
 			b.e.stats.FanoutRows++
 		}
-		if len(keys) > 0 {
-			if err := b.emitOutput(ctx, Output{RightUpdates: []RightUpdate{{Keys: keys, Right: values}}}); err != nil {
-				return err
-			}
-		}
-		if len(page) < size {
+		if len(keys) == 0 {
 			return nil
 		}
-	}
+		return b.emitOutput(ctx, Output{RightUpdates: []RightUpdate{{Keys: keys, Right: values}}})
+	})
 }
 
 // fanOutStored pages through the stored dependents of fk, skipping the
 // subscriptions this batch changed (answered from the overlay, or removed).
 func (b *batch) fanOutStored(ctx context.Context, fk Key, right *RightState, touched map[Key]bool, pre *fanOutPrefetch) error {
+	return b.storedPages(ctx, fk, pre, func(page []Key) error {
+		keep := page
+		if len(touched) > 0 {
+			keep = slices.DeleteFunc(slices.Clone(page), func(pk Key) bool { _, ok := touched[pk]; return ok })
+		}
+		return b.resolvePage(ctx, fk, right, keep, pre)
+	})
+}
+
+// storedPages calls fn with each page of the stored dependents of fk, in
+// key order: the prefetched first page when pre has it, then pages read
+// from the store.
+func (b *batch) storedPages(ctx context.Context, fk Key, pre *fanOutPrefetch, fn func(page []Key) error) error {
 	var after Key
 	for {
 		size := b.e.spec.PageSize
@@ -360,11 +354,7 @@ func (b *batch) fanOutStored(ctx context.Context, fk Key, right *RightState, tou
 			return nil
 		}
 		after = page[len(page)-1]
-		keep := page
-		if len(touched) > 0 {
-			keep = slices.DeleteFunc(slices.Clone(page), func(pk Key) bool { _, ok := touched[pk]; return ok })
-		}
-		if err := b.resolvePage(ctx, fk, right, keep, pre); err != nil {
+		if err := fn(page); err != nil {
 			return err
 		}
 		if len(page) < size {

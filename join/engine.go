@@ -269,10 +269,6 @@ func (b *batch) endSegment(ctx context.Context) error {
 	if err := b.resolveQueue(ctx); err != nil {
 		return err
 	}
-	var own map[Key][]Key
-	if len(b.seg.dirty) > 0 {
-		own = b.ownDependents()
-	}
 	for chunk := range slices.Chunk(slices.Sorted(maps.Keys(b.seg.dirty)), fanOutChunk) {
 		modes := make(map[Key]fanOutMode, len(chunk))
 		for _, fk := range chunk {
@@ -287,7 +283,7 @@ func (b *batch) endSegment(ctx context.Context) error {
 			return fmt.Errorf("fan out right keys: %w", err)
 		}
 		for _, fk := range chunk {
-			if err := b.fanOut(ctx, fk, pre, modes[fk], own[fk]); err != nil {
+			if err := b.fanOut(ctx, fk, pre, modes[fk]); err != nil {
 				return fmt.Errorf("fan out right key: %w", err)
 			}
 		}

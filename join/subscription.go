@@ -179,18 +179,6 @@ func (b *batch) fanOutMode(ctx context.Context, fk Key) (fanOutMode, error) {
 	return fanOutRows, nil
 }
 
-// ownDependents returns, per right key, the left rows the batch changed
-// that reference it: a fan-out answers them from the overlay.
-func (b *batch) ownDependents() map[Key][]Key {
-	own := map[Key][]Key{}
-	for pk, e := range b.ov.left {
-		if e != nil && e.fk != "" {
-			own[e.fk] = append(own[e.fk], pk)
-		}
-	}
-	return own
-}
-
 // prefetchFanOut reads the first stored dependents of fks and, for those
 // whose mode is fanOutRows, their left rows, when the store can read many
 // pages at once and there are several keys; nil means each fan-out reads
@@ -251,9 +239,13 @@ func (b *batch) prefetchFanOut(ctx context.Context, fks []Key, modes map[Key]fan
 // fanOut answers every left row subscribed to right key fk with its final
 // right row, a page at a time: first the subscriptions added in this batch,
 // then the stored ones in key order. pre, when not nil, holds fk's first
-// stored page and, in mode fanOutRows, its left rows. own are the left rows
-// the batch changed that reference fk.
-func (b *batch) fanOut(ctx context.Context, fk Key, pre *fanOutPrefetch, mode fanOutMode, own []Key) error {
+// stored page and, in mode fanOutRows, its left rows.
+//
+// Every left row the batch changed that references fk is among the added
+// subscriptions (each change of a left row with a foreign key sets its
+// subscription in the overlay), so the stored dependents left to answer are
+// rows the batch did not change.
+func (b *batch) fanOut(ctx context.Context, fk Key, pre *fanOutPrefetch, mode fanOutMode) error {
 	right, err := b.ov.rightOf(ctx, fk)
 	if err != nil {
 		return err
@@ -274,22 +266,13 @@ func (b *batch) fanOut(ctx context.Context, fk Key, pre *fanOutPrefetch, mode fa
 	if b.ov.leftCleared {
 		return nil
 	}
-	if mode == fanOutRows {
+	switch mode {
+	case fanOutRows:
 		return b.fanOutStored(ctx, fk, right, touched, pre)
+	case fanOutRight:
+		return b.fanOutRight(ctx, fk, right, touched, pre)
 	}
-	// The stored dependents the batch changed (and that still reference
-	// fk) are answered from the overlay; the others only in fanOutRight.
-	own = slices.DeleteFunc(slices.Clone(own), func(pk Key) bool { _, ok := touched[pk]; return ok })
-	slices.Sort(own)
-	for page := range slices.Chunk(own, b.e.spec.PageSize) {
-		if err := b.resolvePage(ctx, fk, right, page, pre); err != nil {
-			return err
-		}
-	}
-	if mode == fanOutNone {
-		return nil
-	}
-	return b.fanOutRight(ctx, fk, right, touched, pre)
+	return nil
 }
 
 // fanOutRight pages through the stored dependents of fk that the batch did
@@ -302,10 +285,7 @@ func (b *batch) fanOutRight(ctx context.Context, fk Key, right *RightState, touc
 		keys := make([][]Value, 0, len(page))
 		for _, pk := range page {
 			if _, ok := touched[pk]; ok {
-				continue
-			}
-			if _, ok := b.ov.left[pk]; ok {
-				continue // changed by the batch: answered from the overlay
+				continue // answered from the overlay, or no longer a dependent
 			}
 			vals, _, err := DecodeKey(b.e.spec.PK, string(pk))
 			if err != nil {

@@ -178,7 +178,9 @@ func describeTable(ctx context.Context, db Querier, t TableName) (*catalogTable,
 		SELECT i.indexrelid::regclass::text,
 			(SELECT array_agg(a.attname ORDER BY k.ord) FROM unnest(i.indkey[:i.indnkeyatts - 1]) WITH ORDINALITY AS k(attnum, ord)
 				JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum),
-			i.indimmediate, i.indnullsnotdistinct
+			i.indimmediate,
+			-- NULLS NOT DISTINCT is new in Postgres 15: read it so that older servers answer too
+			coalesce((to_jsonb(i) ->> 'indnullsnotdistinct')::boolean, false)
 		FROM pg_index i WHERE i.indrelid = $1 AND i.indisunique AND i.indisvalid
 			AND i.indpred IS NULL AND i.indexprs IS NULL ORDER BY 1`, oid)
 	if err != nil {

@@ -266,6 +266,45 @@ func TestDaemonLostRedisState(t *testing.T) {
 	fmt.Fprintln(testWriter{t}, "rebuilt after lost state")
 }
 
+// TestDaemonOldLayout: a state written by an older fkmat (layout v1, whose
+// rows the lean v2 encoding cannot read) is never streamed from: refuse
+// stops naming fkmat backfill --force, rebuild backfills it in the current
+// layout and converges.
+func TestDaemonOldLayout(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'a', 't1'), (2, 'b', 't2')`,
+		`INSERT INTO orders SELECT g, 1 + g % 3, g, 'n' FROM generate_series(1, 50) g`)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	meta := "fkmat:" + tc.Slot + ":orders_enriched:meta"
+	layout, err := tc.Redis.HGet(ctx, meta, "layout").Result()
+	if err != nil || !strings.HasPrefix(layout, "v2/") {
+		t.Fatalf("layout = %q, %v; want v2", layout, err)
+	}
+	old := "v1/" + strings.TrimPrefix(layout, "v2/")
+	if err := tc.Redis.HSet(ctx, meta, "layout", old).Err(); err != nil {
+		t.Fatal(err)
+	}
+	sqlExec(t, tc, `UPDATE customers SET name = 'changed' WHERE id = 1`, `INSERT INTO orders VALUES (51, 2, 1, 'x')`)
+	err = fkmat.Run(ctx, cfg, fkmat.Options{OnLostState: fkmat.LostStateRefuse})
+	if !errors.Is(err, fkmat.ErrLostState) || !strings.Contains(err.Error(), "another layout ("+old+")") ||
+		!strings.Contains(err.Error(), "fkmat backfill --force") {
+		t.Fatalf("Run on the v1 layout = %v, want ErrLostState naming the layout and fkmat backfill --force", err)
+	}
+	d = startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	if got, err := tc.Redis.HGet(ctx, meta, "layout").Result(); err != nil || got != layout {
+		t.Errorf("layout after the rebuild = %q, %v; want %q", got, err, layout)
+	}
+}
+
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }

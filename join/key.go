@@ -312,6 +312,42 @@ func DecodeKey(fams []Family, k string) ([]Value, int, error) {
 
 var errShortKey = errors.New("truncated key")
 
+// KeyValues decodes every value of key k by its tags, without knowing the
+// families, in canonical text form as DecodeKey does. The text is not
+// always the text that was encoded (a numeric "1.50" comes back as "1.5"):
+// compare before relying on it.
+func KeyValues(k string) ([]Value, error) {
+	var vals []Value
+	for off := 0; off < len(k); {
+		f, ok := tagFamily(k[off])
+		if !ok {
+			return nil, fmt.Errorf("decode key column %d: unexpected tag 0x%02x", len(vals)+1, k[off])
+		}
+		v, n, err := decodeValue(f, k[off:])
+		if err != nil {
+			return nil, fmt.Errorf("decode key column %d: %w", len(vals)+1, err)
+		}
+		vals, off = append(vals, v), off+n
+	}
+	return vals, nil
+}
+
+// tagFamily returns the family whose encodings start with tag t.
+func tagFamily(t byte) (Family, bool) {
+	switch {
+	case t >= intMin && t <= intMax:
+		return FamilyInt, true
+	case t == tagUUID:
+		return FamilyUUID, true
+	}
+	for f, tag := range bytesTags {
+		if tag == t {
+			return f, true
+		}
+	}
+	return 0, false
+}
+
 // bytesTags are the tags of the families encoded by appendBytes.
 var bytesTags = map[Family]byte{FamilyText: tagText, FamilyBpchar: tagBpchar,
 	FamilyNumeric: tagNumeric, FamilyFloat: tagFloat, FamilyExact: tagExact}
@@ -362,8 +398,12 @@ func decodeInt(k string) (Value, int, error) {
 	return TextValue(strconv.FormatInt(int64(binary.BigEndian.Uint64(buf[:])), 10)), 1 + l, nil
 }
 
-// decodeBytes decodes an appendBytes encoding.
+// decodeBytes decodes an appendBytes encoding. A value without an escaped
+// 0x00 shares memory with k.
 func decodeBytes(k string) (Value, int, error) {
+	if i := strings.IndexByte(k[1:], escByte); i >= 0 && i+2 < len(k) && k[i+2] == escFinal {
+		return TextValue(k[1 : i+1]), i + 3, nil
+	}
 	var b strings.Builder
 	for i := 1; i < len(k); i++ {
 		if k[i] != escByte {

@@ -152,6 +152,22 @@ func TestDecodeKeyRoundTrip(t *testing.T) {
 	}
 }
 
+func TestKeyValues(t *testing.T) {
+	t.Parallel()
+	fams := []Family{FamilyInt, FamilyText, FamilyUUID, FamilyNumeric, FamilyBpchar, FamilyFloat, FamilyExact, FamilyInt}
+	vals := texts("-300", "a\x00b", "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11", "1.50", "x  ", "-0", "2024-01-01", "7")
+	got, err := KeyValues(string(mustKey(t, fams, vals...)))
+	want := texts("-300", "a\x00b", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "1.5", "x", "0", "2024-01-01", "7")
+	if err != nil || !ValuesEqual(got, want) {
+		t.Errorf("KeyValues = %v, %v, want %v", got, err, want)
+	}
+	for _, bad := range []string{"\x01", string(mustKey(t, fams[:2], vals[:2]...))[:4], "\x12ab"} {
+		if got, err := KeyValues(bad); err == nil {
+			t.Errorf("KeyValues(%q) = %v, want an error", bad, got)
+		}
+	}
+}
+
 func TestCheckKeyTypes(t *testing.T) {
 	t.Parallel()
 	tests := []struct {

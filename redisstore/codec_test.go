@@ -2,64 +2,102 @@ package redisstore
 
 import (
 	"encoding/binary"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/fkmat/fkmat/join"
 )
 
+// key encodes vals as ints (or, with fams, in those families).
+func key(t testing.TB, fams []join.Family, vals ...string) string {
+	t.Helper()
+	k, err := join.EncodeKey(fams, texts(vals...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(k)
+}
+
+var (
+	famInt     = []join.Family{join.FamilyInt}
+	famNumeric = []join.Family{join.FamilyNumeric}
+)
+
 func TestRowRoundTrip(t *testing.T) {
 	t.Parallel()
-	lefts := []join.LeftState{
-		{},
-		{PK: texts("1"), FK: texts("2"), Values: texts("a", "", "c"), Hash: 42},
-		{PK: texts("1"), FK: []join.Value{join.NullValue()}, Values: []join.Value{join.NullValue(), join.TextValue(""), join.ToastValue()}, Hash: 1<<64 - 1},
-		{PK: texts("\x00\xff", strings.Repeat("x", 300)), FK: texts("a", "b"), Values: []join.Value{{Text: "odd", Null: true, Toast: true}}},
+	null := join.NullValue()
+	lefts := []struct {
+		pk string
+		st join.LeftState
+	}{
+		{"", join.NewLeftState(nil, nil, nil)},
+		{key(t, famInt, "1"), join.NewLeftState(texts("1"), texts("2"), texts("a", "", "c"))},
+		{key(t, famInt, "1"), join.NewLeftState(texts("1"), texts("c"), texts("a", "", "c"))}, // FK as a reference
+		{key(t, famInt, "1"), join.NewLeftState(texts("1"), []join.Value{null}, []join.Value{null, join.TextValue(""), join.TextValue("NULL")})},
+		{key(t, famNumeric, "1.50"), join.NewLeftState(texts("1.50"), texts("a", "b"), texts("b", "a"))}, // the key does not give "1.50" back
+		{"\x01garbage", join.NewLeftState(texts("\x00\xff", strings.Repeat("x", 300)), texts("a", "b"), []join.Value{{Text: "odd", Null: true}})},
 	}
-	for _, st := range lefts {
-		b := appendLeft(nil, st)
-		got, err := decodeLeft(string(b))
+	for _, tt := range lefts {
+		b := appendLeft(nil, tt.pk, tt.st)
+		got, err := decodeLeft(tt.pk, string(b))
 		if err != nil {
-			t.Fatalf("decode %v: %v", st, err)
+			t.Fatalf("decode %v: %v", tt.st, err)
 		}
-		if !got.Equal(st) {
-			t.Errorf("left round trip: got %v, want %v", got, st)
+		if !got.Equal(tt.st) {
+			t.Errorf("left round trip: got %v, want %v", got, tt.st)
 		}
 		for i := range len(b) {
-			if _, err := decodeLeft(string(b[:i])); err == nil {
-				t.Errorf("decode of %d of %d bytes succeeded", i, len(b))
+			if _, err := decodeLeft(tt.pk, string(b[:i])); err == nil {
+				t.Errorf("decode of %d of %d bytes of %v succeeded", i, len(b), tt.st)
 			}
 		}
-		if _, err := decodeRight(string(b)); err == nil {
+		if _, err := decodeRight(tt.pk, string(b)); err == nil {
 			t.Errorf("a left row decoded as a right row")
 		}
 	}
-	rights := []join.RightState{
-		{},
-		{Key: texts("k"), Values: []join.Value{join.NullValue(), join.TextValue(""), join.TextValue("NULL")}},
+	rights := []struct {
+		key string
+		st  join.RightState
+	}{
+		{"", join.RightState{}},
+		{key(t, []join.Family{join.FamilyText}, "k"), join.RightState{Key: texts("k"), Values: []join.Value{null, join.TextValue(""), join.TextValue("NULL")}}},
+		{key(t, famNumeric, "2.0"), join.RightState{Key: texts("2.0"), Values: texts("x")}},
 	}
-	for _, st := range rights {
-		b := appendRight(nil, st)
-		got, err := decodeRight(string(b))
+	for _, tt := range rights {
+		b := appendRight(nil, tt.key, tt.st)
+		got, err := decodeRight(tt.key, string(b))
 		if err != nil {
-			t.Fatalf("decode %v: %v", st, err)
+			t.Fatalf("decode %v: %v", tt.st, err)
 		}
-		if !got.Equal(st) {
-			t.Errorf("right round trip: got %v, want %v", got, st)
+		if !got.Equal(tt.st) {
+			t.Errorf("right round trip: got %v, want %v", got, tt.st)
 		}
 	}
 }
 
 func TestRowEncodingIsCompact(t *testing.T) {
 	t.Parallel()
-	// An orders row: id, customer_id, amount, status.
-	st := join.NewLeftState(texts("1234567"), texts("123456"), texts("123.45", "shipped"))
-	if n := len(appendLeft(nil, st)); n != 1+8+(1+1+7)+(1+1+6)+(1+1+6+1+7) {
+	// An orders row of the bench (id, customer_id, amount, note; a length of
+	// 32 or more takes two bytes of framing): the key,
+	// the hash and the FK (projected too) are not stored again.
+	note := strings.Repeat("f", 32)
+	st := join.NewLeftState(texts("1234567"), texts("123456"), texts("123456", "123.25", note))
+	if n := len(appendLeft(nil, key(t, famInt, "1234567"), st)); n != 1+(1+1+6+1+6+2+32)+(1+1) || n > 64 {
 		t.Errorf("left row takes %d bytes", n)
 	}
-	null := join.LeftState{Values: []join.Value{join.NullValue(), join.ToastValue(), join.TextValue("")}}
-	if n := len(appendLeft(nil, null)); n != 1+8+1+1+1+3 {
-		t.Errorf("NULL/TOAST/empty row takes %d bytes", n)
+	// Not projected, the FK is stored.
+	st = join.NewLeftState(texts("1234567"), texts("123456"), texts("123.25"))
+	if n := len(appendLeft(nil, key(t, famInt, "1234567"), st)); n != 1+(1+1+6)+(1+1+6) {
+		t.Errorf("left row with an FK not projected takes %d bytes", n)
+	}
+	null := join.NewLeftState(texts("1"), nil, []join.Value{join.NullValue(), join.TextValue("")})
+	if n := len(appendLeft(nil, key(t, famInt, "1"), null)); n != 1+3+1 {
+		t.Errorf("NULL/empty row takes %d bytes", n)
+	}
+	r := join.RightState{Key: texts("42"), Values: texts("customer 42", "gold")}
+	if n := len(appendRight(nil, key(t, famInt, "42"), r)); n != 1+(1+1+11+1+4) {
+		t.Errorf("right row takes %d bytes", n)
 	}
 }
 
@@ -67,10 +105,20 @@ func TestDecodeRejectsGarbage(t *testing.T) {
 	t.Parallel()
 	huge := binary.AppendUvarint([]byte{formatRight}, 1<<40)
 	overflow := append([]byte{formatRight}, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f)
-	for _, s := range []string{"", "\x03", string(huge), string(overflow), "\x02\x00\x00\x00"} {
-		if st, err := decodeRight(s); err == nil {
+	for _, s := range []string{"", "\x03", "\x02\x00", string(huge), string(overflow), "\x05\x00\x00", "\x05\x01\x02"} {
+		if st, err := decodeRight("", s); err == nil {
 			t.Errorf("decodeRight(%q) = %v, want an error", s, st)
 		}
+	}
+	// A TOAST marker is never stored, and a reference must name a value.
+	for _, s := range []string{"\x03\x01\x02\x00", "\x03\x01\x00\x01\x06", "\x03\x01\x00\x01\x03"} {
+		if st, err := decodeLeft("", s); err == nil {
+			t.Errorf("decodeLeft(%q) = %v, want an error", s, st)
+		}
+	}
+	// The key must decode when it is not stored.
+	if st, err := decodeLeft("\x01", "\x03\x00\x00"); err == nil {
+		t.Errorf("decodeLeft with a garbage key = %v, want an error", st)
 	}
 }
 
@@ -88,42 +136,48 @@ func valuesFromBytes(b []byte) ([]join.Value, []byte) {
 			break
 		}
 		f, l := b[0], min(int(b[1]), len(b)-2)
-		vs = append(vs, join.Value{Null: f&1 != 0, Toast: f&2 != 0, Text: string(b[2 : 2+l])})
+		vs = append(vs, join.Value{Null: f&1 != 0, Text: string(b[2 : 2+l])}) // stored values are never TOAST
 		b = b[2+l:]
 	}
 	return vs, b
 }
 
 func FuzzLeftRow(f *testing.F) {
-	f.Add([]byte("\x02\x00\x011\x01\x01"), uint64(7))
-	f.Add(appendLeft(nil, join.NewLeftState(texts("1"), texts("2"), texts("x"))), uint64(0))
-	f.Fuzz(func(t *testing.T, data []byte, hash uint64) {
+	f.Add([]byte("\x02\x00\x011\x01\x01"), "")
+	f.Add(appendLeft(nil, key(f, famInt, "1"), join.NewLeftState(texts("1"), texts("2"), texts("x"))), key(f, famInt, "1"))
+	f.Fuzz(func(t *testing.T, data []byte, k string) {
 		// Arbitrary bytes never panic and what decodes re-encodes stably.
-		if st, err := decodeLeft(string(data)); err == nil {
-			again, err := decodeLeft(string(appendLeft(nil, st)))
+		if st, err := decodeLeft(k, string(data)); err == nil {
+			again, err := decodeLeft(k, string(appendLeft(nil, k, st)))
 			if err != nil || !again.Equal(st) {
 				t.Fatalf("re-encoding %v: got %v, %v", st, again, err)
 			}
 		}
-		if st, err := decodeRight(string(data)); err == nil {
-			again, err := decodeRight(string(appendRight(nil, st)))
+		if st, err := decodeRight(k, string(data)); err == nil {
+			again, err := decodeRight(k, string(appendRight(nil, k, st)))
 			if err != nil || !again.Equal(st) {
 				t.Fatalf("re-encoding %v: got %v, %v", st, again, err)
 			}
 		}
-		// Every row built from the input round-trips.
+		// Every row built from the input round-trips under any key.
 		pk, rest := valuesFromBytes(data)
 		fk, rest := valuesFromBytes(rest)
 		vals, _ := valuesFromBytes(rest)
-		st := join.LeftState{PK: pk, FK: fk, Values: vals, Hash: hash}
-		got, err := decodeLeft(string(appendLeft(nil, st)))
+		st := join.NewLeftState(pk, fk, vals)
+		got, err := decodeLeft(k, string(appendLeft(nil, k, st)))
 		if err != nil || !got.Equal(st) {
 			t.Fatalf("left round trip of %v: got %v, %v", st, got, err)
 		}
 		rs := join.RightState{Key: fk, Values: vals}
-		rgot, err := decodeRight(string(appendRight(nil, rs)))
+		rgot, err := decodeRight(k, string(appendRight(nil, k, rs)))
 		if err != nil || !rgot.Equal(rs) {
 			t.Fatalf("right round trip of %v: got %v, %v", rs, rgot, err)
+		}
+		// A key that decodes to the row's key is not stored again.
+		if ek, err := join.EncodeKey(slices.Repeat(famInt, len(pk)), pk); err == nil && keyReproduces(string(ek), pk) {
+			if b := appendLeft(nil, string(ek), st); b[0] != formatLeft {
+				t.Fatalf("key %v stored again", pk)
+			}
 		}
 	})
 }

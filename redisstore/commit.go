@@ -259,12 +259,12 @@ func (s *Store) plan(m *join.Mutations, next Meta) writes {
 	}
 	var buf []byte
 	for pk, st := range m.PutLeft {
-		buf = appendLeft(buf[:0], st)
+		buf = appendLeft(buf[:0], string(pk), st)
 		k := s.keys.left(next.LeftGen, string(pk))
 		w.hset[k] = append(w.hset[k], string(pk), string(buf))
 	}
 	for rk, st := range m.PutRight {
-		buf = appendRight(buf[:0], st)
+		buf = appendRight(buf[:0], string(rk), st)
 		k := s.keys.right(next.RightGen, string(rk))
 		w.hset[k] = append(w.hset[k], string(rk), string(buf))
 	}

@@ -105,7 +105,7 @@ func (c Config) Validate() error {
 
 // layoutVersion names the key layout and row encoding; bump it when either
 // changes incompatibly.
-const layoutVersion = 1
+const layoutVersion = 2
 
 // layout describes the persistent layout c implies. It is stored in the meta
 // hash; a store whose layout differs must be re-initialised.

@@ -186,7 +186,7 @@ func benchStoreRows(ctx context.Context, b *testing.B, rdb *redis.Client, cfg Co
 	for pk := int64(1); pk <= layoutSubs; pk++ {
 		st := state(pk)
 		if pk == 1 {
-			blob = len(appendLeft(nil, st))
+			blob = len(appendLeft(nil, string(benchInt(pk)), st))
 		}
 		m.PutLeft[benchInt(pk)] = st
 		if len(m.PutLeft) == layoutBatch || pk == layoutSubs {
@@ -243,7 +243,7 @@ func benchStringRows(ctx context.Context, b *testing.B, rdb *redis.Client, prefi
 	start := time.Now()
 	p := rdb.Pipeline()
 	for pk := int64(1); pk <= layoutSubs; pk++ {
-		p.Set(ctx, prefix+string(benchInt(pk)), appendLeft(nil, state(pk)), 0)
+		p.Set(ctx, prefix+string(benchInt(pk)), appendLeft(nil, string(benchInt(pk)), state(pk)), 0)
 		if p.Len() >= 5000 {
 			execPipe(ctx, b, p)
 		}

@@ -333,7 +333,7 @@ func (s *Store) GetLeft(ctx context.Context, keys []join.Key) (map[join.Key]join
 	out := make(map[join.Key]join.LeftState, len(keys))
 	err = s.hgetAll(ctx, keys, func(k join.Key) string { return s.keys.left(m.LeftGen, string(k)) },
 		func(k join.Key, v string) error {
-			st, err := decodeLeft(v)
+			st, err := decodeLeft(string(k), v)
 			if err == nil {
 				out[k] = st
 			}
@@ -368,7 +368,7 @@ func (s *Store) GetRight(ctx context.Context, keys []join.Key) (map[join.Key]joi
 	}()
 	err = s.hgetAll(ctx, misses, func(k join.Key) string { return s.keys.right(m.RightGen, string(k)) },
 		func(k join.Key, v string) error {
-			st, err := decodeRight(v)
+			st, err := decodeRight(string(k), v)
 			if err == nil {
 				out[k] = st
 			}

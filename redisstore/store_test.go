@@ -129,7 +129,7 @@ func TestMetaRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Epoch != epoch || m.Fingerprint != "fp1" || m.Checkpoint != 0x16B3748 || m.Layout != "v1/sub_shards=64/row_shards=32" ||
+	if m.Epoch != epoch || m.Fingerprint != "fp1" || m.Checkpoint != 0x16B3748 || m.Layout != "v2/sub_shards=64/row_shards=32" ||
 		m.LeftGen == 0 || m.RightGen == 0 {
 		t.Errorf("meta after reopen = %+v", m)
 	}
@@ -170,7 +170,7 @@ func TestCommitAndRead(t *testing.T) {
 
 	k1, k2, k3 := intKey(t, 1), intKey(t, 2), intKey(t, 3)
 	c7, c8 := intKey(t, 7), intKey(t, 8)
-	nullish := join.LeftState{PK: texts("3"), FK: []join.Value{join.NullValue()}, Values: []join.Value{join.NullValue(), join.TextValue("")}}
+	nullish := join.NewLeftState(texts("3"), []join.Value{join.NullValue()}, []join.Value{join.NullValue(), join.TextValue("")})
 	m := join.Mutations{
 		PutLeft:  map[join.Key]join.LeftState{k1: leftRow(1, 7, "a"), k2: leftRow(2, 7, "b"), k3: nullish},
 		PutRight: map[join.Key]join.RightState{c7: {Key: texts("7"), Values: texts("alice")}},
@@ -496,8 +496,8 @@ func TestCommitIsAtomic(t *testing.T) {
 			if a.Err() != nil {
 				continue // before the first batch
 			}
-			sa, _ := decodeLeft(a.Val())
-			sb, _ := decodeLeft(b.Val())
+			sa, _ := decodeLeft(string(first), a.Val())
+			sb, _ := decodeLeft(string(last), b.Val())
 			want := "v" + ck.Val()
 			if sa.Values[0].Text != want || sb.Values[0].Text != want {
 				bad++

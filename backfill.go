@@ -76,7 +76,8 @@ func (d *daemon) backfill(ctx context.Context) error {
 		return err
 	}
 	for _, jr := range d.joins {
-		if err := jr.store.Init(ctx, epoch, jr.plan.Fingerprint); err != nil {
+		size := redisstore.Size{LeftRows: d.estimate(ctx, jr.plan.Left.Table), RightRows: d.estimate(ctx, jr.plan.Right.Table)}
+		if err := jr.store.Init(ctx, epoch, jr.plan.Fingerprint, size); err != nil {
 			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
 		}
 	}

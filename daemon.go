@@ -394,7 +394,7 @@ func (d *daemon) assess(ctx context.Context) (reason string, lost bool, err erro
 			return "", false, fmt.Errorf("join %q: %w", jr.plan.Name, err)
 		case meta.Epoch != st.epoch:
 			return fmt.Sprintf("the Redis state of join %q is foreign (epoch %s, the target was built with %s)", jr.plan.Name, meta.Epoch, st.epoch), true, nil
-		case meta.Layout != jr.store.Layout():
+		case jr.store.CheckLayout(meta) != nil:
 			return fmt.Sprintf("the Redis state of join %q has another layout (%s)", jr.plan.Name, meta.Layout), true, nil
 		case meta.Checkpoint > uint64(targetLSN):
 			// Redis is committed after the target, so it is never ahead of

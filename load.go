@@ -56,10 +56,14 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 	return total, nil
 }
 
-// estimate is pg_class.reltuples of a table (0 when unknown).
+// estimate is pg_class.reltuples of a table, summed over its partitions
+// for a partitioned table (whose own reltuples autovacuum never sets); 0
+// when unknown (never vacuumed nor analyzed).
 func (d *daemon) estimate(ctx context.Context, t TableName) int64 {
 	var n float64
-	err := d.source.QueryRow(ctx, `SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = to_regclass($1)`, tableIdent(t)).Scan(&n)
+	err := d.source.QueryRow(ctx, `SELECT coalesce(sum(greatest(c.reltuples, 0)), 0) FROM pg_class c
+		WHERE (c.oid = to_regclass($1) AND c.relkind <> 'p')
+		   OR c.oid IN (SELECT relid FROM pg_partition_tree(to_regclass($1)) WHERE isleaf)`, tableIdent(t)).Scan(&n)
 	if err != nil {
 		return 0
 	}

@@ -314,7 +314,8 @@ func benchW4(t *testing.T, s sizes, rep *report) {
 	u := d.backfill()
 	mem := d.redisInfo("memory", "used_memory") - mem0
 	d.assertJoin("orders_enriched")
-	byKind := d.redisBytes()
+	keys := d.redisKeys()
+	byKind := keys.bytes
 	subs := float64(d.int64(`SELECT count(*) FROM orders WHERE customer_id IS NOT NULL`))
 	n := float64(s.W4Orders)
 	rep.row(name, "INSERT INTO … SELECT … LEFT JOIN (limit)", limit.Seconds(), "s", fmt.Sprintf("%.0f rows/s", n/limit.Seconds()), true)
@@ -325,9 +326,10 @@ func benchW4(t *testing.T, s sizes, rep *report) {
 		fmt.Sprintf("fkmat %.2f ms, redis-server %.2f ms, at %d rows", 1e6*u.cpu/n, 1e6*u.redisCPU/n, s.W4Orders), false)
 	rep.row(name, "fkmat peak RSS", u.peakRSSMB, "MB", "", false)
 	rep.row(name, "Redis memory per left row (INFO used_memory delta)", mem/n, "B", fmt.Sprintf("all state, %.0f MB in all", mem/1e6), false)
-	rep.row(name, "Redis memory per subscription (MEMORY USAGE)", byKind['s']/subs, "B", fmt.Sprintf("%.0f subscriptions", subs), false)
-	rep.row(name, "Redis memory per left row, row only (MEMORY USAGE)", byKind['l']/n, "B", "", false)
-	rep.row(name, "Redis memory per right row (MEMORY USAGE)", byKind['r']/float64(s.W4Customers), "B", "", false)
+	rep.row(name, "Redis memory per subscription (MEMORY USAGE)", byKind['s']/subs, "B",
+		fmt.Sprintf("%.0f subscriptions; %s", subs, keys.encodingSummary('s')), false)
+	rep.row(name, "Redis memory per left row, row only (MEMORY USAGE)", byKind['l']/n, "B", keys.encodingSummary('l'), false)
+	rep.row(name, "Redis memory per right row (MEMORY USAGE)", byKind['r']/float64(s.W4Customers), "B", keys.encodingSummary('r'), false)
 	floor, floorCPU := d.redisFloor(s.W4Orders, int(subs))
 	rep.row(name, "Redis floor: same HSETs + ZADDs from a bare pipelined client", floor.Seconds(), "s",
 		fmt.Sprintf("redis-server CPU %.2f s (one command per row and per subscription, as the state layout needs)", floorCPU), true)

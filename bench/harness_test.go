@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -447,13 +448,33 @@ func (d *db) redisInfo(section string, fields ...string) float64 {
 
 func (d *db) redisCPU() float64 { return d.redisInfo("cpu", "used_cpu_sys", "used_cpu_user") }
 
-// redisBytes sums MEMORY USAGE of the join's keys by kind letter (l left
-// rows, r right rows, s subscriptions).
-func (d *db) redisBytes() map[byte]float64 {
+// redisKeys describes the join's keys by kind letter (l left rows, r right
+// rows, s subscriptions): MEMORY USAGE summed, and the keys per OBJECT
+// ENCODING.
+type redisKeys struct {
+	bytes     map[byte]float64
+	encodings map[byte]map[string]int
+}
+
+// encodingSummary returns kind's encodings as "listpack 262144 (100%)".
+func (k redisKeys) encodingSummary(kind byte) string {
+	total := 0
+	for _, n := range k.encodings[kind] {
+		total += n
+	}
+	var parts []string
+	for _, e := range slices.Sorted(maps.Keys(k.encodings[kind])) {
+		n := k.encodings[kind][e]
+		parts = append(parts, fmt.Sprintf("%s %d (%.1f%%)", e, n, 100*float64(n)/float64(max(total, 1))))
+	}
+	return "OBJECT ENCODING: " + strings.Join(parts, ", ")
+}
+
+func (d *db) redisKeys() redisKeys {
 	d.b.Helper()
 	ctx := context.Background()
 	prefix := "fkmat:" + d.Slot + ":orders_enriched:"
-	out := map[byte]float64{}
+	out := redisKeys{bytes: map[byte]float64{}, encodings: map[byte]map[string]int{}}
 	iter := d.Redis.Scan(ctx, 0, prefix+"*", 1000).Iterator()
 	var names []string
 	for iter.Next(ctx) {
@@ -464,16 +485,22 @@ func (d *db) redisBytes() map[byte]float64 {
 	}
 	for chunk := range slices.Chunk(names, 1000) {
 		pipe := d.Redis.Pipeline()
-		for _, k := range chunk {
-			pipe.MemoryUsage(ctx, k, 0)
+		usage := make([]*redis.IntCmd, len(chunk))
+		enc := make([]*redis.StringCmd, len(chunk))
+		for i, k := range chunk {
+			usage[i] = pipe.MemoryUsage(ctx, k, 0)
+			enc[i] = pipe.ObjectEncoding(ctx, k)
 		}
-		cmds, err := pipe.Exec(ctx)
-		if err != nil {
+		if _, err := pipe.Exec(ctx); err != nil {
 			d.b.Fatal(err)
 		}
-		for i, c := range cmds {
-			kind := chunk[i][len(prefix)]
-			out[kind] += float64(c.(interface{ Val() int64 }).Val())
+		for i, k := range chunk {
+			kind := k[len(prefix)]
+			out.bytes[kind] += float64(usage[i].Val())
+			if out.encodings[kind] == nil {
+				out.encodings[kind] = map[string]int{}
+			}
+			out.encodings[kind][enc[i].Val()]++
 		}
 	}
 	return out

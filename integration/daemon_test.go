@@ -305,6 +305,39 @@ func TestDaemonOldLayout(t *testing.T) {
 	}
 }
 
+// TestBackfillSizesState: the backfill sizes each side's Redis row buckets
+// for the table's estimated rows (some 64 rows per bucket, so that they stay
+// in the compact listpack encoding), summing the partitions of a
+// partitioned table; the state works and converges.
+func TestBackfillSizesState(t *testing.T) {
+	for _, tt := range []struct {
+		name, schema, analyze, layout string
+	}{
+		{"plain", shop, `ANALYZE orders`, "left_buckets=2048/right_buckets=1024"},
+		{"partitioned", `CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text);
+CREATE TABLE orders (id bigint, customer_id bigint, amount numeric(12,2), note text, PRIMARY KEY (id)) PARTITION BY RANGE (id);
+CREATE TABLE orders_a PARTITION OF orders FOR VALUES FROM (MINVALUE) TO (40000);
+CREATE TABLE orders_b PARTITION OF orders FOR VALUES FROM (40000) TO (MAXVALUE);`, `ANALYZE orders_a, orders_b`, "left_buckets=2048/right_buckets=1024"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tc := testenv.New(t)
+			sqlExec(t, tc, tt.schema, `INSERT INTO customers SELECT g, 'c' || g, 't' FROM generate_series(1, 500) g`,
+				`INSERT INTO orders SELECT g, 1 + g % 600, g, 'n' FROM generate_series(1, 70000) g`,
+				`ANALYZE customers`, tt.analyze)
+			cfg := daemonConfig(t, tc, leftJoinYAML)
+			d := startDaemon(t, cfg, fkmat.Options{})
+			waitCaughtUp(t, tc, d)
+			sqlExec(t, tc, `UPDATE customers SET name = 'x' WHERE id = 7`, `UPDATE orders SET customer_id = 7 WHERE id = 50000`)
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
+			layout, err := tc.Redis.HGet(context.Background(), "fkmat:"+tc.Slot+":orders_enriched:meta", "layout").Result()
+			if err != nil || !strings.HasPrefix(layout, "v2/") || !strings.HasSuffix(layout, tt.layout) {
+				t.Errorf("layout = %q, %v; want v2 with %s", layout, err, tt.layout)
+			}
+		})
+	}
+}
+
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }

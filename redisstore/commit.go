@@ -239,33 +239,33 @@ func (s *Store) plan(m *join.Mutations, next Meta) writes {
 	w := newWrites()
 	if !m.ClearLeft {
 		for _, sub := range m.DelSubs {
-			k := s.keys.subs(next.LeftGen, string(sub.FK))
+			k := s.keys.subs(next, string(sub.FK))
 			w.zrem[k] = append(w.zrem[k], sub.Member())
 		}
 		for _, pk := range m.DelLeft {
-			k := s.keys.left(next.LeftGen, string(pk))
+			k := s.keys.left(next, string(pk))
 			w.hdel[k] = append(w.hdel[k], string(pk))
 		}
 	}
 	if !m.ClearRight {
 		for _, rk := range m.DelRight {
-			k := s.keys.right(next.RightGen, string(rk))
+			k := s.keys.right(next, string(rk))
 			w.hdel[k] = append(w.hdel[k], string(rk))
 		}
 	}
 	for _, sub := range m.AddSubs {
-		k := s.keys.subs(next.LeftGen, string(sub.FK))
+		k := s.keys.subs(next, string(sub.FK))
 		w.zadd[k] = append(w.zadd[k], sub.Member())
 	}
 	var buf []byte
 	for pk, st := range m.PutLeft {
 		buf = appendLeft(buf[:0], string(pk), st)
-		k := s.keys.left(next.LeftGen, string(pk))
+		k := s.keys.left(next, string(pk))
 		w.hset[k] = append(w.hset[k], string(pk), string(buf))
 	}
 	for rk, st := range m.PutRight {
 		buf = appendRight(buf[:0], string(rk), st)
-		k := s.keys.right(next.RightGen, string(rk))
+		k := s.keys.right(next, string(rk))
 		w.hset[k] = append(w.hset[k], string(rk), string(buf))
 	}
 	return w

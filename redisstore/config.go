@@ -14,9 +14,11 @@ const (
 	// 3M it costs 20.3 B per subscription, against 17.1 B for the best count
 	// (65536) and 110.6 B for too few sets (16384).
 	DefaultSubShards = 1 << 20
-	// DefaultRowShards keeps row buckets within 512 fields, the listpack
-	// limit of hashes, up to some 100M rows; at 3M rows of 32 bytes it costs
-	// 67 B per row (57 B with 16384 buckets, 155 B as one string per row).
+	// DefaultRowShards is the number of row buckets of a side whose size is
+	// not known at Init (Size 0: a table never analyzed): it keeps buckets
+	// within 512 fields, the listpack limit of hashes, up to some 100M rows;
+	// at 3M rows of 32 bytes it costs 67 B per row (57 B with 16384 buckets,
+	// 155 B as one string per row).
 	DefaultRowShards = 1 << 18
 	// DefaultPageSize bounds the arguments of one command and the keys of
 	// one sweep step.
@@ -41,10 +43,11 @@ type Config struct {
 	// 128 members a set leaves the compact listpack encoding and costs ~5x
 	// the memory. Default DefaultSubShards.
 	SubShards int
-	// RowShards is the number of hashes the left rows, and separately the
-	// right rows, are spread over by a hash of their encoded key. Hashes stay
-	// compact up to 512 fields of at most 64 bytes each (expected rows / 256
-	// is a good count). Default DefaultRowShards.
+	// RowShards, when positive, is the number of hashes the left rows, and
+	// separately the right rows, are spread over by a hash of their encoded
+	// key. Zero (the default) sizes each side at Init from its expected row
+	// count (see Size and bucketsFor): hashes stay compact up to 512 fields
+	// of at most 64 bytes each.
 	RowShards int
 	// RightCacheBytes bounds the in-process cache of right rows (about
 	// this many bytes of rows and bookkeeping). Zero means
@@ -65,9 +68,6 @@ const maxShards = 1 << 26
 func (c Config) WithDefaults() Config {
 	if c.SubShards == 0 {
 		c.SubShards = DefaultSubShards
-	}
-	if c.RowShards == 0 {
-		c.RowShards = DefaultRowShards
 	}
 	if c.PageSize == 0 {
 		c.PageSize = DefaultPageSize
@@ -91,8 +91,8 @@ func (c Config) Validate() error {
 	if c.SubShards < 1 || c.SubShards > maxShards {
 		errs = append(errs, fmt.Errorf("sub shards %d out of range 1..%d", c.SubShards, maxShards))
 	}
-	if c.RowShards < 1 || c.RowShards > maxShards {
-		errs = append(errs, fmt.Errorf("row shards %d out of range 1..%d", c.RowShards, maxShards))
+	if c.RowShards < 0 || c.RowShards > maxShards {
+		errs = append(errs, fmt.Errorf("row shards %d out of range 0..%d (0 sizes them at Init)", c.RowShards, maxShards))
 	}
 	if c.PageSize < 1 {
 		errs = append(errs, fmt.Errorf("page size %d must be positive", c.PageSize))
@@ -104,11 +104,95 @@ func (c Config) Validate() error {
 }
 
 // layoutVersion names the key layout and row encoding; bump it when either
-// changes incompatibly.
+// changes incompatibly. Version 2 is the lean row encoding (codec.go) and
+// per-side row buckets sized at Init.
 const layoutVersion = 2
 
-// layout describes the persistent layout c implies. It is stored in the meta
-// hash; a store whose layout differs must be re-initialised.
-func (c Config) layout() string {
-	return fmt.Sprintf("v%d/sub_shards=%d/row_shards=%d", layoutVersion, c.SubShards, c.RowShards)
+// Shape is the number of subscription sets and of left and right row
+// buckets of a state: every key of a row or a subscription depends on it.
+// Init chooses it and records it in the meta hash's layout field, from
+// which every later reader takes it.
+type Shape struct {
+	SubShards, LeftBuckets, RightBuckets int
+}
+
+// Size is what Init sizes the row buckets for: the expected rows of the
+// left and the right table (pg_class.reltuples), 0 when unknown.
+type Size struct {
+	LeftRows, RightRows int64
+}
+
+// Bucket sizing: about rowsPerBucket rows per hash at the expected size
+// leaves room for the table to grow 8 times before a bucket passes 512
+// fields and leaves the listpack encoding, which costs 2-3 times the memory
+// (see the package documentation). A state that outgrows it keeps working,
+// less compactly, until a backfill (fkmat backfill --force) sizes it again.
+const (
+	rowsPerBucket   = 64
+	minSizedBuckets = 1 << 10
+	maxSizedBuckets = 1 << 22
+)
+
+// bucketsFor returns the row buckets of a side with rows expected rows: a
+// power of two with at most rowsPerBucket rows each, within
+// minSizedBuckets..maxSizedBuckets, or DefaultRowShards when rows is
+// unknown.
+func bucketsFor(rows int64) int {
+	if rows <= 0 {
+		return DefaultRowShards
+	}
+	n := minSizedBuckets
+	for n < maxSizedBuckets && int64(n)*rowsPerBucket < rows {
+		n <<= 1
+	}
+	return n
+}
+
+// shape returns the shape Init gives a state of size sz: c's counts where
+// set, sized ones otherwise.
+func (c Config) shape(sz Size) Shape {
+	sh := Shape{SubShards: c.SubShards, LeftBuckets: c.RowShards, RightBuckets: c.RowShards}
+	if c.RowShards == 0 {
+		sh.LeftBuckets, sh.RightBuckets = bucketsFor(sz.LeftRows), bucketsFor(sz.RightRows)
+	}
+	return sh
+}
+
+// layout returns the layout string of a state of shape sh, as stored in
+// the meta hash.
+func (sh Shape) layout() string {
+	return fmt.Sprintf("v%d/sub_shards=%d/left_buckets=%d/right_buckets=%d", layoutVersion, sh.SubShards, sh.LeftBuckets, sh.RightBuckets)
+}
+
+// parseLayout returns the shape of a layout string written by this
+// version; any other string (an older version, garbage) is an error.
+func parseLayout(s string) (Shape, error) {
+	var sh Shape
+	var v int
+	n, err := fmt.Sscanf(s, "v%d/sub_shards=%d/left_buckets=%d/right_buckets=%d", &v, &sh.SubShards, &sh.LeftBuckets, &sh.RightBuckets)
+	switch {
+	case err != nil || n != 4 || v != layoutVersion:
+		return Shape{}, fmt.Errorf("layout %q is not version %d", s, layoutVersion)
+	case sh.layout() != s:
+		return Shape{}, fmt.Errorf("layout %q is malformed", s)
+	}
+	for _, c := range []int{sh.SubShards, sh.LeftBuckets, sh.RightBuckets} {
+		if c < 1 || c > maxShards {
+			return Shape{}, fmt.Errorf("layout %q has a count out of range 1..%d", s, maxShards)
+		}
+	}
+	return sh, nil
+}
+
+// accepts checks that a state of layout l can be used with c: it is of
+// this version, and has c's counts where c sets them.
+func (c Config) accepts(l string) error {
+	sh, err := parseLayout(l)
+	if err != nil {
+		return err
+	}
+	if sh.SubShards != c.SubShards || (c.RowShards != 0 && (sh.LeftBuckets != c.RowShards || sh.RightBuckets != c.RowShards)) {
+		return fmt.Errorf("layout %q has other counts than the configured sub_shards=%d, row_shards=%d", l, c.SubShards, c.RowShards)
+	}
+	return nil
 }

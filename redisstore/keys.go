@@ -16,7 +16,7 @@ const (
 
 // keys names the Redis keys of one store:
 //
-//	<prefix>:meta                   hash: epoch, fingerprint, layout, checkpoint, generations, inflight, subs
+//	<prefix>:meta                   hash: epoch, fingerprint, layout (version and Shape), checkpoint, generations, inflight, subs
 //	<prefix>:undo                   hash: undo log of a partial transaction (see partial.go)
 //	<prefix>:l<gen>:{<bucket>}      hash: encoded left PK -> left row
 //	<prefix>:r<gen>:{<bucket>}      hash: encoded right key -> right row
@@ -24,15 +24,12 @@ const (
 //
 // gen is the side's generation in base 36 (subscriptions belong to the left
 // side), bucket and shard are decimal. The braces are Redis Cluster hash tags.
+// The shard and bucket counts are the state's Shape, read from its meta hash.
 type keys struct {
-	prefix    string
-	subShards uint64
-	rowShards uint64
+	prefix string
 }
 
-func newKeys(c Config) keys {
-	return keys{prefix: c.Prefix, subShards: uint64(c.SubShards), rowShards: uint64(c.RowShards)}
-}
+func newKeys(c Config) keys { return keys{prefix: c.Prefix} }
 
 func (k keys) meta() string { return k.prefix + ":meta" }
 
@@ -56,19 +53,21 @@ func (k keys) name(kind byte, gen, shard uint64) string {
 	return string(b)
 }
 
-// left returns the hash holding the left row with encoded key pk.
-func (k keys) left(gen uint64, pk string) string {
-	return k.name(kindLeft, gen, shardOf(pk, k.rowShards))
+// left returns the hash holding the left row with encoded key pk in state m.
+func (k keys) left(m Meta, pk string) string {
+	return k.name(kindLeft, m.LeftGen, shardOf(pk, uint64(m.Shape.LeftBuckets)))
 }
 
-// right returns the hash holding the right row with encoded key key.
-func (k keys) right(gen uint64, key string) string {
-	return k.name(kindRight, gen, shardOf(key, k.rowShards))
+// right returns the hash holding the right row with encoded key key in
+// state m.
+func (k keys) right(m Meta, key string) string {
+	return k.name(kindRight, m.RightGen, shardOf(key, uint64(m.Shape.RightBuckets)))
 }
 
-// subs returns the sorted set holding the subscriptions of encoded FK fk.
-func (k keys) subs(gen uint64, fk string) string {
-	return k.name(kindSubs, gen, shardOf(fk, k.subShards))
+// subs returns the sorted set holding the subscriptions of encoded FK fk in
+// state m.
+func (k keys) subs(m Meta, fk string) string {
+	return k.name(kindSubs, m.LeftGen, shardOf(fk, uint64(m.Shape.SubShards)))
 }
 
 // parse returns the kind and generation of a data key of this store, and

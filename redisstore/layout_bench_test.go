@@ -115,12 +115,12 @@ func openBench(ctx context.Context, b *testing.B, rdb *redis.Client, cfg Config)
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := s.Init(ctx, NewEpoch(), "bench"); err != nil {
+	if err := s.Init(ctx, NewEpoch(), "bench", Size{}); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() {
 		start := time.Now()
-		if err := s.Init(ctx, NewEpoch(), "bench"); err != nil {
+		if err := s.Init(ctx, NewEpoch(), "bench", Size{}); err != nil {
 			b.Error(err)
 		}
 		n, err := s.Sweep(ctx)

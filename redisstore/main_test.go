@@ -21,7 +21,7 @@ func newStore(t testing.TB, cfg Config) (*Store, *testenv.Case) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Init(context.Background(), NewEpoch(), "test"); err != nil {
+	if err := s.Init(context.Background(), NewEpoch(), "test", Size{}); err != nil {
 		t.Fatal(err)
 	}
 	return s, tc

@@ -43,7 +43,7 @@ func TestRightCache(t *testing.T) {
 	}
 	// Behind the store's back: the cache answers, not Redis.
 	m, _ := s.Meta(ctx)
-	if err := tc.Redis.HDel(ctx, s.keys.right(m.RightGen, string(c7)), string(c7)).Err(); err != nil {
+	if err := tc.Redis.HDel(ctx, s.keys.right(m, string(c7)), string(c7)).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if got := read(s, c7); got != "alice" {
@@ -116,7 +116,7 @@ func TestRightCache(t *testing.T) {
 		t.Fatalf("k0 = %s", got)
 	}
 	m, _ = off.Meta(ctx)
-	if err := tc3.Redis.HDel(ctx, off.keys.right(m.RightGen, string(k0)), string(k0)).Err(); err != nil {
+	if err := tc3.Redis.HDel(ctx, off.keys.right(m, string(k0)), string(k0)).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if got := read(off, k0); got != "<absent>" {

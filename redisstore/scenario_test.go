@@ -80,7 +80,7 @@ func TestJoinScenarios(t *testing.T) {
 						if err != nil {
 							t.Fatal(err)
 						}
-						if err := s.Init(ctx, NewEpoch(), name); err != nil {
+						if err := s.Init(ctx, NewEpoch(), name, Size{}); err != nil {
 							t.Fatal(err)
 						}
 						sc := jointest.Scenario{
@@ -134,7 +134,7 @@ func TestJoinScenariosChunked(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if err := s.Init(ctx, NewEpoch(), name); err != nil {
+					if err := s.Init(ctx, NewEpoch(), name, Size{}); err != nil {
 						t.Fatal(err)
 					}
 					spec := join.Spec{Name: "p", Type: typ, PK: sh.pk, FK: sh.fk, RightKey: sh.key,

@@ -46,8 +46,12 @@ type Meta struct {
 	// Fingerprint is the caller's fingerprint of the join configuration the
 	// state was built for.
 	Fingerprint string
-	// Layout names the key layout and row encoding (version and shard counts).
+	// Layout names the key layout and row encoding: the version and the
+	// Shape, chosen at Init.
 	Layout string
+	// Shape is the shape the layout names; zero when the layout is not of
+	// this version.
+	Shape Shape
 	// Checkpoint is the LSN of the last committed batch, 0 after Init.
 	Checkpoint uint64
 	// LeftGen and RightGen are the current generations of the left side (left
@@ -137,8 +141,15 @@ func Open(ctx context.Context, rdb redis.UniversalClient, cfg Config) (*Store, e
 // Config returns the store's configuration, defaults filled.
 func (s *Store) Config() Config { return s.cfg }
 
-// Layout returns the layout string this store writes (see Meta.Layout).
-func (s *Store) Layout() string { return s.cfg.layout() }
+// CheckLayout reports, as an ErrLayout, why the store cannot use a state of
+// meta m: a layout of another version (an older fkmat), or other counts
+// than its Config sets.
+func (s *Store) CheckLayout(m Meta) error {
+	if err := s.cfg.accepts(m.Layout); err != nil {
+		return fmt.Errorf("%w: %w", ErrLayout, err)
+	}
+	return nil
+}
 
 // NewEpoch returns a fresh random epoch for Init.
 func NewEpoch() string { return rand.Text() }
@@ -186,18 +197,20 @@ func (s *Store) InFlight() uint64 {
 }
 
 // Init (re)initialises the state: it records epoch (see NewEpoch),
-// fingerprint and the store's layout, sets the checkpoint and the
+// fingerprint and the layout, with row buckets sized for size unless the
+// Config sets their count, sets the checkpoint and the
 // subscription count to 0 and starts new, empty generations for both sides,
 // atomically. A partial transaction
 // in flight is forgotten with its undo log. Existing data becomes garbage
 // that Sweep deletes; Init itself is O(1).
-func (s *Store) Init(ctx context.Context, epoch, fingerprint string) error {
+func (s *Store) Init(ctx context.Context, epoch, fingerprint string, size Size) error {
 	defer s.right.drop()
 	if epoch == "" {
 		return errors.New("init redis state: empty epoch")
 	}
 	key := s.keys.meta()
 	var m Meta
+	shape := s.cfg.shape(size)
 	err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
 		old, err := readMeta(ctx, tx, key)
 		if err != nil && !errors.Is(err, ErrNoState) {
@@ -206,7 +219,7 @@ func (s *Store) Init(ctx context.Context, epoch, fingerprint string) error {
 		// Random generations: keys left over from a state whose meta hash
 		// was lost must not be mistaken for the new state's.
 		m = Meta{
-			Epoch: epoch, Fingerprint: fingerprint, Layout: s.cfg.layout(),
+			Epoch: epoch, Fingerprint: fingerprint, Layout: shape.layout(), Shape: shape,
 			LeftGen: newGen(old.LeftGen), RightGen: newGen(old.RightGen),
 		}
 		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
@@ -288,6 +301,7 @@ func readMeta(ctx context.Context, c redis.Cmdable, key string) (Meta, error) {
 		return Meta{}, fmt.Errorf("%w: meta hash %s has no epoch", ErrNoState, key)
 	}
 	m := Meta{Epoch: str[0], Fingerprint: str[1], Layout: str[2], Subscriptions: parseSubs(str[7])}
+	m.Shape, _ = parseLayout(m.Layout) // zero for another version: current refuses it
 	for i, dst := range []*uint64{&m.Checkpoint, &m.LeftGen, &m.RightGen, &m.InFlight} {
 		f := str[3+i]
 		if f == "" && metaFields[3+i] == fieldInFlight {
@@ -316,9 +330,8 @@ func (s *Store) current(ctx context.Context) (Meta, error) {
 		}
 		m = &mm
 	}
-	if m.Layout != s.cfg.layout() {
-		return Meta{}, fmt.Errorf("%w: state has %q, config wants %q; re-initialise the state or restore the shard counts",
-			ErrLayout, m.Layout, s.cfg.layout())
+	if err := s.CheckLayout(*m); err != nil {
+		return Meta{}, fmt.Errorf("%w; re-initialise the state", err)
 	}
 	return *m, nil
 }
@@ -331,7 +344,7 @@ func (s *Store) GetLeft(ctx context.Context, keys []join.Key) (map[join.Key]join
 		return nil, fmt.Errorf("get left rows: %w", err)
 	}
 	out := make(map[join.Key]join.LeftState, len(keys))
-	err = s.hgetAll(ctx, keys, func(k join.Key) string { return s.keys.left(m.LeftGen, string(k)) },
+	err = s.hgetAll(ctx, keys, func(k join.Key) string { return s.keys.left(m, string(k)) },
 		func(k join.Key, v string) error {
 			st, err := decodeLeft(string(k), v)
 			if err == nil {
@@ -366,7 +379,7 @@ func (s *Store) GetRight(ctx context.Context, keys []join.Key) (map[join.Key]joi
 			s.right.fill(m.RightGen, start, misses, out)
 		}
 	}()
-	err = s.hgetAll(ctx, misses, func(k join.Key) string { return s.keys.right(m.RightGen, string(k)) },
+	err = s.hgetAll(ctx, misses, func(k join.Key) string { return s.keys.right(m, string(k)) },
 		func(k join.Key, v string) error {
 			st, err := decodeRight(string(k), v)
 			if err == nil {
@@ -431,7 +444,7 @@ func (s *Store) Dependents(ctx context.Context, fk, after join.Key, limit int) (
 	}
 	lo, hi := depRange(fk, after)
 	members, err := s.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{
-		Key: s.keys.subs(m.LeftGen, string(fk)), Start: lo, Stop: hi, ByLex: true, Count: int64(limit),
+		Key: s.keys.subs(m, string(fk)), Start: lo, Stop: hi, ByLex: true, Count: int64(limit),
 	}).Result()
 	if err != nil {
 		return nil, fmt.Errorf("read dependents: %w", err)
@@ -457,7 +470,7 @@ func (s *Store) DependentsMany(ctx context.Context, fks []join.Key, limits []int
 		}
 		lo, hi := depRange(fk, "")
 		cmds[i] = p.ZRangeArgs(ctx, redis.ZRangeArgs{
-			Key: s.keys.subs(m.LeftGen, string(fk)), Start: lo, Stop: hi, ByLex: true, Count: int64(limits[i]),
+			Key: s.keys.subs(m, string(fk)), Start: lo, Stop: hi, ByLex: true, Count: int64(limits[i]),
 		})
 	}
 	if _, err := p.Exec(ctx); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -46,7 +47,7 @@ func TestOpenRefusesCluster(t *testing.T) {
 
 func TestKeysParse(t *testing.T) {
 	t.Parallel()
-	k := newKeys(Config{Prefix: "fk:1:j", SubShards: 10, RowShards: 10})
+	k := newKeys(Config{Prefix: "fk:1:j"})
 	for _, tt := range []struct {
 		key  string
 		kind byte
@@ -55,7 +56,7 @@ func TestKeysParse(t *testing.T) {
 	}{
 		{k.name(kindLeft, 12345, 7), kindLeft, 12345, true},
 		{k.name(kindSubs, 1<<32, 0), kindSubs, 1 << 32, true},
-		{k.right(99, "x"), kindRight, 99, true},
+		{k.right(Meta{RightGen: 99, Shape: Shape{1, 10, 10}}, "x"), kindRight, 99, true},
 		{k.meta(), 0, 0, false},
 		{"fk:1:j:x5:{1}", 0, 0, false},
 		{"fk:1:j:l5:{}", 0, 0, false},
@@ -115,7 +116,7 @@ func TestMetaRoundTrip(t *testing.T) {
 	}
 
 	epoch := NewEpoch()
-	if err := s.Init(ctx, epoch, "fp1"); err != nil {
+	if err := s.Init(ctx, epoch, "fp1", Size{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Commit(ctx, join.Mutations{}, 0x16B3748 /* 0/16B3748 */); err != nil {
@@ -129,7 +130,7 @@ func TestMetaRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Epoch != epoch || m.Fingerprint != "fp1" || m.Checkpoint != 0x16B3748 || m.Layout != "v2/sub_shards=64/row_shards=32" ||
+	if m.Epoch != epoch || m.Fingerprint != "fp1" || m.Checkpoint != 0x16B3748 || m.Layout != "v2/sub_shards=64/left_buckets=32/right_buckets=32" ||
 		m.LeftGen == 0 || m.RightGen == 0 {
 		t.Errorf("meta after reopen = %+v", m)
 	}
@@ -138,7 +139,7 @@ func TestMetaRoundTrip(t *testing.T) {
 	}
 
 	// Re-initialising starts new generations and resets the checkpoint.
-	if err := s2.Init(ctx, NewEpoch(), "fp2"); err != nil {
+	if err := s2.Init(ctx, NewEpoch(), "fp2", Size{}); err != nil {
 		t.Fatal(err)
 	}
 	m2, err := s2.Meta(ctx)
@@ -160,6 +161,83 @@ func TestMetaRoundTrip(t *testing.T) {
 	}
 	if _, err := s3.Dependents(ctx, intKey(t, 1), "", 10); !errors.Is(err, ErrLayout) {
 		t.Errorf("Dependents with another layout: %v, want ErrLayout", err)
+	}
+}
+
+// TestSizedShape: without a configured row count, Init sizes each side's
+// buckets for its expected rows, and every store opened later reads the
+// shape from the meta hash; an older layout is refused.
+func TestSizedShape(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		rows int64
+		want int
+	}{{0, DefaultRowShards}, {-1, DefaultRowShards}, {1, 1024}, {65536, 1024}, {65537, 2048},
+		{1_000_000, 16384}, {10_000_000, 1 << 18}, {1e12, 1 << 22}} {
+		if got := bucketsFor(tt.rows); got != tt.want {
+			t.Errorf("bucketsFor(%d) = %d, want %d", tt.rows, got, tt.want)
+		}
+	}
+	for _, bad := range []string{"v1/sub_shards=64/row_shards=32", "v2/sub_shards=64/left_buckets=0/right_buckets=8",
+		"v2/sub_shards=64/left_buckets=8/right_buckets=8/x", "v2/sub_shards=064/left_buckets=8/right_buckets=8", ""} {
+		if sh, err := parseLayout(bad); err == nil {
+			t.Errorf("parseLayout(%q) = %+v, want an error", bad, sh)
+		}
+	}
+
+	ctx := context.Background()
+	tc := testenv.New(t)
+	cfg := Config{Prefix: tc.RedisPrefix, SubShards: 64}
+	s, err := Open(ctx, tc.Redis, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Init(ctx, NewEpoch(), "fp", Size{LeftRows: 1_000_000, RightRows: 50_000}); err != nil {
+		t.Fatal(err)
+	}
+	m := rowsAt(t, 100, 7)
+	if err := s.Commit(ctx, m, 5); err != nil {
+		t.Fatal(err)
+	}
+	meta, err := s.Meta(ctx)
+	if err != nil || meta.Layout != "v2/sub_shards=64/left_buckets=16384/right_buckets=1024" || meta.Shape != (Shape{64, 16384, 1024}) {
+		t.Fatalf("meta = %+v, %v", meta, err)
+	}
+	if err := s.CheckLayout(meta); err != nil {
+		t.Errorf("CheckLayout of its own state: %v", err)
+	}
+	// The left rows sit in the sized buckets.
+	k := intKey(t, 42)
+	if n, err := tc.Redis.HExists(ctx, s.keys.name(kindLeft, meta.LeftGen, shardOf(string(k), 16384)), string(k)).Result(); err != nil || !n {
+		t.Errorf("left row 42 not in its bucket of 16384: %t, %v", n, err)
+	}
+	// A second store, unsized, reads the shape from Redis.
+	s2, err := Open(ctx, tc.Redis, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s2.GetLeft(ctx, []join.Key{k})
+	if err != nil || !got[k].Equal(m.PutLeft[k]) {
+		t.Errorf("GetLeft through a second store = %v, %v", got, err)
+	}
+	// A store configured with other counts refuses it.
+	s3, err := Open(ctx, tc.Redis, Config{Prefix: tc.RedisPrefix, SubShards: 64, RowShards: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s3.GetLeft(ctx, []join.Key{k}); !errors.Is(err, ErrLayout) {
+		t.Errorf("GetLeft with other row counts: %v, want ErrLayout", err)
+	}
+	// A state of the previous layout version is refused, naming it.
+	if err := tc.Redis.HSet(ctx, s.keys.meta(), fieldLayout, "v1/sub_shards=64/row_shards=16384").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s4, err := Open(ctx, tc.Redis, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s4.GetLeft(ctx, []join.Key{k}); !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "v1/") {
+		t.Errorf("GetLeft of a v1 state: %v, want ErrLayout naming it", err)
 	}
 }
 
@@ -466,7 +544,7 @@ func TestCommitIsAtomic(t *testing.T) {
 	s, tc := newStore(t, Config{SubShards: 16, RowShards: 16, PageSize: 10})
 	const rows = 3000
 	first, last := intKey(t, 0), intKey(t, rows-1)
-	gen := s.meta.LeftGen
+	meta := *s.meta
 
 	// A reader takes consistent snapshots (MULTI) of the checkpoint, the
 	// first and the last row while batches rewrite all rows: it must never
@@ -485,8 +563,8 @@ func TestCommitIsAtomic(t *testing.T) {
 			var a, b *redis.StringCmd
 			_, err := tc.Redis.TxPipelined(ctx, func(p redis.Pipeliner) error {
 				ck = p.HGet(ctx, s.keys.meta(), fieldCheckpoint)
-				a = p.HGet(ctx, s.keys.left(gen, string(first)), string(first))
-				b = p.HGet(ctx, s.keys.left(gen, string(last)), string(last))
+				a = p.HGet(ctx, s.keys.left(meta, string(first)), string(first))
+				b = p.HGet(ctx, s.keys.left(meta, string(last)), string(last))
 				return nil
 			})
 			if err != nil && !errors.Is(err, redis.Nil) {
@@ -561,7 +639,7 @@ func TestPartialCommitMarksStateLost(t *testing.T) {
 	s, tc := newStore(t, Config{SubShards: 1, RowShards: 1})
 	// A foreign value of the wrong type where the left rows live: HSET
 	// fails inside EXEC, after other commands ran.
-	if err := tc.Redis.Set(ctx, s.keys.left(s.meta.LeftGen, ""), "junk", 0).Err(); err != nil {
+	if err := tc.Redis.Set(ctx, s.keys.left(*s.meta, ""), "junk", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Commit(ctx, rowsAt(t, 3, 1), 1); err == nil {
@@ -574,7 +652,7 @@ func TestPartialCommitMarksStateLost(t *testing.T) {
 		t.Error("Commit on a damaged store succeeded")
 	}
 	// Init starts over.
-	if err := s.Init(ctx, NewEpoch(), "test"); err != nil {
+	if err := s.Init(ctx, NewEpoch(), "test", Size{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Commit(ctx, rowsAt(t, 3, 3), 3); err != nil {

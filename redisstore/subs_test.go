@@ -136,7 +136,7 @@ func TestSubscriptionCountCommit(t *testing.T) {
 	if m, err := s2.Meta(ctx); err != nil || m.Subscriptions != 3 {
 		t.Fatalf("Meta from another store = %+v, %v", m, err)
 	}
-	if err := s2.Init(ctx, NewEpoch(), "again"); err != nil {
+	if err := s2.Init(ctx, NewEpoch(), "again", Size{}); err != nil {
 		t.Fatal(err)
 	}
 	if n := subsCount(t, s2, "after a second Init"); n != 0 {

@@ -339,11 +339,16 @@ func tagFamily(t byte) (Family, bool) {
 		return FamilyInt, true
 	case t == tagUUID:
 		return FamilyUUID, true
-	}
-	for f, tag := range bytesTags {
-		if tag == t {
-			return f, true
-		}
+	case t == tagText:
+		return FamilyText, true
+	case t == tagBpchar:
+		return FamilyBpchar, true
+	case t == tagNumeric:
+		return FamilyNumeric, true
+	case t == tagFloat:
+		return FamilyFloat, true
+	case t == tagExact:
+		return FamilyExact, true
 	}
 	return 0, false
 }
@@ -376,26 +381,65 @@ func decodeValue(f Family, k string) (Value, int, error) {
 
 // decodeInt decodes an appendInt encoding.
 func decodeInt(k string) (Value, int, error) {
+	n, l, err := decodeInt64(k)
+	if err != nil {
+		return Value{}, 0, err
+	}
+	return TextValue(strconv.FormatInt(n, 10)), l, nil
+}
+
+// decodeInt64 decodes an appendInt encoding to its number and length.
+func decodeInt64(k string) (int64, int, error) {
 	t := int(k[0])
 	if t < intMin || t > intMax {
-		return Value{}, 0, fmt.Errorf("unexpected tag 0x%02x for an integer", t)
+		return 0, 0, fmt.Errorf("unexpected tag 0x%02x for an integer", t)
 	}
 	if t >= intZero && t <= intZero+intSmall {
-		return TextValue(strconv.Itoa(t - intZero)), 1, nil
+		return int64(t - intZero), 1, nil
 	}
 	l, neg := t-intZero-intSmall, false
 	if t < intZero {
 		l, neg = intZero-t, true
 	}
 	if len(k) < 1+l {
-		return Value{}, 0, errShortKey
+		return 0, 0, errShortKey
 	}
 	var buf [8]byte
 	if neg {
 		buf = [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 	}
 	copy(buf[8-l:], k[1:1+l])
-	return TextValue(strconv.FormatInt(int64(binary.BigEndian.Uint64(buf[:])), 10)), 1 + l, nil
+	return int64(binary.BigEndian.Uint64(buf[:])), 1 + l, nil
+}
+
+// KeyMatches reports whether KeyValues(k) would return exactly vals,
+// without allocating for ints and text-like values.
+func KeyMatches(k string, vals []Value) bool {
+	var buf [20]byte
+	off := 0
+	for _, v := range vals {
+		if off >= len(k) || v.Null || v.Toast {
+			return false
+		}
+		f, ok := tagFamily(k[off])
+		if !ok {
+			return false
+		}
+		if f == FamilyInt {
+			n, l, err := decodeInt64(k[off:])
+			if err != nil || string(strconv.AppendInt(buf[:0], n, 10)) != v.Text {
+				return false
+			}
+			off += l
+			continue
+		}
+		got, l, err := decodeValue(f, k[off:])
+		if err != nil || got.Text != v.Text {
+			return false
+		}
+		off += l
+	}
+	return off == len(k)
 }
 
 // decodeBytes decodes an appendBytes encoding. A value without an escaped

@@ -161,6 +161,14 @@ func TestKeyValues(t *testing.T) {
 	if err != nil || !ValuesEqual(got, want) {
 		t.Errorf("KeyValues = %v, %v, want %v", got, err, want)
 	}
+	k := string(mustKey(t, fams, vals...))
+	if !KeyMatches(k, want) || KeyMatches(k, vals) || KeyMatches(k, want[:7]) || KeyMatches(k[:len(k)-1], want) {
+		t.Errorf("KeyMatches disagrees with KeyValues")
+	}
+	ik := string(mustKey(t, famInt, TextValue("-129")))
+	if !KeyMatches(ik, texts("-129")) || KeyMatches(ik, texts("-128")) || KeyMatches(ik, []Value{NullValue()}) {
+		t.Errorf("KeyMatches of an int disagrees")
+	}
 	for _, bad := range []string{"\x01", string(mustKey(t, fams[:2], vals[:2]...))[:4], "\x12ab"} {
 		if got, err := KeyValues(bad); err == nil {
 			t.Errorf("KeyValues(%q) = %v, want an error", bad, got)
@@ -273,6 +281,11 @@ func FuzzEncodeKey(f *testing.F) {
 		vals, n, err := DecodeKey(fams, string(k1)+string(k2))
 		if err != nil || n != len(k1) || vals[1].Text != s1 || vals[0].Text != strconv.FormatInt(i1, 10) {
 			t.Fatalf("decode = %v, %d, %v", vals, n, err)
+		}
+		all, err := KeyValues(string(k1) + string(k2))
+		if err != nil || !KeyMatches(string(k1)+string(k2), all) || !KeyMatches(string(k1), all[:2]) ||
+			(s1 != s2 && KeyMatches(string(k1), all[2:])) {
+			t.Fatalf("KeyValues = %v, %v, and KeyMatches disagree", all, err)
 		}
 		// A member of k2 never falls in k1's range unless the keys are equal.
 		m := Subscription{FK: k2, PK: mustKey(t, famText, TextValue(s1))}.Member()

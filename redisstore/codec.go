@@ -80,10 +80,7 @@ func formatByte(withKey bool, without, with byte) byte {
 }
 
 // keyReproduces reports whether the encoded key k decodes to exactly vals.
-func keyReproduces(k string, vals []join.Value) bool {
-	got, err := join.KeyValues(k)
-	return err == nil && join.ValuesEqual(got, vals)
-}
+func keyReproduces(k string, vals []join.Value) bool { return join.KeyMatches(k, vals) }
 
 func appendValues(b []byte, vs []join.Value) []byte {
 	b = binary.AppendUvarint(b, uint64(len(vs)))

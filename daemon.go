@@ -191,7 +191,7 @@ func (d *daemon) openJoin(ctx context.Context, p *JoinPlan) (*joinRunner, error)
 	if err != nil {
 		return nil, err
 	}
-	return &joinRunner{plan: p, engine: engine, store: store, pending: pending, older: older, mapper: newMapper(p)}, nil
+	return &joinRunner{plan: p, engine: engine, store: store, state: store, pending: pending, older: older, mapper: newMapper(p)}, nil
 }
 
 // redisPrefix is the key prefix of one join's state.

@@ -14,7 +14,6 @@ import (
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
-	"github.com/fkmat/fkmat/sink"
 )
 
 // BatchLimits bound one batch of whole source transactions.
@@ -58,7 +57,10 @@ func (b *BatchLimits) setDefaults() {
 type joinRunner struct {
 	plan   *JoinPlan
 	engine *join.Engine
-	store  *redisstore.Store
+	// store is the join's Redis state; state is the same store as the
+	// pipeline uses it (a fake in the pipeline's unit tests).
+	store *redisstore.Store
+	state stateStore
 	// pending is the engine's reader: the store, overlaid with the
 	// mutations of the batches whose commits are in flight, the older
 	// through older (nearer the store), the newer through pending.
@@ -89,7 +91,7 @@ var errStateChanged = errors.New("redis state lost or replaced while running")
 // state and the output would be wrong: nothing is committed. A loss after
 // this check is harmless: the reads came before it.
 func (jr *joinRunner) verifyState(ctx context.Context) error {
-	m, err := jr.store.Meta(ctx)
+	m, err := jr.state.Meta(ctx)
 	if errors.Is(err, redisstore.ErrNoState) || (err == nil && m.Epoch != jr.epoch) {
 		return fmt.Errorf("join %q: %w", jr.plan.Name, errStateChanged)
 	}
@@ -108,8 +110,8 @@ type pipeline struct {
 	slot        string
 	publication string
 	joins       []*joinRunner
-	writer      *sink.Writer
-	stream      *cdc.Stream
+	writer      targetDB
+	stream      txnSource
 	limits      BatchLimits
 	sizer       batchSizer
 	// stages, when set (by tests), replace commitTarget and commitState.
@@ -237,6 +239,11 @@ func (p *pipeline) run(ctx context.Context) (err error) {
 		if f, err = p.trim(f); err != nil {
 			return err
 		}
+		if ctx.Err() != nil {
+			// Shutdown: the stream still returns what it has queued, but
+			// only the batches in hand are finished.
+			return nil
+		}
 		first, err := p.nextWhile(ctx, f)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -338,7 +345,7 @@ func (p *pipeline) collect(ctx context.Context, first *cdc.Txn) *batch {
 	b := &batch{txns: []*cdc.Txn{first}, changes: len(first.Changes), bytes: first.Bytes}
 	replay := first.EndLSN <= p.target()
 	deadline := time.Now().Add(p.sizer.delay())
-	for b.changes < p.limits.Changes && b.bytes < p.limits.Bytes {
+	for b.changes < p.limits.Changes && b.bytes < p.limits.Bytes && ctx.Err() == nil {
 		until := time.Now().Add(p.limits.Idle)
 		if deadline.Before(until) {
 			until = deadline
@@ -371,7 +378,7 @@ type commitJob struct {
 	// outs are the target outputs per join, buffered until the job's turn;
 	// tx is set when they were too many and went straight into it.
 	outs [][]join.Output
-	tx   *sink.Tx
+	tx   targetTx
 	muts []join.Mutations
 	// truncations are the batch's TRUNCATEs, noted with its target write.
 	truncations []truncation
@@ -646,8 +653,8 @@ func (p *pipeline) commitTarget(ctx context.Context, job *commitJob) error {
 			return err
 		}
 		p.targetLSN.Store(uint64(end))
-		p.upserted.Add(job.tx.Stats.Upserted)
-		p.deleted.Add(job.tx.Stats.Deleted)
+		p.upserted.Add(job.tx.Counts().Upserted)
+		p.deleted.Add(job.tx.Counts().Deleted)
 	}
 	phase(&b.timing.target)
 	return nil
@@ -667,10 +674,10 @@ func (p *pipeline) commitState(ctx context.Context, job *commitJob) error {
 	}
 	phase := stopwatch()
 	for i, jr := range p.joins {
-		if !job.touched[i] && jr.store.Checkpoint() >= uint64(end) {
+		if !job.touched[i] && jr.state.Checkpoint() >= uint64(end) {
 			continue
 		}
-		if err := jr.store.Commit(ctx, job.muts[i], uint64(end)); err != nil {
+		if err := jr.state.Commit(ctx, job.muts[i], uint64(end)); err != nil {
 			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
 		}
 		if job.muts[i].ClearLeft || job.muts[i].ClearRight {
@@ -704,7 +711,7 @@ type txnSpan struct {
 // changes maps the transactions this join has not applied yet to join
 // changes, and says which transaction each comes from.
 func (jr *joinRunner) changes(txns []*cdc.Txn) ([]join.Change, []txnSpan, error) {
-	done := cdc.LSN(jr.store.Checkpoint())
+	done := cdc.LSN(jr.state.Checkpoint())
 	n := 0
 	for _, t := range txns {
 		n += len(t.Changes)
@@ -781,7 +788,7 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 	// Transactions are ordered by commit position: one that commits before
 	// the target checkpoint is already in the target.
 	writeTarget := first.CommitLSN >= p.target()
-	var tx *sink.Tx
+	var tx targetTx
 	if writeTarget {
 		if tx, err = p.writer.Begin(ctx); err != nil {
 			return nil, err
@@ -801,7 +808,7 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 		}
 		for i, jr := range p.joins {
 			if partial[i] {
-				if _, rerr := jr.store.Recover(bg); rerr != nil && err == nil {
+				if _, rerr := jr.state.Recover(bg); rerr != nil && err == nil {
 					err = fmt.Errorf("join %q: undo partial transaction: %w", jr.plan.Name, rerr)
 				}
 			}
@@ -815,7 +822,7 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 		}
 		truncations = appendTruncations(truncations, chunk)
 		for i, jr := range p.joins {
-			if cdc.LSN(jr.store.Checkpoint()) > chunk.CommitLSN {
+			if cdc.LSN(jr.state.Checkpoint()) > chunk.CommitLSN {
 				continue // this join's state has the whole transaction
 			}
 			jc, err := jr.mapChunk(chunk)
@@ -831,7 +838,7 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 			if err != nil {
 				return nil, jr.failure([]txnSpan{{txn: chunk}}, fmt.Errorf("join %q: %w", jr.plan.Name, err))
 			}
-			if err := jr.store.CommitPartial(ctx, m, txnID); err != nil {
+			if err := jr.state.CommitPartial(ctx, m, txnID); err != nil {
 				return nil, fmt.Errorf("join %q: %w", jr.plan.Name, err)
 			}
 			if m.ClearLeft || m.ClearRight {
@@ -864,13 +871,13 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 			return nil, err
 		}
 		p.targetLSN.Store(uint64(end))
-		p.upserted.Add(tx.Stats.Upserted)
-		p.deleted.Add(tx.Stats.Deleted)
+		p.upserted.Add(tx.Counts().Upserted)
+		p.deleted.Add(tx.Counts().Deleted)
 	}
 	done = true
 	for i, jr := range p.joins {
 		if partial[i] {
-			if err := jr.store.FinishPartial(ctx, uint64(end)); err != nil {
+			if err := jr.state.FinishPartial(ctx, uint64(end)); err != nil {
 				return nil, fmt.Errorf("join %q: %w", jr.plan.Name, err)
 			}
 		}
@@ -909,7 +916,7 @@ func appendTruncations(out []truncation, t *cdc.Txn) []truncation {
 // source transactions whose TRUNCATE of a partitioned table gave its
 // partitions new storage: the partition check tells them from a TRUNCATE of
 // one partition, which Postgres does not publish (see checkPartitions).
-func noteTruncations(ctx context.Context, tx *sink.Tx, slot string, ts []truncation) error {
+func noteTruncations(ctx context.Context, tx targetTx, slot string, ts []truncation) error {
 	for _, t := range ts {
 		if err := tx.Exec(ctx, `UPDATE fkmat.partitions SET truncated_xid = $3 WHERE slot = $1 AND parent = $2`,
 			slot, t.table, int64(t.xid)); err != nil {

@@ -205,7 +205,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	rs.start, rs.streaming = start, true
 	stream := d.cdc.NewStream(start)
 	p := &pipeline{
-		slot: d.cfg.Slot, publication: d.cfg.Publication, joins: d.joins, writer: d.writer, stream: stream,
+		slot: d.cfg.Slot, publication: d.cfg.Publication, joins: d.joins, writer: sinkTarget{d.writer}, stream: stream,
 		limits: d.opts.Batch, sizer: batchSizer{limits: d.opts.Batch}, log: d.log.With("component", "pipeline"),
 		progress: rs.progress, started: time.Now(),
 	}

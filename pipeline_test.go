@@ -1,0 +1,623 @@
+package fkmat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/join"
+	"github.com/fkmat/fkmat/join/jointest"
+	"github.com/fkmat/fkmat/redisstore"
+	"github.com/fkmat/fkmat/sink"
+)
+
+// The pipeline's unit tests: run() with in-memory fakes for its three
+// interfaces (txnSource, targetDB, stateStore) and the real mapper and
+// engine, over a generated workload of orders LEFT JOIN customers. Every
+// transaction's end LSN has a snapshot of the SQL join at that point, and
+// the fake target must always equal the snapshot at its checkpoint.
+
+// fakeWorld is the fakes of one test: a source of scripted transactions,
+// the target and the join's state, with failure injection and the
+// invariants checked as they happen.
+type fakeWorld struct {
+	t    *testing.T
+	plan *JoinPlan
+
+	mu sync.Mutex
+	// source
+	txns  []*cdc.Txn
+	next  int
+	acked cdc.LSN
+	// target: rows and checkpoint, committed together
+	target     *jointest.Target
+	targetLSN  cdc.LSN
+	targetOpen int
+	// state: rows and checkpoint, committed together
+	state    *jointest.Store
+	stateLSN cdc.LSN
+
+	// failTarget and failState, when set, fail the commit of a batch
+	// ending at that LSN (once); blockTarget blocks it until released.
+	failTarget, failState cdc.LSN
+	blockTarget           cdc.LSN
+	blocked, release      chan struct{}
+	violations            []string
+}
+
+func newFakeWorld(t *testing.T, txns []*cdc.Txn) *fakeWorld {
+	plan := testPlan()
+	plan.Spec = specOf(plan)
+	return &fakeWorld{t: t, plan: plan, txns: txns, target: jointest.NewTarget(plan.Spec), state: jointest.NewStore()}
+}
+
+func (w *fakeWorld) violate(format string, args ...any) {
+	w.violations = append(w.violations, fmt.Sprintf(format, args...))
+}
+
+// fakeSource is the world as a txnSource.
+type fakeSource struct{ w *fakeWorld }
+
+func (s fakeSource) Next(ctx context.Context) (*cdc.Txn, error) {
+	for {
+		s.w.mu.Lock()
+		if s.w.next < len(s.w.txns) {
+			t := s.w.txns[s.w.next]
+			s.w.next++
+			s.w.mu.Unlock()
+			return t, nil
+		}
+		s.w.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// Ack checks that acknowledgements only grow and never pass what the
+// target and the state both committed.
+func (s fakeSource) Ack(lsn cdc.LSN) {
+	w := s.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if lsn < w.acked {
+		w.violate("ack %s after %s", lsn, w.acked)
+	}
+	if lsn > w.stateLSN || lsn > w.targetLSN && w.targetLSN != 0 {
+		w.violate("ack %s ahead of the commits (state %s, target %s)", lsn, w.stateLSN, w.targetLSN)
+	}
+	w.acked = lsn
+}
+
+func (s fakeSource) Stats() cdc.StreamStats { return cdc.StreamStats{} }
+
+// fakeTarget is the world as a targetDB.
+type fakeTarget struct{ w *fakeWorld }
+
+func (f fakeTarget) Begin(context.Context) (targetTx, error) {
+	f.w.mu.Lock()
+	defer f.w.mu.Unlock()
+	if f.w.targetOpen++; f.w.targetOpen > 1 {
+		f.w.violate("%d target transactions open at once", f.w.targetOpen)
+	}
+	return &fakeTx{w: f.w}, nil
+}
+
+type fakeTx struct {
+	w    *fakeWorld
+	outs []join.Output
+	done bool
+}
+
+func (tx *fakeTx) Apply(_ context.Context, _ *sink.Table, out join.Output) error {
+	tx.outs = append(tx.outs, out)
+	return nil
+}
+
+func (tx *fakeTx) Exec(context.Context, string, ...any) error { return nil }
+
+func (tx *fakeTx) Commit(ctx context.Context, _ string, lsn pglogrepl.LSN) error {
+	w := tx.w
+	w.mu.Lock()
+	block := w.blockTarget == cdc.LSN(lsn)
+	w.mu.Unlock()
+	if block {
+		close(w.blocked)
+		select {
+		case <-w.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.failTarget == cdc.LSN(lsn) {
+		w.failTarget = 0
+		return errors.New("injected target commit failure")
+	}
+	w.target.Begin()
+	for _, out := range tx.outs {
+		if err := w.target.Apply(out); err != nil {
+			w.violate("target write at %s: %v", cdc.LSN(lsn), err)
+		}
+	}
+	if cdc.LSN(lsn) <= w.targetLSN {
+		w.violate("target checkpoint %s after %s", cdc.LSN(lsn), w.targetLSN)
+	}
+	w.targetLSN = cdc.LSN(lsn)
+	tx.done = true
+	w.targetOpen--
+	return nil
+}
+
+func (tx *fakeTx) Rollback(context.Context) error {
+	tx.w.mu.Lock()
+	defer tx.w.mu.Unlock()
+	if !tx.done {
+		tx.done = true
+		tx.w.targetOpen--
+	}
+	return nil
+}
+
+func (tx *fakeTx) Counts() sink.Stats { return sink.Stats{} }
+
+// fakeState is the world as the join's stateStore. Reads and commits
+// run on different goroutines, as on Redis.
+type fakeState struct{ w *fakeWorld }
+
+func (s fakeState) GetLeft(ctx context.Context, keys []join.Key) (map[join.Key]join.LeftState, error) {
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	return s.w.state.GetLeft(ctx, keys)
+}
+
+func (s fakeState) GetRight(ctx context.Context, keys []join.Key) (map[join.Key]join.RightState, error) {
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	return s.w.state.GetRight(ctx, keys)
+}
+
+func (s fakeState) Dependents(ctx context.Context, fk, after join.Key, limit int) ([]join.Key, error) {
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	return s.w.state.Dependents(ctx, fk, after, limit)
+}
+
+func (s fakeState) DependentsMany(ctx context.Context, fks []join.Key, limits []int) ([][]join.Key, error) {
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	return s.w.state.DependentsMany(ctx, fks, limits)
+}
+
+func (s fakeState) Meta(context.Context) (redisstore.Meta, error) {
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	return redisstore.Meta{Epoch: "e", Checkpoint: uint64(s.w.stateLSN)}, nil
+}
+
+func (s fakeState) Checkpoint() uint64 {
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	return uint64(s.w.stateLSN)
+}
+
+// Commit applies m strictly (jointest.Store refuses mutations that are not
+// net against the state) with the checkpoint, skipping a replayed batch.
+func (s fakeState) Commit(ctx context.Context, m join.Mutations, lsn uint64) error {
+	w := s.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.failState == cdc.LSN(lsn) {
+		w.failState = 0
+		return errors.New("injected state commit failure")
+	}
+	if cdc.LSN(lsn) <= w.stateLSN {
+		return nil
+	}
+	if cdc.LSN(lsn) > w.targetLSN {
+		w.violate("state commit at %s ahead of the target's %s", cdc.LSN(lsn), w.targetLSN)
+	}
+	if err := w.state.Apply(ctx, m); err != nil {
+		w.violate("state commit at %s: %v", cdc.LSN(lsn), err)
+	}
+	w.stateLSN = cdc.LSN(lsn)
+	return nil
+}
+
+var errNoPartial = errors.New("fake state: large transactions are not faked")
+
+func (fakeState) CommitPartial(context.Context, join.Mutations, uint64) error { return errNoPartial }
+func (fakeState) FinishPartial(context.Context, uint64) error                 { return errNoPartial }
+func (fakeState) Recover(context.Context) (bool, error)                       { return false, nil }
+
+// pipeline returns a pipeline over the world, starting from its
+// checkpoints as run.go does: the source replays from the older one.
+func (w *fakeWorld) pipeline(limits BatchLimits) *pipeline {
+	w.t.Helper()
+	state := fakeState{w}
+	older := join.NewPending(state)
+	pending := join.NewPending(older)
+	spec := w.plan.Spec
+	spec.PageSize = 3 // several pages per fan-out
+	engine, err := join.NewEngine(spec, pending)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	jr := &joinRunner{plan: w.plan, engine: engine, state: state, pending: pending, older: older,
+		mapper: newMapper(w.plan), epoch: "e"}
+	limits.setDefaults()
+	p := &pipeline{slot: "s", joins: []*joinRunner{jr}, writer: fakeTarget{w}, stream: fakeSource{w},
+		limits: limits, sizer: batchSizer{limits: limits}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		started: time.Now()}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p.targetLSN.Store(uint64(w.targetLSN))
+	start := min(w.stateLSN, w.targetLSN)
+	w.next = 0
+	for w.next < len(w.txns) && w.txns[w.next].EndLSN <= start {
+		w.next++
+	}
+	w.acked = start
+	return p
+}
+
+// runUntil runs p until the source is drained and every transaction up to
+// the last is acknowledged, or run fails; it returns run's result.
+func (w *fakeWorld) runUntil(p *pipeline, last cdc.LSN) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- p.run(ctx) }()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-deadline:
+			cancel()
+			<-done
+			return errors.New("timed out")
+		case <-time.After(2 * time.Millisecond):
+		}
+		w.mu.Lock()
+		acked := w.acked
+		w.mu.Unlock()
+		if acked >= last {
+			cancel()
+			return <-done
+		}
+	}
+}
+
+// check fails the test on any violation and unless the target equals the
+// SQL join at its checkpoint and the state is consistent.
+func (w *fakeWorld) check(want map[cdc.LSN]map[join.Key]join.Row) {
+	w.t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, v := range w.violations {
+		w.t.Error(v)
+	}
+	rows, ok := want[w.targetLSN]
+	if !ok {
+		w.t.Fatalf("target checkpoint %s is not a transaction end", w.targetLSN)
+	}
+	if !maps.EqualFunc(w.target.Rows, rows, func(a, b join.Row) bool { return join.ValuesEqual(a, b) }) {
+		w.t.Errorf("target at %s: %d rows, want %d:\n got %v\nwant %v", w.targetLSN, len(w.target.Rows), len(rows), w.target.Rows, rows)
+	}
+	if err := w.state.Check(w.plan.Spec); err != nil {
+		w.t.Errorf("state: %v", err)
+	}
+	if w.targetOpen != 0 {
+		w.t.Errorf("%d target transactions left open", w.targetOpen)
+	}
+}
+
+// shopModel generates transactions on orders (id, customer_id, note) and
+// customers (id, name) and computes the SQL join after each one.
+type shopModel struct {
+	r                *rand.Rand
+	orders, customer *cdc.Relation
+	spec             join.Spec
+	ord              map[int]order
+	cust             map[int]string
+	lsn              cdc.LSN
+}
+
+type order struct {
+	cust *int
+	note string
+}
+
+func newShopModel(seed uint64, spec join.Spec) *shopModel {
+	return &shopModel{
+		r: rand.New(rand.NewPCG(seed, 7)),
+		orders: rel("orders", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "customer_id", Type: oidInt8},
+			cdc.Column{Name: "note", Type: oidText}),
+		customer: rel("customers", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "name", Type: oidText}),
+		spec:     spec, ord: map[int]order{}, cust: map[int]string{},
+	}
+}
+
+func itxt(n int) cdc.Value { return txt(strconv.Itoa(n)) }
+
+// change returns one random change, applied to the model: every kind on
+// both tables, NULL and dangling foreign keys, TOAST markers, key changes
+// and a hot customer.
+func (m *shopModel) change() cdc.Change {
+	r := m.r
+	id := 1 + r.IntN(30)
+	switch k := r.IntN(10); {
+	case k < 4: // order insert or update, maybe keeping its TOASTed note
+		o, exists := m.ord[id]
+		var cust *int
+		fk := cNull
+		if r.IntN(8) != 0 {
+			c := 1 + r.IntN(7) // 6 and 7 are often dangling
+			cust, fk = &c, itxt(c)
+		}
+		note, nv := "n"+strconv.Itoa(r.IntN(1000)), cdc.Value{}
+		nv = txt(note)
+		if exists && r.IntN(3) == 0 {
+			note, nv = o.note, cToast
+		}
+		m.ord[id] = order{cust: cust, note: note}
+		kind := cdc.ChangeInsert
+		if exists {
+			kind = cdc.ChangeUpdate
+		}
+		return cdc.Change{Kind: kind, Relation: m.orders, New: []cdc.Value{itxt(id), fk, nv}}
+	case k < 5: // order key change, with its note unchanged
+		o, exists := m.ord[id]
+		to := 1 + r.IntN(30)
+		if _, taken := m.ord[to]; !exists || taken {
+			return m.change()
+		}
+		delete(m.ord, id)
+		m.ord[to] = o
+		fk := cNull
+		if o.cust != nil {
+			fk = itxt(*o.cust)
+		}
+		return cdc.Change{Kind: cdc.ChangeUpdate, Relation: m.orders, OldKind: cdc.OldKey,
+			Old: []cdc.Value{itxt(id), cNull, cNull}, New: []cdc.Value{itxt(to), fk, cToast}}
+	case k < 6: // order delete
+		if _, exists := m.ord[id]; !exists {
+			return m.change()
+		}
+		delete(m.ord, id)
+		return cdc.Change{Kind: cdc.ChangeDelete, Relation: m.orders, OldKind: cdc.OldKey, Old: []cdc.Value{itxt(id), cNull, cNull}}
+	case k < 9: // customer upsert; customer 1 is hot
+		c := 1 + r.IntN(7)
+		if r.IntN(2) == 0 {
+			c = 1
+		}
+		_, exists := m.cust[c]
+		name := "c" + strconv.Itoa(r.IntN(1000))
+		m.cust[c] = name
+		kind := cdc.ChangeInsert
+		if exists {
+			kind = cdc.ChangeUpdate
+		}
+		return cdc.Change{Kind: kind, Relation: m.customer, New: []cdc.Value{itxt(c), txt(name)}}
+	default: // customer delete
+		c := 1 + r.IntN(7)
+		if _, exists := m.cust[c]; !exists {
+			return m.change()
+		}
+		delete(m.cust, c)
+		return cdc.Change{Kind: cdc.ChangeDelete, Relation: m.customer, OldKind: cdc.OldKey, Old: []cdc.Value{itxt(c), cNull}}
+	}
+}
+
+// txn returns a transaction of 1-5 changes (the same row may change several
+// times), applied to the model.
+func (m *shopModel) txn() *cdc.Txn {
+	t := &cdc.Txn{Xid: uint32(m.lsn), Final: true, CommitTime: time.Now()}
+	for range 1 + m.r.IntN(5) {
+		t.Changes = append(t.Changes, m.change())
+	}
+	m.lsn += 0x100
+	t.CommitLSN, t.EndLSN = m.lsn, m.lsn+8
+	t.Bytes = 100 * len(t.Changes)
+	return t
+}
+
+// join returns SELECT o.id, o.customer_id, o.note, c.name FROM orders o
+// LEFT JOIN customers c ON c.id = o.customer_id, keyed like the target.
+func (m *shopModel) join(t *testing.T) map[join.Key]join.Row {
+	rows := map[join.Key]join.Row{}
+	for id, o := range m.ord {
+		k, err := join.EncodeKey(m.spec.PK, []join.Value{join.TextValue(strconv.Itoa(id))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fk, name := join.NullValue(), join.NullValue()
+		if o.cust != nil {
+			fk = join.TextValue(strconv.Itoa(*o.cust))
+			if n, ok := m.cust[*o.cust]; ok {
+				name = join.TextValue(n)
+			}
+		}
+		rows[k] = join.Row{join.TextValue(strconv.Itoa(id)), fk, join.TextValue(o.note), name}
+	}
+	return rows
+}
+
+// workload returns n transactions and the SQL join after each (and at 0).
+func workload(t *testing.T, seed uint64, n int, spec join.Spec) ([]*cdc.Txn, map[cdc.LSN]map[join.Key]join.Row) {
+	m := newShopModel(seed, spec)
+	want := map[cdc.LSN]map[join.Key]join.Row{0: {}}
+	txns := make([]*cdc.Txn, n)
+	for i := range txns {
+		txns[i] = m.txn()
+		want[txns[i].EndLSN] = m.join(t)
+	}
+	return txns, want
+}
+
+// smallBatches makes batches of a few transactions, so that three are in
+// flight at once.
+var smallBatches = BatchLimits{Changes: 12, Delay: time.Millisecond, Idle: time.Millisecond}
+
+// TestPipelineWithFakes: the whole workload through run(), every kind of
+// change in overlapping batches; the target equals the SQL join, the acks
+// grow and never pass a commit, target transactions never overlap.
+func TestPipelineWithFakes(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(4) {
+		t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
+			t.Parallel()
+			w := newFakeWorld(t, nil)
+			txns, want := workload(t, seed, 400, w.plan.Spec)
+			w.txns = txns
+			last := txns[len(txns)-1].EndLSN
+			if err := w.runUntil(w.pipeline(smallBatches), last); err != nil {
+				t.Fatal(err)
+			}
+			w.check(want)
+			if w.targetLSN != last || w.stateLSN != last || w.acked != last {
+				t.Errorf("checkpoints target %s, state %s, acked %s; want %s", w.targetLSN, w.stateLSN, w.acked, last)
+			}
+		})
+	}
+}
+
+// TestPipelineFailureDiscardsLater: batch N's target commit (or state
+// commit) fails while N+1 is prepared and N+2 is being joined: run returns
+// N's error, nothing after N is committed or acknowledged, and a restart
+// from the checkpoints (the target may be a batch ahead of the state)
+// converges to the SQL join.
+func TestPipelineFailureDiscardsLater(t *testing.T) {
+	t.Parallel()
+	for _, stage := range []string{"target", "state"} {
+		t.Run(stage, func(t *testing.T) {
+			t.Parallel()
+			w := newFakeWorld(t, nil)
+			txns, want := workload(t, 11, 300, w.plan.Spec)
+			w.txns = txns
+			// Batches end at transaction ends the test cannot predict: fail
+			// the first commit at or after the 100th transaction.
+			at := txns[99].EndLSN
+			var fail *cdc.LSN
+			switch stage {
+			case "target":
+				fail = &w.failTarget
+			default:
+				fail = &w.failState
+			}
+			hook := &failAfter{w: w, at: at, fail: fail}
+			p := w.pipeline(smallBatches)
+			p.stages = &commitStages{target: hook.wrap(p.commitTarget, true), state: hook.wrap(p.commitState, false)}
+			err := w.runUntil(p, txns[len(txns)-1].EndLSN)
+			if err == nil || !strings.Contains(err.Error(), "injected "+stage+" commit failure") {
+				t.Fatalf("run = %v, want the injected %s failure", err, stage)
+			}
+			w.mu.Lock()
+			failed := hook.failed
+			if w.targetLSN >= failed && stage == "target" || w.stateLSN >= failed || w.acked >= failed {
+				t.Errorf("after the failure of the batch ending at %s: target %s, state %s, acked %s", failed, w.targetLSN, w.stateLSN, w.acked)
+			}
+			w.mu.Unlock()
+			w.check(want)
+			// Restart from the checkpoints: the target's rows of a batch
+			// whose state commit failed are replayed for the state only.
+			if err := w.runUntil(w.pipeline(smallBatches), txns[len(txns)-1].EndLSN); err != nil {
+				t.Fatal(err)
+			}
+			w.check(want)
+		})
+	}
+}
+
+// failAfter arms the world's failure for the first batch commit ending at
+// or after at, when that batch reaches the stage.
+type failAfter struct {
+	w      *fakeWorld
+	at     cdc.LSN
+	fail   *cdc.LSN
+	failed cdc.LSN
+}
+
+func (h *failAfter) wrap(stage func(context.Context, *commitJob) error, target bool) func(context.Context, *commitJob) error {
+	return func(ctx context.Context, job *commitJob) error {
+		h.w.mu.Lock()
+		if job.end >= h.at && h.failed == 0 && (target == (h.fail == &h.w.failTarget)) {
+			*h.fail, h.failed = job.end, job.end
+		}
+		h.w.mu.Unlock()
+		return stage(ctx, job)
+	}
+}
+
+// TestPipelineShutdownMidBatch: a shutdown while a batch's target commit
+// is under way lets that batch finish (its commits and ack land), later
+// ones are not started, and run returns nil; a restart converges.
+func TestPipelineShutdownMidBatch(t *testing.T) {
+	t.Parallel()
+	w := newFakeWorld(t, nil)
+	txns, want := workload(t, 5, 200, w.plan.Spec)
+	w.txns = txns
+	p := w.pipeline(smallBatches)
+	w.blocked, w.release = make(chan struct{}), make(chan struct{})
+	armed := false
+	p.stages = &commitStages{
+		target: func(ctx context.Context, job *commitJob) error {
+			w.mu.Lock()
+			if !armed && job.end >= txns[80].EndLSN {
+				armed, w.blockTarget = true, job.end
+			}
+			w.mu.Unlock()
+			return p.commitTarget(ctx, job)
+		},
+		state: p.commitState,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.run(ctx) }()
+	select {
+	case <-w.blocked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the target commit was never reached")
+	}
+	cancel()
+	time.Sleep(20 * time.Millisecond) // run sees the shutdown while the commit is blocked
+	close(w.release)
+	if err := <-done; err != nil {
+		t.Fatalf("run after a shutdown mid-batch = %v, want nil", err)
+	}
+	w.mu.Lock()
+	blocked := w.blockTarget
+	if w.targetLSN < blocked || w.stateLSN < blocked || w.acked < blocked {
+		t.Errorf("the batch in hand (ending at %s) did not finish: target %s, state %s, acked %s", blocked, w.targetLSN, w.stateLSN, w.acked)
+	}
+	if w.acked == txns[len(txns)-1].EndLSN {
+		t.Errorf("every transaction was applied after the shutdown")
+	}
+	w.blockTarget = 0
+	w.mu.Unlock()
+	w.check(want)
+	if err := w.runUntil(w.pipeline(smallBatches), txns[len(txns)-1].EndLSN); err != nil {
+		t.Fatal(err)
+	}
+	w.check(want)
+	if !slices.Contains([]cdc.LSN{txns[len(txns)-1].EndLSN}, w.targetLSN) {
+		t.Errorf("target at %s after the restart", w.targetLSN)
+	}
+}

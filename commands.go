@@ -145,7 +145,9 @@ type JoinStatus struct {
 	LagBytes          int64  `json:"lag_bytes"`
 	CheckpointLSN     string `json:"checkpoint_lsn"`
 	RedisCheckpoint   string `json:"redis_checkpoint_lsn"`
-	RedisState        string `json:"redis_state"` // ok, lost, foreign
+	RedisState        string `json:"redis_state"` // ok, lost, foreign, other_layout
+	// RedisLayout is the state's layout: version and bucket counts.
+	RedisLayout string `json:"redis_layout,omitempty"`
 	// TargetState is ok, missing (no target table), or wrong_shape (see
 	// Problems); Metadata is ok or missing (fkmat's schema was never
 	// migrated in the target database).
@@ -399,6 +401,14 @@ func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, op
 	default:
 		s.RedisCheckpoint = cdc.LSN(meta.Checkpoint).String()
 		s.Subscriptions = meta.Subscriptions
+		s.RedisLayout = meta.Layout
+		if err := store.CheckLayout(meta); err != nil {
+			s.RedisState = "other_layout"
+			s.Problems = append(s.Problems, fmt.Sprintf("the Redis state of join %q has another layout (%s): fkmat run rebuilds it, or run fkmat backfill --force", p.Name, meta.Layout))
+		} else if perBucket := meta.Subscriptions / int64(meta.Shape.LeftBuckets); perBucket > redisstore.BucketFields {
+			s.Problems = append(s.Problems, fmt.Sprintf("the Redis state of join %q outgrew its %d left-row buckets (some %d rows each, over %d: Redis keeps them, but 2-3 times less compactly); run fkmat backfill --force to size it again",
+				p.Name, meta.Shape.LeftBuckets, perBucket, redisstore.BucketFields))
+		}
 	}
 	return nil
 }

@@ -338,6 +338,42 @@ CREATE TABLE orders_b PARTITION OF orders FOR VALUES FROM (40000) TO (MAXVALUE);
 	}
 }
 
+// TestStatusRedisLayout: status shows the state's layout, says when a state
+// outgrew its buckets (here one bucket for 600 rows) and when it has
+// another layout, each with the fix.
+func TestStatusRedisLayout(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'a', 't1')`,
+		`INSERT INTO orders SELECT g, 1, g, 'n' FROM generate_series(1, 600) g`)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	opts := fkmat.Options{SubShards: 4, RowShards: 1}
+	d := startDaemon(t, cfg, opts)
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	st, err := fkmat.Status(ctx, cfg, opts)
+	if err != nil || len(st) != 1 {
+		t.Fatalf("status = %+v, %v", st, err)
+	}
+	if s := st[0]; s.RedisLayout != "v2/sub_shards=4/left_buckets=1/right_buckets=1" || s.RedisState != "ok" ||
+		!strings.Contains(strings.Join(s.Problems, "\n"), "outgrew its 1 left-row buckets (some 600 rows each") ||
+		!strings.Contains(strings.Join(s.Problems, "\n"), "fkmat backfill --force") {
+		t.Errorf("status of an outgrown state = %+v", s)
+	}
+	meta := "fkmat:" + tc.Slot + ":orders_enriched:meta"
+	if err := tc.Redis.HSet(ctx, meta, "layout", "v1/sub_shards=4/row_shards=1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	st, err = fkmat.Status(ctx, cfg, opts)
+	if err != nil || len(st) != 1 || st[0].RedisState != "other_layout" ||
+		!strings.Contains(strings.Join(st[0].Problems, "\n"), "has another layout (v1/sub_shards=4/row_shards=1)") {
+		t.Errorf("status of a v1 state = %+v, %v", st, err)
+	}
+}
+
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }

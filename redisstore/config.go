@@ -128,6 +128,9 @@ type Size struct {
 // (see the package documentation). A state that outgrows it keeps working,
 // less compactly, until a backfill (fkmat backfill --force) sizes it again.
 const (
+	// BucketFields is the most fields a row bucket holds in Redis's compact
+	// listpack encoding (hash-max-listpack-entries, 512 by default).
+	BucketFields    = 512
 	rowsPerBucket   = 64
 	minSizedBuckets = 1 << 10
 	maxSizedBuckets = 1 << 22

@@ -330,7 +330,7 @@ func benchW4(t *testing.T, s sizes, rep *report) {
 		fmt.Sprintf("%.0f subscriptions; %s", subs, keys.encodingSummary('s')), false)
 	rep.row(name, "Redis memory per left row, row only (MEMORY USAGE)", byKind['l']/n, "B", keys.encodingSummary('l'), false)
 	rep.row(name, "Redis memory per right row (MEMORY USAGE)", byKind['r']/float64(s.W4Customers), "B", keys.encodingSummary('r'), false)
-	floor, floorCPU := d.redisFloor(s.W4Orders, int(subs))
+	floor, floorCPU := d.redisFloor(s.W4Orders, int(subs), d.leftBuckets())
 	rep.row(name, "Redis floor: same HSETs + ZADDs from a bare pipelined client", floor.Seconds(), "s",
 		fmt.Sprintf("redis-server CPU %.2f s (one command per row and per subscription, as the state layout needs)", floorCPU), true)
 	rep.rss = max(rep.rss, u.peakRSSMB)

@@ -506,24 +506,40 @@ func (d *db) redisKeys() redisKeys {
 	return out
 }
 
-// redisFloor writes rows single-field HSETs (70-byte values into 2^18
-// hashes) and subs single-member ZADDs (into 2^20 sorted sets), pipelined
+// leftBuckets returns the number of left-row buckets of the join's state
+// (sized by the backfill), from its layout.
+func (d *db) leftBuckets() int {
+	d.b.Helper()
+	layout, err := d.Redis.HGet(context.Background(), "fkmat:"+d.Slot+":orders_enriched:meta", "layout").Result()
+	if err != nil {
+		d.b.Fatal(err)
+	}
+	var v, subs, left, right int
+	if _, err := fmt.Sscanf(layout, "v%d/sub_shards=%d/left_buckets=%d/right_buckets=%d", &v, &subs, &left, &right); err != nil {
+		d.b.Fatalf("layout %q: %v", layout, err)
+	}
+	return left
+}
+
+// redisFloor writes rows single-field HSETs (52-byte values, the size of a
+// lean orders row, into buckets hashes: the state's) and subs single-member
+// ZADDs (into 2^20 sorted sets), pipelined
 // 10,000 at a time from one connection: the least Redis work a state of
 // this layout takes to build. It returns the time and redis-server's CPU,
 // and deletes the keys.
-func (d *db) redisFloor(rows, subs int) (time.Duration, float64) {
+func (d *db) redisFloor(rows, subs, buckets int) (time.Duration, float64) {
 	d.b.Helper()
 	ctx := context.Background()
 	prefix := "floor:" + d.Slot + ":"
 	defer func() { _ = testenv.DeleteKeys(context.Background(), d.Redis, prefix) }()
-	value := strings.Repeat("v", 70)
+	value := strings.Repeat("v", 52)
 	cpu0, start := d.redisCPU(), time.Now()
 	for _, side := range []struct {
 		n     int
 		write func(p redis.Pipeliner, i int)
 	}{
 		{rows, func(p redis.Pipeliner, i int) {
-			p.HSet(ctx, prefix+"l:{"+strconv.Itoa(i%(1<<18))+"}", strconv.Itoa(i), value)
+			p.HSet(ctx, prefix+"l:{"+strconv.Itoa(i%buckets)+"}", strconv.Itoa(i), value)
 		}},
 		{subs, func(p redis.Pipeliner, i int) {
 			p.ZAdd(ctx, prefix+"s:{"+strconv.Itoa((i*7919)%(1<<20))+"}", redis.Z{Member: strconv.Itoa(i)})

@@ -275,11 +275,7 @@ func TestDaemonOldLayout(t *testing.T) {
 	sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'a', 't1'), (2, 'b', 't2')`,
 		`INSERT INTO orders SELECT g, 1 + g % 3, g, 'n' FROM generate_series(1, 50) g`)
 	cfg := daemonConfig(t, tc, leftJoinYAML)
-	d := startDaemon(t, cfg, fkmat.Options{})
-	waitCaughtUp(t, tc, d)
-	if err := d.stop(t); err != nil {
-		t.Fatal(err)
-	}
+	runCaughtUp(t, tc, cfg, fkmat.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	meta := "fkmat:" + tc.Slot + ":orders_enriched:meta"
@@ -297,7 +293,7 @@ func TestDaemonOldLayout(t *testing.T) {
 		!strings.Contains(err.Error(), "fkmat backfill --force") {
 		t.Fatalf("Run on the v1 layout = %v, want ErrLostState naming the layout and fkmat backfill --force", err)
 	}
-	d = startDaemon(t, cfg, fkmat.Options{})
+	d := startDaemon(t, cfg, fkmat.Options{})
 	waitCaughtUp(t, tc, d)
 	assertOracle(t, cfg)
 	if got, err := tc.Redis.HGet(ctx, meta, "layout").Result(); err != nil || got != layout {
@@ -347,12 +343,8 @@ func TestStatusRedisLayout(t *testing.T) {
 		`INSERT INTO orders SELECT g, 1, g, 'n' FROM generate_series(1, 600) g`)
 	cfg := daemonConfig(t, tc, leftJoinYAML)
 	opts := fkmat.Options{SubShards: 4, RowShards: 1}
-	d := startDaemon(t, cfg, opts)
-	waitCaughtUp(t, tc, d)
+	runCaughtUp(t, tc, cfg, opts)
 	assertOracle(t, cfg)
-	if err := d.stop(t); err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
 	st, err := fkmat.Status(ctx, cfg, opts)
 	if err != nil || len(st) != 1 {
@@ -371,6 +363,17 @@ func TestStatusRedisLayout(t *testing.T) {
 	if err != nil || len(st) != 1 || st[0].RedisState != "other_layout" ||
 		!strings.Contains(strings.Join(st[0].Problems, "\n"), "has another layout (v1/sub_shards=4/row_shards=1)") {
 		t.Errorf("status of a v1 state = %+v, %v", st, err)
+	}
+}
+
+// runCaughtUp runs the daemon until it caught up with the source, and
+// stops it cleanly.
+func runCaughtUp(t *testing.T, tc *testenv.Case, cfg *fkmat.Config, opts fkmat.Options) {
+	t.Helper()
+	d := startDaemon(t, cfg, opts)
+	waitCaughtUp(t, tc, d)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
 	}
 }
 

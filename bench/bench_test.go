@@ -218,6 +218,7 @@ func (r *streamResult) add(rep *report) {
 	share := r.decode.Seconds() / r.catchUp.Seconds()
 	switch w.name {
 	case "W1":
+		w1Decode = rate(r.decode)
 		rep.target("W1 catch-up ≥ 0.5x the decode limit", share, ">=", 0.5, "x")
 		if r.pacedLat != nil {
 			rep.target(fmt.Sprintf("freshness p99 ≤ 250 ms at %d changes/s", r.pacedRate), quantile(r.pacedLat, 0.99).Seconds(), "<=", 0.25, "s")
@@ -262,6 +263,7 @@ func benchW2(t *testing.T, s sizes, rep *report) {
 	// Catch-up: the renames written while fkmat is stopped, drained first by
 	// a bare reader (the decode limit), then by fkmat.
 	var decode, catchUp time.Duration
+	var catchRows float64
 	{
 		d := newDB(t, w)
 		d.backfill()
@@ -275,7 +277,8 @@ func benchW2(t *testing.T, s sizes, rep *report) {
 		}
 		p := d.run("catchup")
 		catchUp = d.waitCaught(p).Sub(p.start)
-		p.stop()
+		cu := p.stop()
+		catchRows = cu.upserted + cu.deleted
 		d.assertJoin("orders_enriched")
 	}
 	trigAll := trigPer * time.Duration(len(w.txns))
@@ -290,8 +293,19 @@ func benchW2(t *testing.T, s sizes, rep *report) {
 	rep.row(name, "fkmat peak RSS", max(u.peakRSSMB, bf.peakRSSMB), "MB", "backfill and run", false)
 	rep.rss = max(rep.rss, u.peakRSSMB, bf.peakRSSMB)
 	rep.target("W2 ≥ 10x faster than triggers", trigAll.Seconds()/took.Seconds(), ">=", 10, "x")
-	rep.target("W2 catch-up ≥ 0.4x the decode limit", decode.Seconds()/catchUp.Seconds(), ">=", 0.4, "x")
+	// Decoding W2's 200 renames takes milliseconds: its catch-up is the
+	// fan-out. As issue 14 measured it, the catch-up's rate in target rows
+	// is compared with the decode limit's rate in changes, W1's in this run.
+	if w1Decode > 0 {
+		rowRate := catchRows / catchUp.Seconds()
+		rep.row(name, "fkmat catch-up in target rows/s vs W1's decode limit", rowRate/w1Decode, "ratio",
+			fmt.Sprintf("%.0f rows/s against %.0f changes/s decoded in W1", rowRate, w1Decode), false)
+		rep.target("W2 catch-up ≥ 0.4x the decode limit (target rows/s vs W1's decoded changes/s)", rowRate/w1Decode, ">=", 0.4, "x")
+	}
 }
+
+// w1Decode is W1's decode limit in changes/s, once W1 ran in this bench.
+var w1Decode float64
 
 // benchW4 (backfill): orders over customers already present, then fkmat
 // backfill, next to INSERT INTO … SELECT … LEFT JOIN into a table of the

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/fkmat/fkmat/join"
+	"github.com/fkmat/fkmat/redisstore"
 )
 
 // loadPage is the number of rows loaded into Redis per pipelined round.
@@ -197,7 +198,7 @@ func (d *daemon) loadRight(ctx context.Context, snapshot string, jr *joinRunner,
 	p := jr.plan
 	cols := append(append([]SourceColumn{}, p.Right.Key...), outputSources(p.Right.Values)...)
 	nk := len(p.Right.Key)
-	err := scanParallel(ctx, d.source, snapshot, p.Right.Table, cols, func(ctx context.Context, rows [][]join.Value) error {
+	err := scanParallel(ctx, d.source, snapshot, p.Right.Table, cols, jr.store, func(ctx context.Context, l *redisstore.Loader, rows [][]join.Value) error {
 		m := join.Mutations{PutRight: make(map[join.Key]join.RightState, len(rows))}
 		for _, r := range rows {
 			k, err := join.EncodeKey(p.Spec.RightKey, r[:nk])
@@ -206,7 +207,7 @@ func (d *daemon) loadRight(ctx context.Context, snapshot string, jr *joinRunner,
 			}
 			m.PutRight[k] = join.RightState{Key: r[:nk], Values: r[nk:]}
 		}
-		if err := jr.store.Load(ctx, m); err != nil {
+		if err := l.Add(ctx, m); err != nil {
 			return err
 		}
 		t.advance(len(rows))
@@ -226,7 +227,7 @@ func (d *daemon) loadLeft(ctx context.Context, snapshot string, jr *joinRunner, 
 	p := jr.plan
 	cols := append(append(append([]SourceColumn{}, p.Left.Key...), p.Left.ForeignKey...), outputSources(p.Left.Values)...)
 	nk, nf := len(p.Left.Key), len(p.Left.ForeignKey)
-	err := scanParallel(ctx, d.source, snapshot, p.Left.Table, cols, func(ctx context.Context, rows [][]join.Value) error {
+	err := scanParallel(ctx, d.source, snapshot, p.Left.Table, cols, jr.store, func(ctx context.Context, l *redisstore.Loader, rows [][]join.Value) error {
 		m := join.Mutations{PutLeft: make(map[join.Key]join.LeftState, len(rows))}
 		for _, r := range rows {
 			pk, fk, vals := r[:nk], r[nk:nk+nf], r[nk+nf:]
@@ -244,7 +245,7 @@ func (d *daemon) loadLeft(ctx context.Context, snapshot string, jr *joinRunner, 
 			}
 			m.AddSubs = append(m.AddSubs, join.Subscription{FK: f, PK: k})
 		}
-		if err := jr.store.Load(ctx, m); err != nil {
+		if err := l.Add(ctx, m); err != nil {
 			return err
 		}
 		t.advance(len(rows))
@@ -262,9 +263,10 @@ func (d *daemon) loadLeft(ctx context.Context, snapshot string, jr *joinRunner, 
 const loadWorkers = 3
 
 // scanParallel streams table like scanTable and hands its pages to
-// loadWorkers goroutines running fn; the first error stops everything.
-func scanParallel(ctx context.Context, pool *pgxpool.Pool, snapshot string, table TableName, cols []SourceColumn,
-	fn func(context.Context, [][]join.Value) error) error {
+// loadWorkers goroutines running fn, each with its own Loader of store,
+// flushed at the end; the first error stops everything.
+func scanParallel(ctx context.Context, pool *pgxpool.Pool, snapshot string, table TableName, cols []SourceColumn, store *redisstore.Store,
+	fn func(context.Context, *redisstore.Loader, [][]join.Value) error) error {
 	g, gctx := errgroup.WithContext(ctx)
 	pages := make(chan [][]join.Value, 1)
 	g.Go(func() error {
@@ -282,12 +284,16 @@ func scanParallel(ctx context.Context, pool *pgxpool.Pool, snapshot string, tabl
 	})
 	for range loadWorkers {
 		g.Go(func() error {
+			l, err := store.NewLoader(gctx)
+			if err != nil {
+				return err
+			}
 			for rows := range pages {
-				if err := fn(gctx, rows); err != nil {
+				if err := fn(gctx, l, rows); err != nil {
 					return err
 				}
 			}
-			return nil
+			return l.Flush(gctx)
 		})
 	}
 	return g.Wait()

@@ -1,44 +1,175 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fkmat/fkmat/join"
 )
 
-// Load writes the puts and subscription adds of m into a freshly initialised
-// state, pipelined and without a transaction: it is the bulk path of the
-// initial load, which the daemon marks as incomplete until it commits the
-// checkpoint with Commit. Load may run from several goroutines at once
-// (each with its own rows). It refuses a state that has a checkpoint, a
-// transaction in flight, clears or deletes.
-func (s *Store) Load(ctx context.Context, m join.Mutations) error {
-	defer s.right.drop()
+// DefaultLoadBytes is how many bytes of encoded rows and subscriptions a
+// Loader gathers before it writes them.
+const DefaultLoadBytes = 8 << 20
+
+// Loader is the bulk path of the initial load: it writes the puts and
+// subscription adds of many join.Mutations into a freshly initialised
+// state, pipelined and without a transaction (the daemon marks the state
+// incomplete until it commits the checkpoint with Commit). It gathers
+// about DefaultLoadBytes of encoded rows and subscriptions before writing
+// them, grouped by key: rows that share a bucket go in one multi-field
+// HSET, subscriptions that share a set in one multi-member ZADD, so that
+// Redis, the bound of a backfill, runs fewer commands than rows. Each
+// goroutine uses its own Loader; several may load one state at once.
+type Loader struct {
+	s     *Store
+	meta  Meta
+	rows  []loadEntry
+	subs  []loadEntry
+	bytes int
+	// limit is the gathered bytes that trigger a write.
+	limit int
+	// commands and entries count the HSETs and ZADDs sent and the rows and
+	// subscriptions they carried.
+	commands, entries int
+}
+
+// loadEntry is one hash field (field, value) or sorted-set member (field)
+// of the key of kind in shard.
+type loadEntry struct {
+	kind         byte
+	shard        uint64
+	field, value string
+}
+
+// NewLoader returns a loader for the state, which must be freshly
+// initialised (no checkpoint, no transaction in flight).
+func (s *Store) NewLoader(ctx context.Context) (*Loader, error) {
+	s.right.drop()
+	cur, err := s.current(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("load redis state: %w", err)
+	}
+	if cur.Checkpoint != 0 || cur.InFlight != 0 {
+		return nil, errors.New("load redis state: the state is not freshly initialised; call Init first")
+	}
+	return &Loader{s: s, meta: cur, limit: DefaultLoadBytes}, nil
+}
+
+// Add gathers the puts and subscription adds of m, writing what was
+// gathered once it passes the loader's size. It refuses clears and deletes.
+func (l *Loader) Add(ctx context.Context, m join.Mutations) error {
 	if m.ClearLeft || m.ClearRight || len(m.DelLeft) > 0 || len(m.DelRight) > 0 || len(m.DelSubs) > 0 {
 		return errors.New("load redis state: only puts and subscription adds can be loaded")
 	}
-	cur, err := s.current(ctx)
-	if err != nil {
-		return fmt.Errorf("load redis state: %w", err)
+	sh := l.meta.Shape
+	var buf []byte
+	for pk, st := range m.PutLeft {
+		buf = appendLeft(buf[:0], string(pk), st)
+		l.rows = append(l.rows, loadEntry{kindLeft, shardOf(string(pk), uint64(sh.LeftBuckets)), string(pk), string(buf)})
+		l.bytes += len(pk) + len(buf) + 48
 	}
-	if cur.Checkpoint != 0 || cur.InFlight != 0 {
-		return errors.New("load redis state: the state is not freshly initialised; call Init first")
+	for rk, st := range m.PutRight {
+		buf = appendRight(buf[:0], string(rk), st)
+		l.rows = append(l.rows, loadEntry{kindRight, shardOf(string(rk), uint64(sh.RightBuckets)), string(rk), string(buf)})
+		l.bytes += len(rk) + len(buf) + 48
 	}
-	w := s.plan(&m, cur)
-	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		s.queue(ctx, p, w)
-		// Loaded rows have distinct keys, so every add is a new member.
-		if len(m.AddSubs) > 0 {
-			p.HIncrBy(ctx, s.keys.meta(), fieldSubs, int64(len(m.AddSubs)))
-		}
+	for _, sub := range m.AddSubs {
+		member := sub.Member()
+		l.subs = append(l.subs, loadEntry{kind: kindSubs, shard: shardOf(string(sub.FK), uint64(sh.SubShards)), field: member})
+		l.bytes += len(member) + 48
+	}
+	if l.bytes >= l.limit {
+		return l.Flush(ctx)
+	}
+	return nil
+}
+
+// Flush writes what the loader gathered.
+func (l *Loader) Flush(ctx context.Context) error {
+	if len(l.rows) == 0 && len(l.subs) == 0 {
 		return nil
-	})
+	}
+	s, page := l.s, l.s.cfg.PageSize
+	defer s.right.drop() // written outside Commit: the cache must not keep older rows
+	byKey := func(a, b loadEntry) int {
+		return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.shard, b.shard))
+	}
+	slices.SortFunc(l.rows, byKey)
+	slices.SortFunc(l.subs, byKey)
+	p := s.rdb.Pipeline()
+	for run := range runs(l.rows) {
+		key := s.keys.name(run[0].kind, l.gen(run[0].kind), run[0].shard)
+		for chunk := range slices.Chunk(run, page) {
+			args := make([]any, 0, 2*len(chunk))
+			for _, e := range chunk {
+				args = append(args, e.field, e.value)
+			}
+			p.HSet(ctx, key, args...)
+			l.commands++
+		}
+	}
+	for run := range runs(l.subs) {
+		key := s.keys.name(kindSubs, l.meta.LeftGen, run[0].shard)
+		for chunk := range slices.Chunk(run, page) {
+			zs := make([]redis.Z, len(chunk))
+			for i, e := range chunk {
+				zs[i] = redis.Z{Member: e.field}
+			}
+			p.ZAdd(ctx, key, zs...)
+			l.commands++
+		}
+	}
+	// Loaded rows have distinct keys, so every add is a new member.
+	if len(l.subs) > 0 {
+		p.HIncrBy(ctx, s.keys.meta(), fieldSubs, int64(len(l.subs)))
+	}
+	_, err := p.Exec(ctx)
+	l.entries += len(l.rows) + len(l.subs)
+	l.rows, l.subs, l.bytes = l.rows[:0], l.subs[:0], 0
 	if err != nil {
 		return fmt.Errorf("load redis state: %w", err)
 	}
 	return nil
+}
+
+// gen returns the generation of the keys of kind.
+func (l *Loader) gen(kind byte) uint64 {
+	if kind == kindRight {
+		return l.meta.RightGen
+	}
+	return l.meta.LeftGen
+}
+
+// runs yields the runs of entries of one key in entries sorted by key.
+func runs(entries []loadEntry) func(yield func([]loadEntry) bool) {
+	return func(yield func([]loadEntry) bool) {
+		for start := 0; start < len(entries); {
+			end := start + 1
+			for end < len(entries) && entries[end].kind == entries[start].kind && entries[end].shard == entries[start].shard {
+				end++
+			}
+			if !yield(entries[start:end]) {
+				return
+			}
+			start = end
+		}
+	}
+}
+
+// Load writes the puts and subscription adds of m into a freshly
+// initialised state at once: a Loader for one set of mutations.
+func (s *Store) Load(ctx context.Context, m join.Mutations) error {
+	l, err := s.NewLoader(ctx)
+	if err != nil {
+		return err
+	}
+	if err := l.Add(ctx, m); err != nil {
+		return err
+	}
+	return l.Flush(ctx)
 }

@@ -122,6 +122,21 @@ func (d *daemon) dropSlot(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A daemon restarted after a crash can find its own previous walsender
+	// still holding the slot for a moment (until the server notices the
+	// dead connection): wait for it as the stream does, up to the slot busy
+	// timeout, before taking the slot for someone else's.
+	deadline := time.Now().Add(d.cdc.Config().SlotBusyTimeout)
+	for info.Exists && info.ActivePID != 0 && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+		if info, err = d.cdc.SlotInfo(ctx); err != nil {
+			return err
+		}
+	}
 	if !info.Exists {
 		return nil
 	}

@@ -43,7 +43,7 @@ var errTruncated = errors.New("truncated")
 
 // appendLeft appends the encoding of s, stored under the encoded key pk, to b.
 func appendLeft(b []byte, pk string, s join.LeftState) []byte {
-	withKey := !keyReproduces(pk, s.PK)
+	withKey := !join.KeyMatches(pk, s.PK)
 	b = append(b, formatByte(withKey, formatLeft, formatLeftKey))
 	b = appendValues(b, s.Values)
 	b = binary.AppendUvarint(b, uint64(len(s.FK)))
@@ -63,7 +63,7 @@ func appendLeft(b []byte, pk string, s join.LeftState) []byte {
 // appendRight appends the encoding of s, stored under the encoded key key,
 // to b.
 func appendRight(b []byte, key string, s join.RightState) []byte {
-	withKey := !keyReproduces(key, s.Key)
+	withKey := !join.KeyMatches(key, s.Key)
 	b = append(b, formatByte(withKey, formatRight, formatRightKey))
 	b = appendValues(b, s.Values)
 	if withKey {
@@ -78,9 +78,6 @@ func formatByte(withKey bool, without, with byte) byte {
 	}
 	return without
 }
-
-// keyReproduces reports whether the encoded key k decodes to exactly vals.
-func keyReproduces(k string, vals []join.Value) bool { return join.KeyMatches(k, vals) }
 
 func appendValues(b []byte, vs []join.Value) []byte {
 	b = binary.AppendUvarint(b, uint64(len(vs)))

@@ -160,16 +160,3 @@ func runs(entries []loadEntry) func(yield func([]loadEntry) bool) {
 		}
 	}
 }
-
-// Load writes the puts and subscription adds of m into a freshly
-// initialised state at once: a Loader for one set of mutations.
-func (s *Store) Load(ctx context.Context, m join.Mutations) error {
-	l, err := s.NewLoader(ctx)
-	if err != nil {
-		return err
-	}
-	if err := l.Add(ctx, m); err != nil {
-		return err
-	}
-	return l.Flush(ctx)
-}

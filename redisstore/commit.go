@@ -36,6 +36,11 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error 
 	if lsn == 0 {
 		return errors.New("commit redis state: LSN 0 is invalid")
 	}
+	release, err := s.beginUnit(ctx)
+	if err != nil {
+		return fmt.Errorf("commit redis state at %d: %w", lsn, err)
+	}
+	defer release()
 	cached, err := s.current(ctx)
 	if err != nil {
 		return fmt.Errorf("commit redis state at %d: %w", lsn, err)
@@ -49,6 +54,7 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error 
 		execErr error // the error of MULTI/EXEC itself, once sent
 		planned int64 // the subscriptions the batch adds, net
 		replies subReplies
+		rd      *redo
 	)
 	key := s.keys.meta()
 	err = s.rdb.Watch(ctx, func(tx *redis.Tx) error {
@@ -82,7 +88,10 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error 
 		w := s.plan(&m, next)
 		wrote = true
 		_, execErr = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			replies = s.queue(ctx, p, w)
+			var err error
+			if replies, rd, err = s.queueData(ctx, p, w, &next); err != nil {
+				return err
+			}
 			p.HSet(ctx, key, appendSubs([]any{fieldCheckpoint, strconv.FormatUint(next.Checkpoint, 10),
 				fieldLeftGen, strconv.FormatUint(next.LeftGen, 10),
 				fieldRightGen, strconv.FormatUint(next.RightGen, 10)}, next.Subscriptions)...)
@@ -96,10 +105,14 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error 
 	if err := s.settle(ctx, err, execErr, next, "commit at "+strconv.FormatUint(lsn, 10)); err != nil {
 		return fmt.Errorf("commit redis state at %d: %w", lsn, err)
 	}
+	applied, err := s.finishUnit(ctx, rd)
+	if err != nil {
+		return fmt.Errorf("commit redis state at %d: %w", lsn, err)
+	}
 	if wrote {
 		s.right.apply(next.RightGen, &m)
 	}
-	if err := s.fixSubs(ctx, next, replies.delta()-planned); err != nil {
+	if err := s.fixSubs(ctx, next, applied+replies.delta()-planned); err != nil {
 		return fmt.Errorf("commit redis state at %d: applied, but %w", lsn, err)
 	}
 	return nil
@@ -192,6 +205,7 @@ func (s *Store) settle(ctx context.Context, err, execErr error, next Meta, what 
 	defer s.mu.Unlock()
 	if err != nil {
 		s.right.drop() // what landed is not known
+		s.resumed = false
 	}
 	switch {
 	case err == nil:
@@ -223,10 +237,23 @@ func isPartial(err error) bool {
 }
 
 // writes are a batch's commands grouped by key: the sorted-set members to
-// remove and add, the hash fields to delete, and the field/value pairs to set.
+// remove and add, the hash fields to delete, and the field/value pairs to set;
+// and keys to unlink (a sweep on a cluster).
 type writes struct {
 	zrem, zadd, hdel map[string][]string
 	hset             map[string][]any
+	unlink           []string
+}
+
+// queueData queues w in the MULTI p of a write that leads to next: on one
+// server the commands themselves, on a cluster the redo record of a new
+// write (see stage), which finishUnit applies once EXEC succeeded.
+func (s *Store) queueData(ctx context.Context, p redis.Pipeliner, w writes, next *Meta) (subReplies, *redo, error) {
+	if s.Cluster() {
+		rd, err := s.stage(ctx, p, w, next, false)
+		return subReplies{}, rd, err
+	}
+	return s.queue(ctx, p, w), nil, nil
 }
 
 func newWrites() writes {

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -54,6 +55,10 @@ type Config struct {
 	// DefaultRightCacheBytes; negative disables the cache. Not part of the
 	// persistent layout.
 	RightCacheBytes int
+	// Shards is the number of shards of a state on a Redis Cluster (see
+	// cluster.go): each is one hash slot, written atomically. Zero means
+	// DefaultShards. Ignored on one server. Part of the persistent layout.
+	Shards int
 	// PageSize is the largest number of members, fields or keys sent in one
 	// command: Commit splits larger sets into several commands inside its one
 	// MULTI, and Sweep scans and unlinks this many keys per step. Default
@@ -75,6 +80,9 @@ func (c Config) WithDefaults() Config {
 	if c.RightCacheBytes == 0 {
 		c.RightCacheBytes = DefaultRightCacheBytes
 	}
+	if c.Shards == 0 {
+		c.Shards = DefaultShards
+	}
 	return c
 }
 
@@ -93,6 +101,9 @@ func (c Config) Validate() error {
 	}
 	if c.RowShards < 0 || c.RowShards > maxShards {
 		errs = append(errs, fmt.Errorf("row shards %d out of range 0..%d (0 sizes them at Init)", c.RowShards, maxShards))
+	}
+	if c.Shards < 1 || c.Shards > clusterSlots {
+		errs = append(errs, fmt.Errorf("cluster shards %d out of range 1..%d", c.Shards, clusterSlots))
 	}
 	if c.PageSize < 1 {
 		errs = append(errs, fmt.Errorf("page size %d must be positive", c.PageSize))
@@ -114,6 +125,9 @@ const layoutVersion = 2
 // which every later reader takes it.
 type Shape struct {
 	SubShards, LeftBuckets, RightBuckets int
+	// Shards is the number of shards of a state on a Redis Cluster, 0 on
+	// one server.
+	Shards int
 }
 
 // Size is what Init sizes the row buckets for: the expected rows of the
@@ -153,8 +167,8 @@ func bucketsFor(rows int64) int {
 
 // shape returns the shape Init gives a state of size sz: c's counts where
 // set, sized ones otherwise.
-func (c Config) shape(sz Size) Shape {
-	sh := Shape{SubShards: c.SubShards, LeftBuckets: c.RowShards, RightBuckets: c.RowShards}
+func (c Config) shape(sz Size, shards int) Shape {
+	sh := Shape{SubShards: c.SubShards, LeftBuckets: c.RowShards, RightBuckets: c.RowShards, Shards: shards}
 	if c.RowShards == 0 {
 		sh.LeftBuckets, sh.RightBuckets = bucketsFor(sz.LeftRows), bucketsFor(sz.RightRows)
 	}
@@ -164,7 +178,11 @@ func (c Config) shape(sz Size) Shape {
 // layout returns the layout string of a state of shape sh, as stored in
 // the meta hash.
 func (sh Shape) layout() string {
-	return fmt.Sprintf("v%d/sub_shards=%d/left_buckets=%d/right_buckets=%d", layoutVersion, sh.SubShards, sh.LeftBuckets, sh.RightBuckets)
+	l := fmt.Sprintf("v%d/sub_shards=%d/left_buckets=%d/right_buckets=%d", layoutVersion, sh.SubShards, sh.LeftBuckets, sh.RightBuckets)
+	if sh.Shards > 0 {
+		l += fmt.Sprintf("/cluster_shards=%d", sh.Shards)
+	}
+	return l
 }
 
 // parseLayout returns the shape of a layout string written by this
@@ -172,7 +190,13 @@ func (sh Shape) layout() string {
 func parseLayout(s string) (Shape, error) {
 	var sh Shape
 	var v int
-	n, err := fmt.Sscanf(s, "v%d/sub_shards=%d/left_buckets=%d/right_buckets=%d", &v, &sh.SubShards, &sh.LeftBuckets, &sh.RightBuckets)
+	base, cluster, _ := strings.Cut(s, "/cluster_shards=")
+	n, err := fmt.Sscanf(base, "v%d/sub_shards=%d/left_buckets=%d/right_buckets=%d", &v, &sh.SubShards, &sh.LeftBuckets, &sh.RightBuckets)
+	if err == nil && cluster != "" {
+		if sh.Shards, err = strconv.Atoi(cluster); err == nil && (sh.Shards < 1 || sh.Shards > clusterSlots) {
+			err = errors.New("cluster shards out of range")
+		}
+	}
 	switch {
 	case err != nil || n != 4 || v != layoutVersion:
 		return Shape{}, fmt.Errorf("layout %q is not version %d", s, layoutVersion)
@@ -187,12 +211,21 @@ func parseLayout(s string) (Shape, error) {
 	return sh, nil
 }
 
-// accepts checks that a state of layout l can be used with c: it is of
-// this version, and has c's counts where c sets them.
-func (c Config) accepts(l string) error {
+// accepts checks that a state of layout l can be used with c by a store
+// with shards cluster shards (0: one server): it is of this version, and has
+// c's counts where c sets them.
+func (c Config) accepts(l string, shards int) error {
 	sh, err := parseLayout(l)
 	if err != nil {
 		return err
+	}
+	switch {
+	case sh.Shards != shards && shards == 0:
+		return fmt.Errorf("layout %q is of a state on a Redis Cluster; this is one server", l)
+	case sh.Shards != shards && sh.Shards == 0:
+		return fmt.Errorf("layout %q is of a state on one Redis server; this is a Redis Cluster", l)
+	case sh.Shards != shards:
+		return fmt.Errorf("layout %q has %d cluster shards, not the configured %d", l, sh.Shards, shards)
 	}
 	if sh.SubShards != c.SubShards || (c.RowShards != 0 && (sh.LeftBuckets != c.RowShards || sh.RightBuckets != c.RowShards)) {
 		return fmt.Errorf("layout %q has other counts than the configured sub_shards=%d, row_shards=%d", l, c.SubShards, c.RowShards)

@@ -25,15 +25,71 @@ const (
 // gen is the side's generation in base 36 (subscriptions belong to the left
 // side), bucket and shard are decimal. The braces are Redis Cluster hash tags.
 // The shard and bucket counts are the state's Shape, read from its meta hash.
+//
+// On a Redis Cluster (see cluster.go) the keys of the meta slot share the
+// hash tag {<prefix>}, and every other key carries the tag of its shard, so
+// that each of the store's atomic writes stays in one slot:
+//
+//	<prefix>:{<prefix>}:meta          the meta hash, with the write id
+//	<prefix>:{<prefix>}:undo          the undo log
+//	<prefix>:{<prefix>}:redo          hash: the last write's redo record
+//	<prefix>:cp:{<tag>}               string: the shard's checkpoint, <epoch>:<write id>
+//	<prefix>:l<gen>:<bucket>:{<tag>}  left rows, and r, s alike
+//
+// where the tag is that of shard bucket % shards (shardTags).
 type keys struct {
 	prefix string
+	// shards is nil on one server.
+	shards *shardSet
+}
+
+// shardSet is the shards of a cluster state.
+type shardSet struct {
+	n    int
+	tags []string
+	// index maps a tag to its shard.
+	index map[string]int
+}
+
+func newShardSet(n int) *shardSet {
+	ss := &shardSet{n: n, tags: shardTags(n), index: make(map[string]int, n)}
+	for i, t := range ss.tags {
+		ss.index[t] = i
+	}
+	return ss
 }
 
 func newKeys(c Config) keys { return keys{prefix: c.Prefix} }
 
-func (k keys) meta() string { return k.prefix + ":meta" }
+// newClusterKeys returns the keys of a store on a cluster with n shards.
+func newClusterKeys(c Config, n int) keys { return keys{prefix: c.Prefix, shards: newShardSet(n)} }
 
-func (k keys) undo() string { return k.prefix + ":undo" }
+// metaSlot returns the name of a key of the meta slot.
+func (k keys) metaSlot(name string) string {
+	if k.shards == nil {
+		return k.prefix + ":" + name
+	}
+	return k.prefix + ":{" + k.prefix + "}:" + name
+}
+
+func (k keys) meta() string { return k.metaSlot("meta") }
+
+func (k keys) undo() string { return k.metaSlot("undo") }
+
+func (k keys) redo() string { return k.metaSlot("redo") }
+
+// cp returns the checkpoint key of shard i of a cluster state.
+func (k keys) cp(i int) string { return k.prefix + ":cp:{" + k.shards.tags[i] + "}" }
+
+// shardOfKey returns the shard of a data key of a cluster state.
+func (k keys) shardOfKey(key string) (int, bool) {
+	i := strings.IndexByte(key, '{')
+	if i < 0 || !strings.HasSuffix(key, "}") {
+		return 0, false
+	}
+	n, ok := k.shards.index[key[i+1:len(key)-1]]
+	return n, ok
+}
 
 // pattern matches every key of the store (the prefix has no glob characters).
 func (k keys) pattern() string { return k.prefix + ":*" }
@@ -42,13 +98,21 @@ func (k keys) pattern() string { return k.prefix + ":*" }
 // the persistent layout.
 func shardOf(key string, n uint64) uint64 { return xxhash.Sum64String(key) % n }
 
-func (k keys) name(kind byte, gen, shard uint64) string {
-	b := make([]byte, 0, len(k.prefix)+24)
+func (k keys) name(kind byte, gen, bucket uint64) string {
+	b := make([]byte, 0, len(k.prefix)+32)
 	b = append(b, k.prefix...)
 	b = append(b, ':', kind)
 	b = strconv.AppendUint(b, gen, 36)
+	if k.shards != nil {
+		b = append(b, ':')
+		b = strconv.AppendUint(b, bucket, 10)
+		b = append(b, ":{"...)
+		b = append(b, k.shards.tags[bucket%uint64(k.shards.n)]...)
+		b = append(b, '}')
+		return string(b)
+	}
 	b = append(b, ":{"...)
-	b = strconv.AppendUint(b, shard, 10)
+	b = strconv.AppendUint(b, bucket, 10)
 	b = append(b, '}')
 	return string(b)
 }
@@ -85,7 +149,19 @@ func (k keys) parse(key string) (kind byte, gen uint64, ok bool) {
 	if !ok {
 		return 0, 0, false
 	}
-	if tag, ok = strings.CutSuffix(tag, "}"); !ok || tag == "" || strings.Trim(tag, "0123456789") != "" {
+	if tag, ok = strings.CutSuffix(tag, "}"); !ok || tag == "" {
+		return 0, 0, false
+	}
+	if k.shards != nil {
+		// <gen>:<bucket>:{<tag>}
+		var bucket string
+		if g, bucket, ok = strings.Cut(g, ":"); !ok || bucket == "" || strings.Trim(bucket, "0123456789") != "" {
+			return 0, 0, false
+		}
+		if _, ok := k.shards.index[tag]; !ok {
+			return 0, 0, false
+		}
+	} else if strings.Trim(tag, "0123456789") != "" {
 		return 0, 0, false
 	}
 	gen, err := strconv.ParseUint(g, 36, 64)

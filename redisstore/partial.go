@@ -65,6 +65,11 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn uint64)
 	if txn == 0 {
 		return errors.New("commit partial redis state: transaction id 0 is invalid")
 	}
+	release, err := s.beginUnit(ctx)
+	if err != nil {
+		return fmt.Errorf("commit partial redis state of %d: %w", txn, err)
+	}
+	defer release()
 	cached, err := s.current(ctx)
 	if err != nil {
 		return fmt.Errorf("commit partial redis state of %d: %w", txn, err)
@@ -74,6 +79,7 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn uint64)
 		execErr error
 		planned int64 // the subscriptions the chunk adds, net
 		replies subReplies
+		rd      *redo
 	)
 	key, undo := s.keys.meta(), s.keys.undo()
 	err = s.rdb.Watch(ctx, func(tx *redis.Tx) error {
@@ -97,7 +103,14 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn uint64)
 			next.RightGen++
 		}
 		w := s.plan(&m, next)
-		pre, err := s.preImages(ctx, tx, w)
+		// On a cluster the data keys lie in other slots than the meta
+		// hash WATCH holds: read them through the cluster client (the
+		// store is their only writer, and unitMu is held).
+		var reader redis.Cmdable = tx
+		if s.Cluster() {
+			reader = s.rdb
+		}
+		pre, err := s.preImages(ctx, reader, w)
 		if err != nil {
 			return err
 		}
@@ -123,7 +136,10 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn uint64)
 			for i := 0; i < len(pre.entries); i += 2 {
 				p.HSetNX(ctx, undo, pre.entries[i], pre.entries[i+1])
 			}
-			replies = s.queue(ctx, p, w)
+			var err error
+			if replies, rd, err = s.queueData(ctx, p, w, &next); err != nil {
+				return err
+			}
 			p.HSet(ctx, key, appendSubs([]any{fieldInFlight, strconv.FormatUint(txn, 10),
 				fieldLeftGen, strconv.FormatUint(next.LeftGen, 10),
 				fieldRightGen, strconv.FormatUint(next.RightGen, 10)}, next.Subscriptions)...)
@@ -137,7 +153,11 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn uint64)
 	if err := s.settle(ctx, err, execErr, next, "partial commit of "+strconv.FormatUint(txn, 10)); err != nil {
 		return fmt.Errorf("commit partial redis state of %d: %w", txn, err)
 	}
-	if err := s.fixSubs(ctx, next, replies.delta()-planned); err != nil {
+	applied, err := s.finishUnit(ctx, rd)
+	if err != nil {
+		return fmt.Errorf("commit partial redis state of %d: %w", txn, err)
+	}
+	if err := s.fixSubs(ctx, next, applied+replies.delta()-planned); err != nil {
 		return fmt.Errorf("commit partial redis state of %d: applied, but %w", txn, err)
 	}
 	return nil
@@ -312,6 +332,11 @@ func (s *Store) FinishPartial(ctx context.Context, lsn uint64) error {
 // stream restarts a transaction from its first chunk.
 func (s *Store) Recover(ctx context.Context) (rolledBack bool, err error) {
 	defer s.right.drop()
+	if s.Cluster() {
+		if err := s.Resume(ctx); err != nil {
+			return false, fmt.Errorf("recover redis state: %w", err)
+		}
+	}
 	cached, err := s.current(ctx)
 	if err != nil {
 		return false, fmt.Errorf("recover redis state: %w", err)
@@ -392,15 +417,23 @@ func (s *Store) restorePage(ctx context.Context, cached Meta, kv []string) (int,
 	var (
 		stored  Meta
 		execErr error
+		rd      *redo
 	)
+	release, err := s.beginUnit(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("restore pre-images: %w", err)
+	}
+	defer release()
 	key, undo := s.keys.meta(), s.keys.undo()
-	err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+	err = s.rdb.Watch(ctx, func(tx *redis.Tx) error {
 		var err error
 		if stored, err = s.inFlight(ctx, tx, cached); err != nil {
 			return err
 		}
 		_, execErr = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			s.queue(ctx, p, w)
+			if _, rd, err = s.queueData(ctx, p, w, &stored); err != nil {
+				return err
+			}
 			for chunk := range slices.Chunk(done, s.cfg.PageSize) {
 				p.HDel(ctx, undo, chunk...)
 			}
@@ -409,6 +442,9 @@ func (s *Store) restorePage(ctx context.Context, cached Meta, kv []string) (int,
 		return execErr
 	}, key)
 	if err := s.settle(ctx, err, execErr, stored, "recovery step"); err != nil {
+		return 0, fmt.Errorf("restore pre-images: %w", err)
+	}
+	if _, err := s.finishUnit(ctx, rd); err != nil {
 		return 0, fmt.Errorf("restore pre-images: %w", err)
 	}
 	return len(done), nil

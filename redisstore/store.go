@@ -69,6 +69,9 @@ type Meta struct {
 	// Clear starts it from 0. While a partial transaction is in flight it
 	// counts the chunks written so far; Recover restores it.
 	Subscriptions int64
+	// Write is the id of the last write on a Redis Cluster, which every
+	// shard's checkpoint must reach (see cluster.go); "" on one server.
+	Write string
 }
 
 // Fields of the meta hash.
@@ -81,9 +84,10 @@ const (
 	fieldRightGen    = "gen_right"
 	fieldInFlight    = "inflight"
 	fieldSubs        = "subs"
+	fieldWrite       = "write"
 )
 
-var metaFields = []string{fieldEpoch, fieldFingerprint, fieldLayout, fieldCheckpoint, fieldLeftGen, fieldRightGen, fieldInFlight, fieldSubs}
+var metaFields = []string{fieldEpoch, fieldFingerprint, fieldLayout, fieldCheckpoint, fieldLeftGen, fieldRightGen, fieldInFlight, fieldSubs, fieldWrite}
 
 // Store keeps one join's state in Redis: subscriptions, left and right rows
 // and the meta hash. It implements join.StateReader; Commit persists a
@@ -101,6 +105,16 @@ type Store struct {
 	// broken is set when a commit was applied in part; the state must be
 	// rebuilt.
 	broken error
+	// resumed is set once the last write on a cluster is known to be
+	// applied on every shard (see beginUnit).
+	resumed bool
+
+	// unitMu serialises the writes on a cluster (see cluster.go).
+	unitMu sync.Mutex
+	// beforeApply, when set by tests, runs before a write's second step
+	// on each shard: an error skips the shard and fails the write, as a
+	// crash between two shards' commits would.
+	beforeApply func(shard int) error
 
 	// right caches right rows (see rightCache).
 	right *rightCache
@@ -119,19 +133,23 @@ type Store struct {
 // Open returns a store for the join whose keys start with cfg.Prefix, and
 // loads its meta hash. A store without state (ErrNoState) or with another
 // layout (ErrLayout) opens fine; it must be initialised with Init before use.
-// The client must address one Redis server (standalone, or a primary found
-// through Sentinel); Redis Cluster and Ring clients are refused for now (see
-// the package documentation for the Cluster plan).
+// The client addresses one Redis server (standalone, or a primary found
+// through Sentinel) or a Redis Cluster (*redis.ClusterClient): the state is
+// then split into Config.Shards shards, written as cluster.go describes.
+// Ring clients are refused: they have no atomic writes at all.
 func Open(ctx context.Context, rdb redis.UniversalClient, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("open redis store: %w", err)
 	}
-	switch rdb.(type) {
-	case *redis.ClusterClient, *redis.Ring:
-		return nil, fmt.Errorf("open redis store: %T is not supported yet: its transactions are not atomic across shards; use one Redis server (with Sentinel for failover)", rdb)
+	if _, ok := rdb.(*redis.Ring); ok {
+		return nil, errors.New("open redis store: a Redis Ring client is not supported: use one server (with Sentinel for failover) or a Redis Cluster")
 	}
 	cfg = cfg.WithDefaults()
-	s := &Store{rdb: rdb, cfg: cfg, keys: newKeys(cfg), right: newRightCache(cfg.RightCacheBytes)}
+	k := newKeys(cfg)
+	if _, ok := rdb.(*redis.ClusterClient); ok {
+		k = newClusterKeys(cfg, cfg.Shards)
+	}
+	s := &Store{rdb: rdb, cfg: cfg, keys: k, right: newRightCache(cfg.RightCacheBytes)}
 	if _, err := s.load(ctx); err != nil && !errors.Is(err, ErrNoState) {
 		return nil, fmt.Errorf("open redis store: %w", err)
 	}
@@ -145,11 +163,23 @@ func (s *Store) Config() Config { return s.cfg }
 // meta m: a layout of another version (an older fkmat), or other counts
 // than its Config sets.
 func (s *Store) CheckLayout(m Meta) error {
-	if err := s.cfg.accepts(m.Layout); err != nil {
+	if err := s.cfg.accepts(m.Layout, s.shardCount()); err != nil {
 		return fmt.Errorf("%w: %w", ErrLayout, err)
 	}
 	return nil
 }
+
+// shardCount returns the number of shards of the store on a cluster, 0 on
+// one server.
+func (s *Store) shardCount() int {
+	if s.keys.shards == nil {
+		return 0
+	}
+	return s.keys.shards.n
+}
+
+// Cluster reports whether the store is on a Redis Cluster.
+func (s *Store) Cluster() bool { return s.keys.shards != nil }
 
 // NewEpoch returns a fresh random epoch for Init.
 func NewEpoch() string { return rand.Text() }
@@ -209,8 +239,16 @@ func (s *Store) Init(ctx context.Context, epoch, fingerprint string, size Size) 
 		return errors.New("init redis state: empty epoch")
 	}
 	key := s.keys.meta()
-	var m Meta
-	shape := s.cfg.shape(size)
+	var (
+		m  Meta
+		rd *redo
+	)
+	shape := s.cfg.shape(size, s.shardCount())
+	if s.Cluster() {
+		// No resume first: Init forces every shard to its new checkpoint.
+		s.unitMu.Lock()
+		defer s.unitMu.Unlock()
+	}
 	err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
 		old, err := readMeta(ctx, tx, key)
 		if err != nil && !errors.Is(err, ErrNoState) {
@@ -226,6 +264,11 @@ func (s *Store) Init(ctx context.Context, epoch, fingerprint string, size Size) 
 			p.Del(ctx, key)
 			p.HSet(ctx, key, metaArgs(m)...)
 			p.Unlink(ctx, s.keys.undo())
+			if s.Cluster() {
+				var err error
+				rd, err = s.stage(ctx, p, newWrites(), &m, true)
+				return err
+			}
 			return nil
 		})
 		return err
@@ -234,8 +277,11 @@ func (s *Store) Init(ctx context.Context, epoch, fingerprint string, size Size) 
 		return fmt.Errorf("init redis state: %w", err)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.meta, s.broken = &m, nil
+	s.meta, s.broken, s.resumed = &m, nil, true
+	s.mu.Unlock()
+	if _, err := s.finishUnit(ctx, rd); err != nil {
+		return fmt.Errorf("init redis state: %w", err)
+	}
 	return nil
 }
 
@@ -300,7 +346,7 @@ func readMeta(ctx context.Context, c redis.Cmdable, key string) (Meta, error) {
 		// Commit drops the epoch when it damaged the state.
 		return Meta{}, fmt.Errorf("%w: meta hash %s has no epoch", ErrNoState, key)
 	}
-	m := Meta{Epoch: str[0], Fingerprint: str[1], Layout: str[2], Subscriptions: parseSubs(str[7])}
+	m := Meta{Epoch: str[0], Fingerprint: str[1], Layout: str[2], Subscriptions: parseSubs(str[7]), Write: str[8]}
 	m.Shape, _ = parseLayout(m.Layout) // zero for another version: current refuses it
 	for i, dst := range []*uint64{&m.Checkpoint, &m.LeftGen, &m.RightGen, &m.InFlight} {
 		f := str[3+i]

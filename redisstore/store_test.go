@@ -36,12 +36,12 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-func TestOpenRefusesCluster(t *testing.T) {
+func TestOpenRefusesRing(t *testing.T) {
 	t.Parallel()
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
-	defer cc.Close()
-	if _, err := Open(context.Background(), cc, Config{Prefix: "p"}); err == nil {
-		t.Fatal("Open accepted a cluster client")
+	rc := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
+	defer rc.Close()
+	if _, err := Open(context.Background(), rc, Config{Prefix: "p"}); err == nil {
+		t.Fatal("Open accepted a ring client")
 	}
 }
 
@@ -56,7 +56,7 @@ func TestKeysParse(t *testing.T) {
 	}{
 		{k.name(kindLeft, 12345, 7), kindLeft, 12345, true},
 		{k.name(kindSubs, 1<<32, 0), kindSubs, 1 << 32, true},
-		{k.right(Meta{RightGen: 99, Shape: Shape{1, 10, 10}}, "x"), kindRight, 99, true},
+		{k.right(Meta{RightGen: 99, Shape: Shape{1, 10, 10, 0}}, "x"), kindRight, 99, true},
 		{k.meta(), 0, 0, false},
 		{"fk:1:j:x5:{1}", 0, 0, false},
 		{"fk:1:j:l5:{}", 0, 0, false},
@@ -200,7 +200,7 @@ func TestSizedShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	meta, err := s.Meta(ctx)
-	if err != nil || meta.Layout != "v2/sub_shards=64/left_buckets=16384/right_buckets=1024" || meta.Shape != (Shape{64, 16384, 1024}) {
+	if err != nil || meta.Layout != "v2/sub_shards=64/left_buckets=16384/right_buckets=1024" || meta.Shape != (Shape{64, 16384, 1024, 0}) {
 		t.Fatalf("meta = %+v, %v", meta, err)
 	}
 	if err := s.CheckLayout(meta); err != nil {

@@ -2,7 +2,10 @@ package redisstore
 
 import (
 	"context"
+	"sync"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fkmat/fkmat/join"
 )
@@ -17,20 +20,36 @@ func countedSubs(t *testing.T, s *Store) int64 {
 		t.Fatal(err)
 	}
 	var n int64
-	iter := s.rdb.Scan(ctx, 0, s.keys.prefix+":s*", 1000).Iterator()
-	for iter.Next(ctx) {
-		if kind, gen, ok := s.keys.parse(iter.Val()); ok && kind == kindSubs && gen == meta.LeftGen {
-			c, err := s.rdb.ZCard(ctx, iter.Val()).Result()
+	for _, k := range allKeys(t, s, s.keys.prefix+":s*") {
+		if kind, gen, ok := s.keys.parse(k); ok && kind == kindSubs && gen == meta.LeftGen {
+			c, err := s.rdb.ZCard(ctx, k).Result()
 			if err != nil {
 				t.Fatal(err)
 			}
 			n += c
 		}
 	}
-	if err := iter.Err(); err != nil {
+	return n
+}
+
+// allKeys returns the keys matching pattern on every primary.
+func allKeys(t *testing.T, s *Store, pattern string) []string {
+	t.Helper()
+	var mu sync.Mutex
+	var out []string
+	err := s.masters(context.Background(), func(ctx context.Context, c redis.Cmdable) error {
+		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock()
+			out = append(out, iter.Val())
+			mu.Unlock()
+		}
+		return iter.Err()
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	return n
+	return out
 }
 
 // subsCount checks that the counter equals the subscriptions counted by

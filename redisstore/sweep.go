@@ -32,6 +32,9 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 	if m.InFlight != 0 {
 		return 0, nil
 	}
+	if s.Cluster() {
+		return s.sweepCluster(ctx)
+	}
 	var cursor uint64
 	total := 0
 	for {
@@ -108,4 +111,97 @@ func (s *Store) isStale(key string, m Meta) bool {
 		return gen != m.RightGen
 	}
 	return gen != m.LeftGen
+}
+
+// sweepCluster is Sweep on a cluster: it SCANs every primary, and unlinks
+// the garbage of each page in one write of the store (see cluster.go),
+// decided under WATCH of the meta hash like sweepStep.
+func (s *Store) sweepCluster(ctx context.Context) (int, error) {
+	total := 0
+	err := s.masters(ctx, func(ctx context.Context, c redis.Cmdable) error {
+		var cursor uint64
+		for {
+			keys, next, err := c.Scan(ctx, cursor, s.keys.pattern(), int64(s.cfg.PageSize)).Result()
+			if err != nil {
+				return err
+			}
+			n, err := s.sweepUnit(ctx, keys)
+			total += n
+			if err != nil {
+				return err
+			}
+			if next == 0 {
+				return nil
+			}
+			cursor = next
+		}
+	})
+	if errors.Is(err, errPaused) {
+		return total, nil
+	}
+	if err != nil {
+		return total, fmt.Errorf("sweep redis state: %w", err)
+	}
+	return total, nil
+}
+
+// sweepUnit unlinks the keys among keys whose generation is not current, as
+// one write of a cluster state.
+func (s *Store) sweepUnit(ctx context.Context, keys []string) (int, error) {
+	release, err := s.beginUnit(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	meta := s.keys.meta()
+	for range sweepRetries {
+		var (
+			stale   []string
+			next    Meta
+			rd      *redo
+			execErr error
+		)
+		err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+			m, err := readMeta(ctx, tx, meta)
+			if err != nil {
+				return err
+			}
+			if m.InFlight != 0 {
+				return errPaused
+			}
+			next = m
+			for _, k := range keys {
+				if s.isStale(k, m) {
+					stale = append(stale, k)
+				}
+			}
+			if len(stale) == 0 {
+				return nil
+			}
+			_, execErr = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				w := newWrites()
+				w.unlink = stale
+				rd, err = s.stage(ctx, p, w, &next, false)
+				return err
+			})
+			return execErr
+		}, meta)
+		if errors.Is(err, redis.TxFailedErr) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if rd == nil {
+			return 0, nil
+		}
+		if err := s.settle(ctx, nil, nil, next, "sweep"); err != nil {
+			return 0, err
+		}
+		if _, err := s.finishUnit(ctx, rd); err != nil {
+			return 0, err
+		}
+		return len(stale), nil
+	}
+	return 0, errors.New("meta hash keeps changing; retry later")
 }

@@ -1,0 +1,430 @@
+package testenv
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Cluster is a Redis Cluster of local redis-server processes on 127.0.0.1:
+// 3 primaries and 3 replicas, AOF on, created with redis-cli --cluster
+// create. Each test that needs one starts its own; it is stopped at cleanup.
+type Cluster struct {
+	t     testing.TB
+	dir   string
+	mu    sync.Mutex
+	nodes []*clusterNode
+	// Client is a cluster client of it.
+	Client *redis.ClusterClient
+}
+
+type clusterNode struct {
+	port int
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (n *clusterNode) addr() string { return "127.0.0.1:" + strconv.Itoa(n.port) }
+
+// ClusterNodeTimeout is the cluster-node-timeout of test clusters: a
+// primary that stops answering is failed over after about twice this.
+const ClusterNodeTimeout = 1000 * time.Millisecond
+
+// NewCluster starts a Redis Cluster for t (skipped under -short). It needs
+// redis-server and redis-cli on the PATH; make test installs them.
+func NewCluster(t testing.TB) *Cluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	for _, bin := range []string{"redis-server", "redis-cli"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Fatalf("%s not found: install redis-server (make test does)", bin)
+		}
+	}
+	c := &Cluster{t: t, dir: t.TempDir()}
+	t.Cleanup(c.stop)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if err := c.start(ctx); err != nil {
+		t.Fatalf("start redis cluster: %v", err)
+	}
+	return c
+}
+
+func (c *Cluster) start(ctx context.Context) error {
+	for i := range 6 {
+		port, err := freeClusterPort()
+		if err != nil {
+			return err
+		}
+		n := &clusterNode{port: port}
+		c.nodes = append(c.nodes, n)
+		if err := c.startNode(n, i); err != nil {
+			return err
+		}
+	}
+	for _, n := range c.nodes {
+		if err := waitPing(ctx, n.addr()); err != nil {
+			return err
+		}
+	}
+	args := []string{"--cluster", "create"}
+	for _, n := range c.nodes {
+		args = append(args, n.addr())
+	}
+	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
+	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("redis-cli --cluster create: %v: %s", err, out)
+	}
+	if err := c.WaitHealthy(ctx); err != nil {
+		return err
+	}
+	c.Client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRedirects: 16})
+	return nil
+}
+
+func (c *Cluster) startNode(n *clusterNode, i int) error {
+	dir := filepath.Join(c.dir, strconv.Itoa(i))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	cmd := exec.Command("redis-server",
+		"--port", strconv.Itoa(n.port), "--bind", "127.0.0.1", "--dir", dir,
+		"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		"--cluster-node-timeout", strconv.Itoa(int(ClusterNodeTimeout/time.Millisecond)),
+		"--cluster-replica-validity-factor", "0",
+		"--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+		"--protected-mode", "no", "--logfile", filepath.Join(dir, "redis.log"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server on %d: %w", n.port, err)
+	}
+	n.cmd, n.done = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); close(n.done) }()
+	return nil
+}
+
+func (c *Cluster) stop() {
+	if c.Client != nil {
+		_ = c.Client.Close()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range c.nodes {
+		if n.cmd != nil && n.cmd.Process != nil {
+			_ = n.cmd.Process.Kill()
+			<-n.done
+		}
+	}
+	if c.t.Failed() {
+		for i := range c.nodes {
+			if b, err := os.ReadFile(filepath.Join(c.dir, strconv.Itoa(i), "redis.log")); err == nil {
+				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+				c.t.Logf("redis cluster node %d log (last lines):\n%s", i, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+			}
+		}
+	}
+}
+
+// Addrs returns host:port of every node.
+func (c *Cluster) Addrs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]string, len(c.nodes))
+	for i, n := range c.nodes {
+		out[i] = n.addr()
+	}
+	return out
+}
+
+// URL returns the cluster's redis+cluster:// URL with two seed nodes.
+func (c *Cluster) URL() string {
+	a := c.Addrs()
+	return "redis+cluster://" + a[0] + "," + a[1]
+}
+
+// Node is one node as CLUSTER NODES shows it.
+type Node struct {
+	ID, Addr string
+	Primary  bool
+	// Slots is the number of slots a primary serves.
+	Slots int
+}
+
+// Nodes returns the nodes that answer, as the first of them sees the
+// cluster; failed nodes are left out.
+func (c *Cluster) Nodes(ctx context.Context) ([]Node, error) {
+	var lastErr error
+	for _, addr := range c.Addrs() {
+		rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+		out, err := rdb.ClusterNodes(ctx).Result()
+		_ = rdb.Close()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		var nodes []Node
+		sc := bufio.NewScanner(strings.NewReader(out))
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) < 8 || strings.Contains(f[2], "fail") || strings.Contains(f[2], "noaddr") {
+				continue
+			}
+			n := Node{ID: f[0], Addr: strings.Split(f[1], "@")[0], Primary: strings.Contains(f[2], "master")}
+			for _, r := range f[8:] {
+				if strings.HasPrefix(r, "[") {
+					continue // a slot being migrated
+				}
+				lo, hi, ok := strings.Cut(r, "-")
+				a, _ := strconv.Atoi(lo)
+				b := a
+				if ok {
+					b, _ = strconv.Atoi(hi)
+				}
+				n.Slots += b - a + 1
+			}
+			nodes = append(nodes, n)
+		}
+		return nodes, nil
+	}
+	return nil, fmt.Errorf("no cluster node answers: %w", lastErr)
+}
+
+// Primaries returns the primaries that answer.
+func (c *Cluster) Primaries(ctx context.Context) ([]Node, error) {
+	nodes, err := c.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Node
+	for _, n := range nodes {
+		if n.Primary && n.Slots > 0 {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// WaitHealthy waits until every live node reports cluster_state:ok, the
+// primaries cover all 16384 slots and every live replica's link to its
+// primary is up.
+func (c *Cluster) WaitHealthy(ctx context.Context) error {
+	var why string
+	for {
+		why = c.unhealthy(ctx)
+		if why == "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("redis cluster not healthy: %s", why)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Cluster) unhealthy(ctx context.Context) string {
+	prims, err := c.Primaries(ctx)
+	if err != nil {
+		return err.Error()
+	}
+	slots := 0
+	for _, p := range prims {
+		slots += p.Slots
+	}
+	if slots != 16384 {
+		return fmt.Sprintf("primaries serve %d slots", slots)
+	}
+	c.mu.Lock()
+	nodes := append([]*clusterNode(nil), c.nodes...)
+	c.mu.Unlock()
+	for _, n := range nodes {
+		select {
+		case <-n.done:
+			continue // killed
+		default:
+		}
+		rdb := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1, DialTimeout: time.Second})
+		info, err := rdb.ClusterInfo(ctx).Result()
+		repl, err2 := rdb.Info(ctx, "replication").Result()
+		_ = rdb.Close()
+		if err != nil || err2 != nil {
+			return fmt.Sprintf("node %s: %v %v", n.addr(), err, err2)
+		}
+		if !strings.Contains(info, "cluster_state:ok") {
+			return "node " + n.addr() + " cluster_state not ok"
+		}
+		if strings.Contains(repl, "role:slave") && !strings.Contains(repl, "master_link_status:up") {
+			return "replica " + n.addr() + " link down"
+		}
+	}
+	return ""
+}
+
+// PrimaryOf returns the primary that serves key.
+func (c *Cluster) PrimaryOf(ctx context.Context, key string) (string, error) {
+	cl, err := c.Client.MasterForKey(ctx, key)
+	if err != nil {
+		return "", err
+	}
+	return cl.Options().Addr, nil
+}
+
+// Kill kills the node at addr with SIGKILL.
+func (c *Cluster) Kill(addr string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range c.nodes {
+		if n.addr() == addr {
+			if err := n.cmd.Process.Kill(); err != nil {
+				return err
+			}
+			<-n.done
+			return nil
+		}
+	}
+	return fmt.Errorf("no node %s", addr)
+}
+
+// FailPrimary kills the primary at addr and waits until its replica has
+// taken over and the cluster serves every slot again. The killed node stays
+// down.
+func (c *Cluster) FailPrimary(ctx context.Context, addr string) error {
+	if err := c.Kill(addr); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for {
+		prims, err := c.Primaries(ctx)
+		if err == nil {
+			slots, dead := 0, false
+			for _, p := range prims {
+				slots += p.Slots
+				dead = dead || p.Addr == addr
+			}
+			if slots == 16384 && !dead {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("failover of %s: %w", addr, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	// Let the client see the new topology.
+	c.Client.ReloadState(ctx)
+	return nil
+}
+
+// Reshard moves slots slots from the primary from to the primary to (node
+// ids) with redis-cli --cluster reshard, while clients keep working.
+func (c *Cluster) Reshard(ctx context.Context, from, to string, slots int) error {
+	seed := ""
+	prims, err := c.Primaries(ctx)
+	if err != nil {
+		return err
+	}
+	seed = prims[0].Addr
+	out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "reshard", seed,
+		"--cluster-from", from, "--cluster-to", to, "--cluster-slots", strconv.Itoa(slots),
+		"--cluster-yes", "--cluster-pipeline", "100").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("redis-cli --cluster reshard: %v: %s", err, lastLines(string(out), 10))
+	}
+	return nil
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(l[max(0, len(l)-n):], "\n")
+}
+
+// Flush runs FLUSHALL on the node at addr (a primary: its replicas follow),
+// as a node that lost its data would look.
+func (c *Cluster) Flush(ctx context.Context, addr string) error {
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer rdb.Close()
+	return rdb.FlushAll(ctx).Err()
+}
+
+// KeysPerPrimary returns the number of keys matching pattern on each
+// primary.
+func (c *Cluster) KeysPerPrimary(ctx context.Context, pattern string) (map[string]int, error) {
+	out := map[string]int{}
+	var mu sync.Mutex
+	err := c.Client.ForEachMaster(ctx, func(ctx context.Context, rdb *redis.Client) error {
+		n := 0
+		iter := rdb.Scan(ctx, 0, pattern, 1000).Iterator()
+		for iter.Next(ctx) {
+			n++
+		}
+		mu.Lock()
+		out[rdb.Options().Addr] = n
+		mu.Unlock()
+		return iter.Err()
+	})
+	return out, err
+}
+
+func waitPing(ctx context.Context, addr string) error {
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+	defer rdb.Close()
+	for {
+		if err := rdb.Ping(ctx).Err(); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("redis-server %s does not answer: %w", addr, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+var (
+	portMu   sync.Mutex
+	portNext = 21000 + os.Getpid()%4000
+)
+
+// freeClusterPort returns a loopback port p such that p and its cluster bus
+// port p+10000 are both free.
+func freeClusterPort() (int, error) {
+	portMu.Lock()
+	defer portMu.Unlock()
+	for range 4000 {
+		p := portNext
+		portNext++
+		if portNext >= 25000 {
+			portNext = 21000
+		}
+		if free(p) && free(p+10000) {
+			return p, nil
+		}
+	}
+	return 0, errors.New("no free loopback port pair for a redis cluster node")
+}
+
+func free(port int) bool {
+	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
+}

@@ -1,0 +1,425 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/join"
+	"github.com/fkmat/fkmat/join/jointest"
+)
+
+func TestShardTagsSpreadSlots(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{1, 3, 64, 1000} {
+		tags := shardTags(n)
+		for i, tag := range tags {
+			if s, lo, hi := KeySlot("{"+tag+"}"), i*clusterSlots/n, (i+1)*clusterSlots/n; s < lo || s >= hi {
+				t.Fatalf("n=%d: tag %d %q has slot %d, outside %d..%d", n, i, tag, s, lo, hi-1)
+			}
+		}
+	}
+	// Known slots (CLUSTER KEYSLOT): the hash tag decides, as in Redis.
+	for key, slot := range map[string]int{"foo": 12182, "{foo}bar": 12182, "a{}b": 13694, "123456789": 12739, "{user1000}.following": 3443} {
+		if got := KeySlot(key); got != slot {
+			t.Errorf("KeySlot(%q) = %d, want %d", key, got, slot)
+		}
+	}
+}
+
+func TestClusterKeysParse(t *testing.T) {
+	t.Parallel()
+	k := newClusterKeys(Config{Prefix: "fk:1:j"}, 64)
+	m := Meta{LeftGen: 7, RightGen: 9, Shape: Shape{SubShards: 128, LeftBuckets: 1024, RightBuckets: 1024, Shards: 64}}
+	for _, key := range []string{k.left(m, "a"), k.right(m, "b"), k.subs(m, "c")} {
+		kind, gen, ok := k.parse(key)
+		if !ok || (kind == kindRight) != (gen == 9) {
+			t.Errorf("parse(%q) = %c %d %t", key, kind, gen, ok)
+		}
+		i, ok := k.shardOfKey(key)
+		if !ok || KeySlot(key) != KeySlot(k.cp(i)) {
+			t.Errorf("key %q is not in the slot of its shard's checkpoint %s", key, k.cp(i))
+		}
+	}
+	for _, key := range []string{k.meta(), k.undo(), k.redo()} {
+		if KeySlot(key) != KeySlot(k.meta()) {
+			t.Errorf("%s is not in the meta slot", key)
+		}
+		if _, _, ok := k.parse(key); ok {
+			t.Errorf("parse(%q) took a meta key for a data key", key)
+		}
+	}
+	if _, _, ok := k.parse(k.cp(3)); ok {
+		t.Error("parse took a checkpoint key for a data key")
+	}
+	if _, _, ok := k.parse("fk:1:j:l7:3:{nope}"); ok {
+		t.Error("parse took a key with an unknown tag")
+	}
+}
+
+// newClusterStore opens an initialised store on c with cfg.
+func newClusterStore(t *testing.T, c *testenv.Cluster, cfg Config) *Store {
+	t.Helper()
+	if cfg.Prefix == "" {
+		cfg.Prefix = "fkmat:test:" + strings.ReplaceAll(t.Name(), "/", ":")
+	}
+	s, err := Open(context.Background(), c.Client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Init(context.Background(), NewEpoch(), "test", Size{}); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestClusterScenarios runs the random join scenarios, plain and chunked
+// (with crashes and Recover), over a state on a 3-primary Redis Cluster:
+// after every batch the target equals the SQL join and the state read back
+// equals the source.
+func TestClusterScenarios(t *testing.T) {
+	t.Parallel()
+	c := testenv.NewCluster(t)
+	ints := []join.Family{join.FamilyInt}
+	for _, typ := range []join.JoinType{join.Inner, join.Left} {
+		t.Run(typ.String(), func(t *testing.T) {
+			ctx := context.Background()
+			s := newClusterStore(t, c, Config{SubShards: 64, RowShards: 64, PageSize: 3})
+			sc := jointest.Scenario{
+				Spec: join.Spec{Name: "p", Type: typ, PK: ints, FK: ints, RightKey: ints, LeftValues: 2, RightValues: 2, PageSize: 2},
+				Seed: 1, Batches: 60, MaxBatch: 40, TruncateOneIn: 40,
+			}
+			if _, err := jointest.Run(ctx, sc, &replayingStore{Store: s, t: t}); err != nil {
+				t.Fatal(err)
+			}
+		})
+		t.Run(typ.String()+"/chunked", func(t *testing.T) {
+			s := newClusterStore(t, c, Config{SubShards: 64, RowShards: 64, PageSize: 3})
+			runChunked(t, s, join.Spec{Name: "p", Type: typ, PK: ints, FK: ints, RightKey: ints,
+				LeftValues: 2, RightValues: 2, PageSize: 2}, 2)
+		})
+	}
+}
+
+// TestClusterCrashBetweenShards stops a commit after some shards applied
+// it, as a crash between two shards' commits would: a new process resumes
+// the write on the others before anything else, a replay of the batch
+// changes nothing, and the state equals the one committed without a crash.
+func TestClusterCrashBetweenShards(t *testing.T) {
+	t.Parallel()
+	c := testenv.NewCluster(t)
+	ctx := context.Background()
+	cfg := Config{SubShards: 64, RowShards: 64}
+	want := newClusterStore(t, c, Config{Prefix: "fkmat:test:crash:want", SubShards: 64, RowShards: 64})
+	for _, mode := range []string{"resume", "commit-next", "replay"} {
+		t.Run(mode, func(t *testing.T) {
+			cfg.Prefix = "fkmat:test:crash:" + mode
+			s := newClusterStore(t, c, cfg)
+			b1, b2, b3 := baseBatch(t), secondBatch(t), thirdBatch(t)
+			if mode == "resume" { // the reference, once
+				for i, b := range []join.Mutations{b1, b2, b3} {
+					if err := want.Commit(ctx, b, uint64(10+i)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if err := s.Commit(ctx, b1, 10); err != nil {
+				t.Fatal(err)
+			}
+			var applied atomic.Int32
+			s.beforeApply = func(shard int) error {
+				if shard%2 == 1 {
+					return errInjected
+				}
+				applied.Add(1)
+				return nil
+			}
+			if err := s.Commit(ctx, b2, 11); !errors.Is(err, errInjected) {
+				t.Fatalf("commit with a crash between shards: %v", err)
+			}
+			if applied.Load() != 32 {
+				t.Fatalf("%d shards applied before the crash, want 32", applied.Load())
+			}
+			// A new process.
+			s2, err := Open(ctx, c.Client, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch mode {
+			case "resume":
+				if err := s2.Resume(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := s2.Commit(ctx, b3, 12); err != nil {
+					t.Fatal(err)
+				}
+			case "commit-next":
+				if err := s2.Commit(ctx, b3, 12); err != nil {
+					t.Fatal(err)
+				}
+			case "replay":
+				if err := s2.Commit(ctx, b2, 11); err != nil { // skipped by checkpoint, after the resume
+					t.Fatal(err)
+				}
+				if err := s2.Commit(ctx, b3, 12); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got, w := readState(t, s2), readState(t, want); got != w {
+				t.Fatalf("state after the crash and %s:\n%s\nwant:\n%s", mode, got, w)
+			}
+			if got, w := dump(t, s2, true), dump(t, want, true); diffDumps(got, w) != "" {
+				t.Fatalf("raw state after the crash and %s: %s", mode, diffDumps(got, w))
+			}
+			subsCount(t, s2, "after the crash")
+		})
+	}
+}
+
+// TestClusterLostWrites makes shards lose writes in the ways a failover or
+// a replaced node does, and checks that the store reports ErrLost rather
+// than using the state: a flushed primary, a shard set back two writes (one
+// is repaired from the redo record), and a meta slot set back one write (its
+// shards ahead).
+func TestClusterLostWrites(t *testing.T) {
+	t.Parallel()
+	c := testenv.NewCluster(t)
+	ctx := context.Background()
+	for _, loss := range []string{"flushed-node", "shard-behind", "meta-behind"} {
+		t.Run(loss, func(t *testing.T) {
+			cfg := Config{Prefix: "fkmat:test:lost:" + loss, SubShards: 64, RowShards: 64}
+			s := newClusterStore(t, c, cfg)
+			initCP := c.Client.Get(ctx, s.keys.cp(5)).Val()
+			if err := s.Commit(ctx, baseBatch(t), 10); err != nil {
+				t.Fatal(err)
+			}
+			before, err := s.Meta(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			oneBehind := c.Client.Get(ctx, s.keys.cp(5)).Val()
+			if err := s.Commit(ctx, secondBatch(t), 11); err != nil {
+				t.Fatal(err)
+			}
+			if loss == "shard-behind" {
+				// One write behind is what a crash between shards leaves
+				// too: the redo record repairs it.
+				if err := c.Client.Set(ctx, s.keys.cp(5), oneBehind, 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+				s1, err := Open(ctx, c.Client, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s1.Resume(ctx); err != nil {
+					t.Fatalf("Resume of a shard one write behind: %v", err)
+				}
+			}
+			switch loss {
+			case "flushed-node":
+				metaNode, err := c.PrimaryOf(ctx, s.keys.meta())
+				if err != nil {
+					t.Fatal(err)
+				}
+				prims, err := c.Primaries(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, p := range prims {
+					if p.Addr != metaNode {
+						if err := c.Flush(ctx, p.Addr); err != nil {
+							t.Fatal(err)
+						}
+						break
+					}
+				}
+			case "shard-behind":
+				if err := c.Client.Set(ctx, s.keys.cp(5), initCP, 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+			case "meta-behind":
+				if err := c.Client.HSet(ctx, s.keys.meta(), fieldWrite, before.Write).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s2, err := Open(ctx, c.Client, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s2.Resume(ctx); !errors.Is(err, ErrLost) {
+				t.Fatalf("Resume after %s = %v, want ErrLost", loss, err)
+			} else {
+				t.Log(err)
+			}
+			if err := s2.Commit(ctx, thirdBatch(t), 12); !errors.Is(err, ErrLost) {
+				t.Fatalf("Commit after %s = %v, want ErrLost", loss, err)
+			}
+			// The process that wrote it sees it at its next write too.
+			if err := s.Commit(ctx, thirdBatch(t), 12); !errors.Is(err, ErrLost) {
+				t.Fatalf("Commit of the writer after %s = %v, want ErrLost", loss, err)
+			}
+			// A rebuild starts over.
+			if err := s2.Init(ctx, NewEpoch(), "test", Size{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s2.Commit(ctx, baseBatch(t), 20); err != nil {
+				t.Fatal(err)
+			}
+			if err := s2.Resume(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestClusterKeySpread loads 200k rows and their subscriptions and checks
+// that every primary holds the state's keys within 15% of the mean.
+func TestClusterKeySpread(t *testing.T) {
+	t.Parallel()
+	c := testenv.NewCluster(t)
+	ctx := context.Background()
+	s := newClusterStore(t, c, Config{Prefix: "fkmat:test:spread"})
+	if err := s.Init(ctx, NewEpoch(), "test", Size{LeftRows: 200_000, RightRows: 20_000}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.NewLoader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range int64(200_000) {
+		m := join.Mutations{PutLeft: map[join.Key]join.LeftState{intKey(t, i): leftRow(i, i%20_000, "v")}}
+		m.AddSubs = []join.Subscription{sub(t, i%20_000, i)}
+		if i < 20_000 {
+			m.PutRight = map[join.Key]join.RightState{intKey(t, i): rightRow(i, "r")}
+		}
+		if err := l.Add(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(ctx, join.Mutations{}, 1); err != nil {
+		t.Fatal(err)
+	}
+	per, err := c.KeysPerPrimary(ctx, "fkmat:test:spread:*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, n := range per {
+		total += n
+	}
+	mean := float64(total) / float64(len(per))
+	if len(per) != 3 {
+		t.Fatalf("keys on %d primaries: %v", len(per), per)
+	}
+	for addr, n := range per {
+		if dev := (float64(n) - mean) / mean; dev > 0.15 || dev < -0.15 {
+			t.Errorf("primary %s holds %d keys, %.1f%% off the mean %.0f", addr, n, 100*dev, mean)
+		}
+	}
+	t.Logf("keys per primary: %v (mean %.0f)", per, mean)
+	// Drop removes every key on every primary.
+	if err := s.Drop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if per, err := c.KeysPerPrimary(ctx, "fkmat:test:spread:*"); err != nil || per[c.Addrs()[0]]+per[c.Addrs()[1]]+per[c.Addrs()[2]] != 0 {
+		t.Fatalf("keys after Drop: %v, %v", per, err)
+	}
+}
+
+// TestClusterReshardAndFailover runs random scenarios while slots move
+// between primaries and then while a primary is killed and its replica takes
+// over: every batch must end equal to the SQL join, or (a failover that lost
+// acknowledged writes) fail with ErrLost; never go on with a state that
+// lost writes.
+func TestClusterReshardAndFailover(t *testing.T) {
+	t.Parallel()
+	c := testenv.NewCluster(t)
+	ctx := context.Background()
+	ints := []join.Family{join.FamilyInt}
+	for _, event := range []string{"reshard", "failover"} {
+		t.Run(event, func(t *testing.T) {
+			s := newClusterStore(t, c, Config{Prefix: "fkmat:test:move:" + event, SubShards: 64, RowShards: 64, PageSize: 3})
+			sc := jointest.Scenario{
+				Spec: join.Spec{Name: "p", Type: join.Left, PK: ints, FK: ints, RightKey: ints, LeftValues: 2, RightValues: 2, PageSize: 2},
+				Seed: 7, Batches: 1500, MaxBatch: 30, TruncateOneIn: 300,
+			}
+			done := make(chan error, 1)
+			var batches atomic.Int64
+			go func() {
+				_, err := jointest.Run(ctx, sc, countingStore{&replayingStore{Store: s, t: t}, &batches})
+				done <- err
+			}()
+			for batches.Load() < 50 {
+				time.Sleep(10 * time.Millisecond)
+			}
+			prims, err := c.Primaries(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var evErr error
+			switch event {
+			case "reshard":
+				evErr = c.Reshard(ctx, prims[0].ID, prims[1].ID, 1500)
+			case "failover":
+				metaNode, _ := c.PrimaryOf(ctx, s.keys.meta())
+				victim := prims[0].Addr
+				if victim == metaNode {
+					victim = prims[1].Addr
+				}
+				evErr = c.FailPrimary(ctx, victim)
+			}
+			at := batches.Load()
+			err = <-done
+			if evErr != nil {
+				t.Fatalf("%s: %v", event, evErr)
+			}
+			switch {
+			case err == nil:
+				t.Logf("%s at batch %d of %d: every batch equal to the SQL join", event, at, sc.Batches)
+			case errors.Is(err, ErrLost) && event == "failover":
+				t.Logf("%s at batch %d: the failover lost writes, detected: %v", event, at, err)
+			default:
+				t.Fatalf("%s at batch %d: %v", event, at, err)
+			}
+			if at >= int64(sc.Batches) {
+				t.Fatalf("the %s ended after the workload (%d batches): make the workload longer", event, at)
+			}
+		})
+	}
+}
+
+// countingStore counts the batches applied.
+type countingStore struct {
+	*replayingStore
+	n *atomic.Int64
+}
+
+func (s countingStore) Apply(ctx context.Context, m join.Mutations) error {
+	err := s.replayingStore.Apply(ctx, m)
+	s.n.Add(1)
+	return err
+}
+
+func secondBatch(t *testing.T) join.Mutations {
+	return join.Mutations{
+		PutLeft:  map[join.Key]join.LeftState{intKey(t, 1): leftRow(1, 8, "moved"), intKey(t, 5): leftRow(5, 9, "new")},
+		DelSubs:  []join.Subscription{sub(t, 7, 1)},
+		AddSubs:  []join.Subscription{sub(t, 8, 1), sub(t, 9, 5)},
+		PutRight: map[join.Key]join.RightState{intKey(t, 9): rightRow(9, "carol")},
+	}
+}
+
+func thirdBatch(t *testing.T) join.Mutations {
+	return join.Mutations{
+		PutLeft:  map[join.Key]join.LeftState{intKey(t, 6): leftRow(6, 9, "x")},
+		AddSubs:  []join.Subscription{sub(t, 9, 6)},
+		DelRight: []join.Key{intKey(t, 7)},
+	}
+}

@@ -498,7 +498,11 @@ func Teardown(ctx context.Context, cfg *Config, dropTarget bool, opts Options) e
 		return err
 	}
 	for _, j := range cfg.Joins {
-		if err := deleteKeys(ctx, rdb, redisPrefix(cfg.Slot, j.Name)+":"); err != nil {
+		store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: redisPrefix(cfg.Slot, j.Name)})
+		if err == nil {
+			err = store.Drop(ctx)
+		}
+		if err != nil {
 			return fmt.Errorf("delete redis state of join %q: %w", j.Name, err)
 		}
 	}

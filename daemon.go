@@ -119,7 +119,7 @@ type daemon struct {
 	log    *slog.Logger
 	source *pgxpool.Pool
 	target *pgxpool.Pool
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	plans  []*JoinPlan
 	cdc    *cdc.Client
 	writer *sink.Writer
@@ -294,12 +294,14 @@ func isCertificateError(err error) bool {
 	return ok
 }
 
-func connectRedis(ctx context.Context, url string) (*redis.Client, error) {
-	o, err := redis.ParseURL(url)
+// connectRedis connects to the Redis of url: one server (redis://,
+// rediss://) or a Redis Cluster (redis+cluster://, rediss+cluster://, with
+// comma-separated seed nodes), and checks that it answers.
+func connectRedis(ctx context.Context, url string) (redis.UniversalClient, error) {
+	rdb, err := newRedisClient(url)
 	if err != nil {
 		return nil, fmt.Errorf("redis URL %s: %s", RedactURL(url), redactErr(err, url))
 	}
-	rdb := redis.NewClient(o)
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		_ = rdb.Close()
 		if msg := err.Error(); strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH") {
@@ -311,6 +313,65 @@ func connectRedis(ctx context.Context, url string) (*redis.Client, error) {
 		return nil, fmt.Errorf("connect to redis %s: %s", RedactURL(url), redactErr(err, url))
 	}
 	return rdb, nil
+}
+
+// newRedisClient returns a client of url, without connecting.
+func newRedisClient(raw string) (redis.UniversalClient, error) {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	base, cluster := strings.CutSuffix(scheme, "+cluster")
+	if !ok || !cluster {
+		o, err := redis.ParseURL(raw)
+		if err != nil {
+			return nil, err
+		}
+		return redis.NewClient(o), nil
+	}
+	if base != "redis" && base != "rediss" {
+		return nil, fmt.Errorf("scheme %s: use redis+cluster:// or rediss+cluster://", scheme)
+	}
+	// redis+cluster://[user:password@]host:port[,host:port...][/][?params]
+	auth, hosts := "", rest
+	if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+		auth, hosts = rest[:i+1], rest[i+1:]
+	}
+	query := ""
+	if i := strings.IndexByte(hosts, '?'); i >= 0 {
+		hosts, query = hosts[:i], hosts[i+1:]
+	}
+	switch path := hosts[strings.IndexByte(hosts+"/", '/'):]; path {
+	case "", "/", "/0":
+		hosts = strings.TrimSuffix(strings.TrimSuffix(hosts, path), "/")
+	default:
+		return nil, fmt.Errorf("database %s: a Redis Cluster has only database 0; remove it from the URL", path)
+	}
+	seeds := strings.Split(hosts, ",")
+	for _, h := range seeds {
+		if h == "" || !strings.Contains(h, ":") {
+			return nil, fmt.Errorf("seed node %q: give every seed node as host:port, comma-separated", h)
+		}
+	}
+	u := base + "://" + auth + seeds[0]
+	params := []string{}
+	if query != "" {
+		params = append(params, query)
+	}
+	for _, h := range seeds[1:] {
+		params = append(params, "addr="+h)
+	}
+	if len(params) > 0 {
+		u += "?" + strings.Join(params, "&")
+	}
+	o, err := redis.ParseClusterURL(u)
+	if err != nil {
+		return nil, err
+	}
+	if o.TLSConfig != nil {
+		// Each node is verified against its own host name (the dialer
+		// takes it from the address), not the first seed's.
+		o.TLSConfig.ServerName = ""
+		o.TLSConfig.MinVersion = tls.VersionTLS12
+	}
+	return redis.NewClusterClient(o), nil
 }
 
 // redactErr renders err with any password of url removed.
@@ -403,31 +464,17 @@ func (d *daemon) assess(ctx context.Context) (reason string, lost bool, err erro
 			return fmt.Sprintf("the Redis state of join %q is ahead of the target (%s > %s)",
 				jr.plan.Name, cdc.LSN(meta.Checkpoint), cdc.LSN(targetLSN)), true, nil
 		}
+		// On a Redis Cluster: finish a write a crash left half done, and
+		// find shards that a failover or a flushed node set back.
+		if err := jr.store.Resume(ctx); errors.Is(err, redisstore.ErrLost) {
+			return fmt.Sprintf("the Redis state of join %q lost writes: %v", jr.plan.Name, err), true, nil
+		} else if err != nil {
+			return "", false, fmt.Errorf("join %q: %w", jr.plan.Name, err)
+		}
 	}
 	return "", false, nil
 }
 
-// deleteKeys removes every Redis key starting with prefix, in SCAN pages.
-func deleteKeys(ctx context.Context, rdb redis.UniversalClient, prefix string) error {
-	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	var batch []string
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == 1000 {
-			if err := rdb.Unlink(ctx, batch...).Err(); err != nil {
-				return err
-			}
-			batch = batch[:0]
-		}
-	}
-	if err := iter.Err(); err != nil {
-		return err
-	}
-	if len(batch) > 0 {
-		return rdb.Unlink(ctx, batch...).Err()
-	}
-	return nil
-}
 
 // ensureTarget creates the target or checks its shape. A target fkmat built
 // for this join whose shape no longer matches is recreated under

@@ -475,7 +475,6 @@ func (d *daemon) assess(ctx context.Context) (reason string, lost bool, err erro
 	return "", false, nil
 }
 
-
 // ensureTarget creates the target or checks its shape. A target fkmat built
 // for this join whose shape no longer matches is recreated under
 // Options.Force (a rebuild), and otherwise reported with that fix.

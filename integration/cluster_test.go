@@ -3,8 +3,8 @@ package integration
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"

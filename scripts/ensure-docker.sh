@@ -12,7 +12,7 @@ flock 9
 need_pkgs=()
 command -v dockerd >/dev/null 2>&1 || need_pkgs+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need_pkgs+=(debootstrap)
-command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
+{ command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || need_pkgs+=(redis-server redis-tools)
 # promtool checks deploy/prometheus/alerts.yaml; systemd-analyze the unit.
 command -v promtool >/dev/null 2>&1 || need_pkgs+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || need_pkgs+=(systemd)

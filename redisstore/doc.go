@@ -179,35 +179,17 @@
 // than a shared set for low fan-out joins, and gives no shard-level unit of
 // atomicity for Cluster.
 //
-// # Redis Cluster plan
+// # Redis Cluster
 //
-// Open refuses Cluster and Ring clients today: go-redis runs one MULTI per
-// slot there, which is not atomic across the batch. The layout is ready for
-// it: the hash tag of every data key is its shard or bucket number, so each
-// key lives in one slot and a slot is the unit that can commit atomically.
-// The plan:
-//
-//   - group a batch's commands by the slot of their tag; each slot's group is
-//     one MULTI/EXEC that also sets that slot's checkpoint in a key
-//     <prefix>:ck:{<tag of that slot>} (a precomputed tag string per slot);
-//   - a slot whose checkpoint is at or above the batch's LSN skips its part,
-//     so after a crash the batch is replayed and each slot applies only what
-//     it lacks;
-//   - the meta hash is written last, with the generations and the checkpoint
-//     of the whole batch (the floor the daemon resumes from); until then the
-//     daemon reads with the generations it holds in memory. A Clear writes
-//     its new generation into the slots first and flips the meta hash last,
-//     so a replay recomputes the same generation;
-//   - between two slot commits a reader may see some slots after the batch
-//     and others before it; all mutations set final values (no deltas), so a
-//     replay converges, but reads during a replay may see the batch's effect
-//     in part, which the join's value hashes already tolerate.
-//
-// The subscription count in the meta hash would not fit that plan, since a
-// slot's MULTI cannot write it: each slot would keep the count of its own
-// sets next to its checkpoint, and status would sum them.
-//
-// To keep a whole batch atomic on a Cluster instead, all keys of a join can be
-// put in one slot (one tag for the join): that makes the join a single hot
-// slot, the trade-off the sharded tags avoid.
+// On a *redis.ClusterClient the state is split into Config.Shards (64)
+// shards: every data key carries the hash tag of its shard (bucket % shards),
+// and the shards' tags are chosen so that their slots are spread evenly over
+// 0..16383. The meta hash, the undo log and the redo record share the tag
+// {<prefix>}. A write (Commit, CommitPartial, a recovery step, Init, a sweep
+// step) commits in the meta slot first, with a new write id and a redo record
+// of its commands per shard, then applies each shard's part with a script
+// guarded by the shard's checkpoint key. A crash between two shards' commits
+// is finished from the redo record by Resume (or the next write); a shard or
+// a meta slot that a failover or a flush set back is reported as ErrLost.
+// cluster.go has the protocol and its argument.
 package redisstore

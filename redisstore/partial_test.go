@@ -134,7 +134,7 @@ func readState(t *testing.T, s *Store) string {
 	return b.String()
 }
 
-func sub(t *testing.T, fk, pk int64) join.Subscription {
+func sub(t testing.TB, fk, pk int64) join.Subscription {
 	return join.Subscription{FK: intKey(t, fk), PK: intKey(t, pk)}
 }
 

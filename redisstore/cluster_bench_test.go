@@ -100,4 +100,6 @@ func intKeyB(n int64) join.Key {
 	return k
 }
 
-func leftRowB(pk int64) join.LeftState { return leftRow(pk, pk%50_000, "note-"+strconv.FormatInt(pk, 10)) }
+func leftRowB(pk int64) join.LeftState {
+	return leftRow(pk, pk%50_000, "note-"+strconv.FormatInt(pk, 10))
+}

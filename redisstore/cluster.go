@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,10 +81,10 @@ func shardTags(n int) []string {
 	return tags
 }
 
-// KeySlot returns the Redis Cluster hash slot of key: CRC16 of its hash tag
+// keySlot returns the Redis Cluster hash slot of key: CRC16 of its hash tag
 // (the part between the first '{' and the next '}', when not empty) or of
 // the whole key.
-func KeySlot(key string) int {
+func keySlot(key string) int {
 	if i := strings.IndexByte(key, '{'); i >= 0 {
 		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
 			key = key[i+1 : i+1+j]
@@ -240,7 +241,7 @@ func (s *Store) split(w writes) (map[int]*shardPart, error) {
 	}
 	page := s.cfg.PageSize
 	emit := func(op string, group map[string][]string, score bool) error {
-		for _, k := range slices.Sorted(mapKeys(group)) {
+		for _, k := range slices.Sorted(maps.Keys(group)) {
 			p, err := part(k)
 			if err != nil {
 				return err
@@ -267,7 +268,7 @@ func (s *Store) split(w writes) (map[int]*shardPart, error) {
 	if err := emit("ZADD", w.zadd, true); err != nil {
 		return nil, err
 	}
-	for _, k := range slices.Sorted(mapKeys(w.hset)) {
+	for _, k := range slices.Sorted(maps.Keys(w.hset)) {
 		p, err := part(k)
 		if err != nil {
 			return nil, err
@@ -291,16 +292,6 @@ func (s *Store) split(w writes) (map[int]*shardPart, error) {
 		p.add("UNLINK", k, nil)
 	}
 	return parts, nil
-}
-
-func mapKeys[V any](m map[string]V) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // stage queues, in the meta MULTI p of a write that leads to next, the

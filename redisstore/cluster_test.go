@@ -18,15 +18,15 @@ func TestShardTagsSpreadSlots(t *testing.T) {
 	for _, n := range []int{1, 3, 64, 1000} {
 		tags := shardTags(n)
 		for i, tag := range tags {
-			if s, lo, hi := KeySlot("{"+tag+"}"), i*clusterSlots/n, (i+1)*clusterSlots/n; s < lo || s >= hi {
+			if s, lo, hi := keySlot("{"+tag+"}"), i*clusterSlots/n, (i+1)*clusterSlots/n; s < lo || s >= hi {
 				t.Fatalf("n=%d: tag %d %q has slot %d, outside %d..%d", n, i, tag, s, lo, hi-1)
 			}
 		}
 	}
 	// Known slots (CLUSTER KEYSLOT): the hash tag decides, as in Redis.
 	for key, slot := range map[string]int{"foo": 12182, "{foo}bar": 12182, "a{}b": 13694, "123456789": 12739, "{user1000}.following": 3443} {
-		if got := KeySlot(key); got != slot {
-			t.Errorf("KeySlot(%q) = %d, want %d", key, got, slot)
+		if got := keySlot(key); got != slot {
+			t.Errorf("keySlot(%q) = %d, want %d", key, got, slot)
 		}
 	}
 }
@@ -41,12 +41,12 @@ func TestClusterKeysParse(t *testing.T) {
 			t.Errorf("parse(%q) = %c %d %t", key, kind, gen, ok)
 		}
 		i, ok := k.shardOfKey(key)
-		if !ok || KeySlot(key) != KeySlot(k.cp(i)) {
+		if !ok || keySlot(key) != keySlot(k.cp(i)) {
 			t.Errorf("key %q is not in the slot of its shard's checkpoint %s", key, k.cp(i))
 		}
 	}
 	for _, key := range []string{k.meta(), k.undo(), k.redo()} {
-		if KeySlot(key) != KeySlot(k.meta()) {
+		if keySlot(key) != keySlot(k.meta()) {
 			t.Errorf("%s is not in the meta slot", key)
 		}
 		if _, _, ok := k.parse(key); ok {

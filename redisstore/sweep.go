@@ -75,12 +75,7 @@ func (s *Store) sweepStep(ctx context.Context, keys []string) (int, error) {
 			if m.InFlight != 0 {
 				return errPaused
 			}
-			stale = stale[:0]
-			for _, k := range keys {
-				if s.isStale(k, m) {
-					stale = append(stale, k)
-				}
-			}
+			stale = s.staleKeys(stale[:0], keys, m)
 			if len(stale) == 0 {
 				return nil
 			}
@@ -99,6 +94,17 @@ func (s *Store) sweepStep(ctx context.Context, keys []string) (int, error) {
 		return len(stale), nil
 	}
 	return 0, errors.New("meta hash keeps changing; retry later")
+}
+
+// staleKeys appends to dst the keys among keys whose generation m does not
+// use.
+func (s *Store) staleKeys(dst, keys []string, m Meta) []string {
+	for _, k := range keys {
+		if s.isStale(k, m) {
+			dst = append(dst, k)
+		}
+	}
+	return dst
 }
 
 // isStale reports whether key is a data key of a generation m does not use.
@@ -170,11 +176,7 @@ func (s *Store) sweepUnit(ctx context.Context, keys []string) (int, error) {
 				return errPaused
 			}
 			next = m
-			for _, k := range keys {
-				if s.isStale(k, m) {
-					stale = append(stale, k)
-				}
-			}
+			stale = s.staleKeys(stale[:0], keys, m)
 			if len(stale) == 0 {
 				return nil
 			}

@@ -415,8 +415,10 @@ func checkURL(raw, scheme string) error {
 			return errors.New("must start with postgres://")
 		}
 	case "redis":
-		if u.Scheme != "redis" && u.Scheme != "rediss" {
-			return errors.New("must start with redis:// or rediss://")
+		switch u.Scheme {
+		case "redis", "rediss", "redis+cluster", "rediss+cluster":
+		default:
+			return errors.New("must start with redis://, rediss:// (one server), redis+cluster:// or rediss+cluster:// (a Redis Cluster)")
 		}
 	}
 	return nil

@@ -164,3 +164,35 @@ func TestRedactURL(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateRedisURLs checks that Validate accepts the SPEC's four Redis
+// URL forms (one server, a cluster; plain or TLS) and refuses others with
+// the forms to use.
+func TestValidateRedisURLs(t *testing.T) {
+	t.Parallel()
+	for raw, ok := range map[string]bool{
+		"redis://localhost:6379/0":                        true,
+		"rediss://:pw@cache.internal:6380/0":              true,
+		"redis+cluster://10.0.0.1:7000,10.0.0.2:7000":     true,
+		"rediss+cluster://u:pw@r1:7000,r2:7000,r3:7000/0": true,
+		"http://localhost:6379":                           false,
+		"redis-cluster://10.0.0.1:7000":                   false,
+	} {
+		cfg, err := ParseConfig([]byte("joins:\n  - name: a\n    type: inner\n    left: {table: orders, foreign_key: [customer_id]}\n    right: {table: customers, key: [id]}\n    target: {table: out}\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Source, cfg.Redis = "postgres://db/shop", raw
+		cfg.ApplyDefaults()
+		err = cfg.Validate()
+		if ok && err != nil {
+			t.Errorf("Validate(redis %q) = %v, want nil", raw, err)
+		}
+		if !ok && (err == nil || !strings.Contains(err.Error(), "redis+cluster://")) {
+			t.Errorf("Validate(redis %q) = %v, want an error naming the URL forms", raw, err)
+		}
+	}
+	if got := RedactURL("rediss+cluster://u:s3cret@r1:7000,r2:7000"); strings.Contains(got, "s3cret") {
+		t.Errorf("RedactURL kept the password: %q", got)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,6 +75,7 @@ func benchW1(t *testing.T, s sizes, rep *report) {
 	w := w1(s)
 	r := benchStream(t, w, s, 0, w1Paced(s))
 	r.add(rep)
+	t.Run("cluster", func(t *testing.T) { benchCluster(t, w, r, rep) })
 }
 
 func benchW3(t *testing.T, s sizes, rep *report) {
@@ -90,6 +92,7 @@ type streamResult struct {
 	pacedRate, pacedChanges         int
 	liveUse, catchUse, backfillUse  usage
 	decode, catchUp, writeLimit, mv time.Duration
+	nodes                           []nodeState // the state after the catch-up
 }
 
 // benchStream measures a streaming workload (W1, W3) against each
@@ -161,26 +164,76 @@ func benchStream(t *testing.T, w *workload, s sizes, pre int, paced []txn) *stre
 	}
 	{
 		d := newDB(t, w)
-		d.backfill()
-		bare := d.Slot + "_bare"
-		d.exec(fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, bare))
-		d.write(w.txns, 0)
-		d.exec(`CHECKPOINT`)
-		n, commits, took := d.drainBare(bare, len(w.txns))
-		if n != changes || commits != len(w.txns) {
-			t.Fatalf("bare reader saw %d changes in %d commits, want %d in %d", n, commits, changes, len(w.txns))
-		}
-		r.decode = took
-		p := d.run("catchup")
-		r.catchUp = d.waitCaught(p).Sub(p.start)
-		r.catchUse = p.stop()
-		d.assertJoin("orders_enriched")
-		if written := int(r.catchUse.upserted + r.catchUse.deleted); written > w.targetWrites {
-			t.Errorf("fkmat wrote %d target rows, more than the %d the SQL result changed by", written, w.targetWrites)
-		}
+		r.decode, r.catchUp, r.catchUse = d.catchUp(w, "catchup")
+		r.nodes = d.stateNodes()
 		r.writeLimit = d.writeLimit(w.targetWrites, w.orders, pre)
 	}
 	return r
+}
+
+// catchUp backfills d, writes the workload while fkmat is stopped, drains
+// it with a bare pgoutput reader from a second slot (the decode limit),
+// then starts fkmat and times it until it has caught up; the target must
+// then equal the SQL join, written with no more rows than it changed by.
+func (d *db) catchUp(w *workload, what string) (decode, catchUp time.Duration, use usage) {
+	t := d.b
+	t.Helper()
+	d.backfill()
+	bare := d.Slot + "_bare"
+	d.exec(fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, bare))
+	d.write(w.txns, 0)
+	d.exec(`CHECKPOINT`)
+	n, commits, took := d.drainBare(bare, len(w.txns))
+	if n != w.changes() || commits != len(w.txns) {
+		t.Fatalf("bare reader saw %d changes in %d commits, want %d in %d", n, commits, w.changes(), len(w.txns))
+	}
+	p := d.run(what)
+	catchUp = d.waitCaught(p).Sub(p.start)
+	use = p.stop()
+	d.assertJoin("orders_enriched")
+	if written := int(use.upserted + use.deleted); written > w.targetWrites {
+		t.Errorf("fkmat wrote %d target rows, more than the %d the SQL result changed by", written, w.targetWrites)
+	}
+	return took, catchUp, use
+}
+
+// benchCluster measures W1's catch-up with the state on a local Redis
+// Cluster of 3 primaries and 3 replicas (redis-server processes on
+// loopback, AOF on, like the shared server's), beside the one-node
+// catch-up benchStream measured in this run: throughput, and keys and
+// memory per primary.
+func benchCluster(t *testing.T, w *workload, one *streamResult, rep *report) {
+	c := testenv.NewCluster(t)
+	d := newDB(t, w)
+	d.useCluster(c)
+	decode, catchUp, use := d.catchUp(w, "cluster")
+	nodes := d.stateNodes()
+
+	n := float64(w.changes())
+	name := w.name + " " + w.title
+	rep.row(name, "fkmat catch-up, state on a 3-primary Redis Cluster", catchUp.Seconds(), "s",
+		fmt.Sprintf("%.0f changes/s; decode limit in this database %.0f changes/s", n/catchUp.Seconds(), n/decode.Seconds()), true)
+	rep.row(name, "cluster catch-up / decode limit", decode.Seconds()/catchUp.Seconds(), "ratio",
+		fmt.Sprintf("one node: %.2f", one.decode.Seconds()/one.catchUp.Seconds()), false)
+	rep.row(name, "cluster catch-up speed / one-node catch-up speed", one.catchUp.Seconds()/catchUp.Seconds(), "ratio",
+		"same workload, same run", false)
+	rep.row(name, "CPU per 1k changes (cluster catch-up), fkmat + 6 redis-servers", (use.cpu+use.redisCPU)/(n/1000), "s",
+		fmt.Sprintf("fkmat %.1f ms, redis-servers %.1f ms", 1e6*use.cpu/n, 1e6*use.redisCPU/n), false)
+	for _, s := range []struct {
+		what  string
+		nodes []nodeState
+	}{{"one node", one.nodes}, {"cluster, per primary", nodes}} {
+		var keys, mb, used []string
+		total := 0.0
+		for _, st := range s.nodes {
+			keys = append(keys, strconv.Itoa(st.keys))
+			mb = append(mb, fmt.Sprintf("%.1f", st.bytes/(1<<20)))
+			used = append(used, fmt.Sprintf("%.1f", st.used/(1<<20)))
+			total += st.bytes
+		}
+		rep.row(name, "state keys and MEMORY USAGE, "+s.what, total/(1<<20), "MB",
+			fmt.Sprintf("keys %s; MB %s; used_memory MB %s", strings.Join(keys, " / "), strings.Join(mb, " / "), strings.Join(used, " / ")), false)
+	}
 }
 
 func (r *streamResult) add(rep *report) {

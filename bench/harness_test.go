@@ -37,6 +37,9 @@ type db struct {
 	*testenv.Case
 	b   testing.TB
 	env []string // fkmat's environment (config file, URLs)
+	// cluster, when set, holds the state instead of the shared Redis
+	// (useCluster).
+	cluster *testenv.Cluster
 }
 
 func newDB(b testing.TB, w *workload) *db {
@@ -427,13 +430,45 @@ func freePort(b testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// redisInfo returns one numeric field of INFO section.
+// useCluster makes fkmat keep the state on c (its redis+cluster:// URL),
+// and redisCPU count the CPU of all of c's nodes.
+func (d *db) useCluster(c *testenv.Cluster) {
+	d.cluster = c
+	d.env = append(d.env, "FKMAT_REDIS_URL="+c.URL())
+}
+
+// redisNodes returns a client of each Redis server that may hold the
+// state: the shared one, or every node of the cluster. The caller closes
+// them.
+func (d *db) redisNodes() []*redis.Client {
+	if d.cluster == nil {
+		return []*redis.Client{redis.NewClient(d.Redis.Options())}
+	}
+	var out []*redis.Client
+	for _, addr := range d.cluster.Addrs() {
+		out = append(out, redis.NewClient(&redis.Options{Addr: addr}))
+	}
+	return out
+}
+
+// redisInfo returns the sum of numeric fields of INFO section over the
+// Redis servers that may hold the state.
 func (d *db) redisInfo(section string, fields ...string) float64 {
 	d.b.Helper()
-	info, err := d.Redis.Info(context.Background(), section).Result()
-	if err != nil {
-		d.b.Fatal(err)
+	var total float64
+	for _, rdb := range d.redisNodes() {
+		info, err := rdb.Info(context.Background(), section).Result()
+		_ = rdb.Close()
+		if err != nil {
+			d.b.Fatal(err)
+		}
+		total += infoField(info, fields...)
 	}
+	return total
+}
+
+// infoField returns the sum of numeric fields of an INFO reply.
+func infoField(info string, fields ...string) float64 {
 	var total float64
 	for _, line := range strings.Split(info, "\r\n") {
 		for _, f := range fields {
@@ -444,6 +479,67 @@ func (d *db) redisInfo(section string, fields ...string) float64 {
 		}
 	}
 	return total
+}
+
+// nodeState is how much of the join's state one Redis primary holds.
+type nodeState struct {
+	addr  string
+	keys  int
+	bytes float64 // MEMORY USAGE summed over the keys
+	used  float64 // INFO used_memory: the whole server, in bytes
+}
+
+// stateNodes returns, per primary, the join's keys and their memory.
+func (d *db) stateNodes() []nodeState {
+	d.b.Helper()
+	ctx := context.Background()
+	var out []nodeState
+	for _, rdb := range d.redisNodes() {
+		st, err := stateOn(ctx, rdb, "fkmat:"+d.Slot+":*")
+		_ = rdb.Close()
+		if err != nil {
+			d.b.Fatal(err)
+		}
+		if st.keys > 0 || d.cluster == nil {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+func stateOn(ctx context.Context, rdb *redis.Client, pattern string) (nodeState, error) {
+	st := nodeState{addr: rdb.Options().Addr}
+	info, err := rdb.Info(ctx, "replication", "memory").Result()
+	if err != nil {
+		return st, err
+	}
+	if strings.Contains(info, "role:slave") {
+		return st, nil // a replica: its primary is counted
+	}
+	st.used = infoField(info, "used_memory")
+	iter := rdb.Scan(ctx, 0, pattern, 1000).Iterator()
+	var names []string
+	for iter.Next(ctx) {
+		names = append(names, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		return st, err
+	}
+	st.keys = len(names)
+	for chunk := range slices.Chunk(names, 1000) {
+		pipe := rdb.Pipeline()
+		usage := make([]*redis.IntCmd, len(chunk))
+		for i, k := range chunk {
+			usage[i] = pipe.MemoryUsage(ctx, k, 0)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return st, err
+		}
+		for _, u := range usage {
+			st.bytes += float64(u.Val())
+		}
+	}
+	return st, nil
 }
 
 func (d *db) redisCPU() float64 { return d.redisInfo("cpu", "used_cpu_sys", "used_cpu_user") }

@@ -190,7 +190,7 @@ func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc
 // snapshot saw, and marks the joins streaming.
 func (d *daemon) finishBackfill(ctx context.Context, consistent cdc.LSN, leaves map[uint32]leaf) error {
 	for _, jr := range d.joins {
-		if err := jr.store.Commit(ctx, join.Mutations{}, uint64(consistent)); err != nil {
+		if err := jr.store.Commit(ctx, join.Mutations{}, consistent); err != nil {
 			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
 		}
 	}
@@ -205,7 +205,7 @@ func (d *daemon) finishBackfill(ctx context.Context, consistent cdc.LSN, leaves 
 	if err := recordLeaves(ctx, tx, d.cfg.Slot, leaves); err != nil {
 		return err
 	}
-	return tx.Commit(ctx, d.cfg.Slot, lsnOf(consistent))
+	return tx.Commit(ctx, d.cfg.Slot, consistent)
 }
 
 func outputSources(cols []OutputColumn) []SourceColumn {

@@ -345,7 +345,7 @@ func readStatusMeta(ctx context.Context, target *pgxpool.Pool, slot string) (sta
 	if err != nil {
 		return m, err
 	}
-	m.checkpoint = cdc.LSN(lsn)
+	m.checkpoint = lsn
 	rows, err := target.Query(ctx, `SELECT join_name, epoch, phase FROM fkmat.join_state WHERE slot = $1`, slot)
 	if err != nil {
 		return m, fmt.Errorf("read fkmat.join_state: %w", err)
@@ -399,7 +399,7 @@ func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, op
 	case st.exists && meta.Epoch != st.epoch:
 		s.RedisState = "foreign"
 	default:
-		s.RedisCheckpoint = cdc.LSN(meta.Checkpoint).String()
+		s.RedisCheckpoint = meta.Checkpoint.String()
 		s.Subscriptions = meta.Subscriptions
 		s.RedisLayout = meta.Layout
 		if err := store.CheckLayout(meta); err != nil {

@@ -457,12 +457,12 @@ func (d *daemon) assess(ctx context.Context) (reason string, lost bool, err erro
 			return fmt.Sprintf("the Redis state of join %q is foreign (epoch %s, the target was built with %s)", jr.plan.Name, meta.Epoch, st.epoch), true, nil
 		case jr.store.CheckLayout(meta) != nil:
 			return fmt.Sprintf("the Redis state of join %q has another layout (%s)", jr.plan.Name, meta.Layout), true, nil
-		case meta.Checkpoint > uint64(targetLSN):
+		case meta.Checkpoint > targetLSN:
 			// Redis is committed after the target, so it is never ahead of
 			// it: the target was restored from an older backup, or the state
 			// belongs to another run. Streaming from it would skip changes.
 			return fmt.Sprintf("the Redis state of join %q is ahead of the target (%s > %s)",
-				jr.plan.Name, cdc.LSN(meta.Checkpoint), cdc.LSN(targetLSN)), true, nil
+				jr.plan.Name, meta.Checkpoint, targetLSN), true, nil
 		}
 		// On a Redis Cluster: finish a write a crash left half done, and
 		// find shards that a failover or a flushed node set back.

@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
@@ -649,7 +648,7 @@ func (p *pipeline) commitTarget(ctx context.Context, job *commitJob) error {
 		if err := noteTruncations(ctx, job.tx, p.slot, job.truncations); err != nil {
 			return err
 		}
-		if err := job.tx.Commit(ctx, p.slot, lsnOf(end)); err != nil {
+		if err := job.tx.Commit(ctx, p.slot, end); err != nil {
 			return err
 		}
 		p.targetLSN.Store(uint64(end))
@@ -674,10 +673,10 @@ func (p *pipeline) commitState(ctx context.Context, job *commitJob) error {
 	}
 	phase := stopwatch()
 	for i, jr := range p.joins {
-		if !job.touched[i] && jr.state.Checkpoint() >= uint64(end) {
+		if !job.touched[i] && jr.state.Checkpoint() >= end {
 			continue
 		}
-		if err := jr.state.Commit(ctx, job.muts[i], uint64(end)); err != nil {
+		if err := jr.state.Commit(ctx, job.muts[i], end); err != nil {
 			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
 		}
 		if job.muts[i].ClearLeft || job.muts[i].ClearRight {
@@ -711,7 +710,7 @@ type txnSpan struct {
 // changes maps the transactions this join has not applied yet to join
 // changes, and says which transaction each comes from.
 func (jr *joinRunner) changes(txns []*cdc.Txn) ([]join.Change, []txnSpan, error) {
-	done := cdc.LSN(jr.state.Checkpoint())
+	done := jr.state.Checkpoint()
 	n := 0
 	for _, t := range txns {
 		n += len(t.Changes)
@@ -784,7 +783,7 @@ func (p *pipeline) applyLarge(ctx context.Context, first *cdc.Txn) error {
 // tryLarge applies one attempt of a chunked transaction. It returns the
 // chunk 0 that restarts it, if the stream sent one.
 func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.Txn, err error) {
-	txnID := uint64(first.CommitLSN)
+	txnID := first.CommitLSN
 	// Transactions are ordered by commit position: one that commits before
 	// the target checkpoint is already in the target.
 	writeTarget := first.CommitLSN >= p.target()
@@ -822,7 +821,7 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 		}
 		truncations = appendTruncations(truncations, chunk)
 		for i, jr := range p.joins {
-			if cdc.LSN(jr.state.Checkpoint()) > chunk.CommitLSN {
+			if jr.state.Checkpoint() > chunk.CommitLSN {
 				continue // this join's state has the whole transaction
 			}
 			jc, err := jr.mapChunk(chunk)
@@ -867,7 +866,7 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 		if err := noteTruncations(ctx, tx, p.slot, truncations); err != nil {
 			return nil, err
 		}
-		if err := tx.Commit(ctx, p.slot, lsnOf(end)); err != nil {
+		if err := tx.Commit(ctx, p.slot, end); err != nil {
 			return nil, err
 		}
 		p.targetLSN.Store(uint64(end))
@@ -877,7 +876,7 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 	done = true
 	for i, jr := range p.joins {
 		if partial[i] {
-			if err := jr.state.FinishPartial(ctx, uint64(end)); err != nil {
+			if err := jr.state.FinishPartial(ctx, end); err != nil {
 				return nil, fmt.Errorf("join %q: %w", jr.plan.Name, err)
 			}
 		}
@@ -991,4 +990,3 @@ func (jr *joinRunner) appendChunk(out []join.Change, t *cdc.Txn) ([]join.Change,
 	return out, nil
 }
 
-func lsnOf(l cdc.LSN) pglogrepl.LSN { return pglogrepl.LSN(l) }

@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
-
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/join/jointest"
@@ -131,10 +129,10 @@ func (tx *fakeTx) Apply(_ context.Context, _ *sink.Table, out join.Output) error
 
 func (tx *fakeTx) Exec(context.Context, string, ...any) error { return nil }
 
-func (tx *fakeTx) Commit(ctx context.Context, _ string, lsn pglogrepl.LSN) error {
+func (tx *fakeTx) Commit(ctx context.Context, _ string, lsn cdc.LSN) error {
 	w := tx.w
 	w.mu.Lock()
-	block := w.blockTarget == cdc.LSN(lsn)
+	block := w.blockTarget == lsn
 	w.mu.Unlock()
 	if block {
 		close(w.blocked)
@@ -146,20 +144,20 @@ func (tx *fakeTx) Commit(ctx context.Context, _ string, lsn pglogrepl.LSN) error
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.failTarget == cdc.LSN(lsn) {
+	if w.failTarget == lsn {
 		w.failTarget = 0
 		return errors.New("injected target commit failure")
 	}
 	w.target.Begin()
 	for _, out := range tx.outs {
 		if err := w.target.Apply(out); err != nil {
-			w.violate("target write at %s: %v", cdc.LSN(lsn), err)
+			w.violate("target write at %s: %v", lsn, err)
 		}
 	}
-	if cdc.LSN(lsn) <= w.targetLSN {
-		w.violate("target checkpoint %s after %s", cdc.LSN(lsn), w.targetLSN)
+	if lsn <= w.targetLSN {
+		w.violate("target checkpoint %s after %s", lsn, w.targetLSN)
 	}
-	w.targetLSN = cdc.LSN(lsn)
+	w.targetLSN = lsn
 	tx.done = true
 	w.targetOpen--
 	return nil
@@ -208,43 +206,43 @@ func (s fakeState) DependentsMany(ctx context.Context, fks []join.Key, limits []
 func (s fakeState) Meta(context.Context) (redisstore.Meta, error) {
 	s.w.mu.Lock()
 	defer s.w.mu.Unlock()
-	return redisstore.Meta{Epoch: "e", Checkpoint: uint64(s.w.stateLSN)}, nil
+	return redisstore.Meta{Epoch: "e", Checkpoint: s.w.stateLSN}, nil
 }
 
-func (s fakeState) Checkpoint() uint64 {
+func (s fakeState) Checkpoint() cdc.LSN {
 	s.w.mu.Lock()
 	defer s.w.mu.Unlock()
-	return uint64(s.w.stateLSN)
+	return s.w.stateLSN
 }
 
 // Commit applies m strictly (jointest.Store refuses mutations that are not
 // net against the state) with the checkpoint, skipping a replayed batch.
-func (s fakeState) Commit(ctx context.Context, m join.Mutations, lsn uint64) error {
+func (s fakeState) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) error {
 	w := s.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.failState == cdc.LSN(lsn) {
+	if w.failState == lsn {
 		w.failState = 0
 		return errors.New("injected state commit failure")
 	}
-	if cdc.LSN(lsn) <= w.stateLSN {
+	if lsn <= w.stateLSN {
 		return nil
 	}
-	if cdc.LSN(lsn) > w.targetLSN {
-		w.violate("state commit at %s ahead of the target's %s", cdc.LSN(lsn), w.targetLSN)
+	if lsn > w.targetLSN {
+		w.violate("state commit at %s ahead of the target's %s", lsn, w.targetLSN)
 	}
 	if err := w.state.Apply(ctx, m); err != nil {
-		w.violate("state commit at %s: %v", cdc.LSN(lsn), err)
+		w.violate("state commit at %s: %v", lsn, err)
 	}
-	w.stateLSN = cdc.LSN(lsn)
+	w.stateLSN = lsn
 	return nil
 }
 
 var errNoPartial = errors.New("fake state: large transactions are not faked")
 
-func (fakeState) CommitPartial(context.Context, join.Mutations, uint64) error { return errNoPartial }
-func (fakeState) FinishPartial(context.Context, uint64) error                 { return errNoPartial }
-func (fakeState) Recover(context.Context) (bool, error)                       { return false, nil }
+func (fakeState) CommitPartial(context.Context, join.Mutations, cdc.LSN) error { return errNoPartial }
+func (fakeState) FinishPartial(context.Context, cdc.LSN) error                 { return errNoPartial }
+func (fakeState) Recover(context.Context) (bool, error)                        { return false, nil }
 
 // pipeline returns a pipeline over the world, starting from its
 // checkpoints as run.go does: the source replays from the older one.

@@ -176,7 +176,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	if err != nil {
 		return err
 	}
-	start := cdc.LSN(targetLSN)
+	start := targetLSN
 	for _, jr := range d.joins {
 		meta, err := jr.store.Meta(ctx)
 		if err != nil {
@@ -190,7 +190,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		} else if undone {
 			d.log.Warn("undid a partially applied large transaction", "join", jr.plan.Name)
 		}
-		if c := cdc.LSN(jr.store.Checkpoint()); c < start {
+		if c := jr.store.Checkpoint(); c < start {
 			start = c
 		}
 	}

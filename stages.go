@@ -3,7 +3,6 @@ package fkmat
 import (
 	"context"
 
-	"github.com/jackc/pglogrepl"
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
@@ -35,7 +34,7 @@ type targetDB interface {
 type targetTx interface {
 	Apply(ctx context.Context, table *sink.Table, out join.Output) error
 	Exec(ctx context.Context, sql string, args ...any) error
-	Commit(ctx context.Context, slot string, lsn pglogrepl.LSN) error
+	Commit(ctx context.Context, slot string, lsn cdc.LSN) error
 	Rollback(ctx context.Context) error
 	// Counts returns the rows the transaction really changed.
 	Counts() sink.Stats
@@ -46,10 +45,10 @@ type targetTx interface {
 type stateStore interface {
 	join.StateReader
 	Meta(ctx context.Context) (redisstore.Meta, error)
-	Checkpoint() uint64
-	Commit(ctx context.Context, m join.Mutations, lsn uint64) error
-	CommitPartial(ctx context.Context, m join.Mutations, txn uint64) error
-	FinishPartial(ctx context.Context, lsn uint64) error
+	Checkpoint() cdc.LSN
+	Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) error
+	CommitPartial(ctx context.Context, m join.Mutations, txn cdc.LSN) error
+	FinishPartial(ctx context.Context, lsn cdc.LSN) error
 	Recover(ctx context.Context) (bool, error)
 }
 

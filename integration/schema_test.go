@@ -7,9 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
-
 	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/testenv"
 	"github.com/fkmat/fkmat/sink"
 )
@@ -222,7 +221,7 @@ func backfillForce(t *testing.T, cfg *fkmat.Config) {
 
 // checkNotAcknowledged checks for a second that neither the slot nor the
 // target checkpoint covers the transaction ending at end.
-func checkNotAcknowledged(t *testing.T, tc *testenv.Case, e pglogrepl.LSN) {
+func checkNotAcknowledged(t *testing.T, tc *testenv.Case, e cdc.LSN) {
 	t.Helper()
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if c := confirmedFlush(t, tc); c >= e {

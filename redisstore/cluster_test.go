@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/testenv"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/join/jointest"
@@ -122,7 +123,7 @@ func TestClusterCrashBetweenShards(t *testing.T) {
 			b1, b2, b3 := baseBatch(t), secondBatch(t), thirdBatch(t)
 			if mode == "resume" { // the reference, once
 				for i, b := range []join.Mutations{b1, b2, b3} {
-					if err := want.Commit(ctx, b, uint64(10+i)); err != nil {
+					if err := want.Commit(ctx, b, cdc.LSN(10+i)); err != nil {
 						t.Fatal(err)
 					}
 				}

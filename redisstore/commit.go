@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -32,18 +33,18 @@ import (
 // neither finished nor rolled back. After any other error it is safe to call
 // Commit again with the same batch: the store reloads the checkpoint and
 // skips the batch if it was applied after all.
-func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error {
+func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) error {
 	if lsn == 0 {
 		return errors.New("commit redis state: LSN 0 is invalid")
 	}
 	release, err := s.beginUnit(ctx)
 	if err != nil {
-		return fmt.Errorf("commit redis state at %d: %w", lsn, err)
+		return fmt.Errorf("commit redis state at %s: %w", lsn, err)
 	}
 	defer release()
 	cached, err := s.current(ctx)
 	if err != nil {
-		return fmt.Errorf("commit redis state at %d: %w", lsn, err)
+		return fmt.Errorf("commit redis state at %s: %w", lsn, err)
 	}
 	if lsn <= cached.Checkpoint && cached.InFlight == 0 {
 		return nil
@@ -92,7 +93,7 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error 
 			if replies, rd, err = s.queueData(ctx, p, w, &next); err != nil {
 				return err
 			}
-			p.HSet(ctx, key, appendSubs([]any{fieldCheckpoint, strconv.FormatUint(next.Checkpoint, 10),
+			p.HSet(ctx, key, appendSubs([]any{fieldCheckpoint, strconv.FormatUint(uint64(next.Checkpoint), 10),
 				fieldLeftGen, strconv.FormatUint(next.LeftGen, 10),
 				fieldRightGen, strconv.FormatUint(next.RightGen, 10)}, next.Subscriptions)...)
 			if s.beforeExec != nil {
@@ -102,18 +103,18 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn uint64) error 
 		})
 		return execErr
 	}, key)
-	if err := s.settle(ctx, err, execErr, next, "commit at "+strconv.FormatUint(lsn, 10)); err != nil {
-		return fmt.Errorf("commit redis state at %d: %w", lsn, err)
+	if err := s.settle(ctx, err, execErr, next, "commit at "+lsn.String()); err != nil {
+		return fmt.Errorf("commit redis state at %s: %w", lsn, err)
 	}
 	applied, err := s.finishUnit(ctx, rd)
 	if err != nil {
-		return fmt.Errorf("commit redis state at %d: %w", lsn, err)
+		return fmt.Errorf("commit redis state at %s: %w", lsn, err)
 	}
 	if wrote {
 		s.right.apply(next.RightGen, &m)
 	}
 	if err := s.fixSubs(ctx, next, applied+replies.delta()-planned); err != nil {
-		return fmt.Errorf("commit redis state at %d: applied, but %w", lsn, err)
+		return fmt.Errorf("commit redis state at %s: applied, but %w", lsn, err)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -34,13 +35,13 @@ const (
 const maxRecoverPasses = 10
 
 // inFlightError describes the partial transaction txn that blocks a write.
-func inFlightError(txn uint64) error {
-	return fmt.Errorf("%w (transaction %d): call Recover to roll it back, or FinishPartial once it is committed in the target",
+func inFlightError(txn cdc.LSN) error {
+	return fmt.Errorf("%w (transaction %s): call Recover to roll it back, or FinishPartial once it is committed in the target",
 		ErrInFlight, txn)
 }
 
-// CommitPartial writes one chunk of the large source transaction txn (any
-// non-zero id, typically its commit LSN): it applies m at once, so that the
+// CommitPartial writes one chunk of the large source transaction txn (its
+// commit LSN, or any non-zero id): it applies m at once, so that the
 // next chunk's reads see it, but leaves the checkpoint where it is until
 // FinishPartial. In the same MULTI/EXEC as the writes it records, in the
 // undo log, the value that every field and member it touches had before the
@@ -60,19 +61,19 @@ func inFlightError(txn uint64) error {
 // more generation, with the same content). The pre-images are read
 // before the MULTI, under WATCH of the meta hash; like Commit, CommitPartial
 // assumes it is the only writer of the state.
-func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn uint64) error {
+func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn cdc.LSN) error {
 	defer s.right.drop()
 	if txn == 0 {
 		return errors.New("commit partial redis state: transaction id 0 is invalid")
 	}
 	release, err := s.beginUnit(ctx)
 	if err != nil {
-		return fmt.Errorf("commit partial redis state of %d: %w", txn, err)
+		return fmt.Errorf("commit partial redis state of %s: %w", txn, err)
 	}
 	defer release()
 	cached, err := s.current(ctx)
 	if err != nil {
-		return fmt.Errorf("commit partial redis state of %d: %w", txn, err)
+		return fmt.Errorf("commit partial redis state of %s: %w", txn, err)
 	}
 	var (
 		next    Meta
@@ -140,7 +141,7 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn uint64)
 			if replies, rd, err = s.queueData(ctx, p, w, &next); err != nil {
 				return err
 			}
-			p.HSet(ctx, key, appendSubs([]any{fieldInFlight, strconv.FormatUint(txn, 10),
+			p.HSet(ctx, key, appendSubs([]any{fieldInFlight, strconv.FormatUint(uint64(txn), 10),
 				fieldLeftGen, strconv.FormatUint(next.LeftGen, 10),
 				fieldRightGen, strconv.FormatUint(next.RightGen, 10)}, next.Subscriptions)...)
 			if s.beforeExec != nil {
@@ -150,15 +151,15 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn uint64)
 		})
 		return execErr
 	}, key)
-	if err := s.settle(ctx, err, execErr, next, "partial commit of "+strconv.FormatUint(txn, 10)); err != nil {
-		return fmt.Errorf("commit partial redis state of %d: %w", txn, err)
+	if err := s.settle(ctx, err, execErr, next, "partial commit of "+txn.String()); err != nil {
+		return fmt.Errorf("commit partial redis state of %s: %w", txn, err)
 	}
 	applied, err := s.finishUnit(ctx, rd)
 	if err != nil {
-		return fmt.Errorf("commit partial redis state of %d: %w", txn, err)
+		return fmt.Errorf("commit partial redis state of %s: %w", txn, err)
 	}
 	if err := s.fixSubs(ctx, next, applied+replies.delta()-planned); err != nil {
-		return fmt.Errorf("commit partial redis state of %d: applied, but %w", txn, err)
+		return fmt.Errorf("commit partial redis state of %s: applied, but %w", txn, err)
 	}
 	return nil
 }
@@ -273,14 +274,14 @@ func (s *Store) undoField(key, item string) string {
 // above the checkpoint it does nothing. With no transaction in flight and
 // lsn above the checkpoint it fails with ErrNotInFlight: the chunks were
 // rolled back by Recover, and the checkpoint must not move past them.
-func (s *Store) FinishPartial(ctx context.Context, lsn uint64) error {
+func (s *Store) FinishPartial(ctx context.Context, lsn cdc.LSN) error {
 	defer s.right.drop()
 	if lsn == 0 {
 		return errors.New("finish partial redis state: LSN 0 is invalid")
 	}
 	cached, err := s.current(ctx)
 	if err != nil {
-		return fmt.Errorf("finish partial redis state at %d: %w", lsn, err)
+		return fmt.Errorf("finish partial redis state at %s: %w", lsn, err)
 	}
 	var (
 		next    Meta
@@ -300,23 +301,23 @@ func (s *Store) FinishPartial(ctx context.Context, lsn uint64) error {
 			if lsn <= stored.Checkpoint {
 				return nil // finished before: a retry
 			}
-			return fmt.Errorf("%w (checkpoint %d): it was rolled back by Recover or never started; replay the transaction",
+			return fmt.Errorf("%w (checkpoint %s): it was rolled back by Recover or never started; replay the transaction",
 				ErrNotInFlight, stored.Checkpoint)
 		}
 		if lsn <= stored.Checkpoint {
-			return fmt.Errorf("LSN is not above checkpoint %d", stored.Checkpoint)
+			return fmt.Errorf("LSN is not above checkpoint %s", stored.Checkpoint)
 		}
 		next.Checkpoint, next.InFlight = lsn, 0
 		_, execErr = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.HSet(ctx, key, fieldCheckpoint, strconv.FormatUint(lsn, 10))
+			p.HSet(ctx, key, fieldCheckpoint, strconv.FormatUint(uint64(lsn), 10))
 			p.HDel(ctx, key, fieldInFlight)
 			p.Unlink(ctx, s.keys.undo())
 			return nil
 		})
 		return execErr
 	}, key)
-	if err := s.settle(ctx, err, execErr, next, "finish of a partial commit at "+strconv.FormatUint(lsn, 10)); err != nil {
-		return fmt.Errorf("finish partial redis state at %d: %w", lsn, err)
+	if err := s.settle(ctx, err, execErr, next, "finish of a partial commit at "+lsn.String()); err != nil {
+		return fmt.Errorf("finish partial redis state at %s: %w", lsn, err)
 	}
 	return nil
 }
@@ -356,17 +357,17 @@ func (s *Store) Recover(ctx context.Context) (rolledBack bool, err error) {
 	}
 	for range maxRecoverPasses {
 		if err := s.restoreLog(ctx, cached); err != nil {
-			return false, fmt.Errorf("recover redis state from transaction %d: %w", stored.InFlight, err)
+			return false, fmt.Errorf("recover redis state from transaction %s: %w", stored.InFlight, err)
 		}
 		done, err := s.endRecover(ctx, cached)
 		if err != nil {
-			return false, fmt.Errorf("recover redis state from transaction %d: %w", stored.InFlight, err)
+			return false, fmt.Errorf("recover redis state from transaction %s: %w", stored.InFlight, err)
 		}
 		if done {
 			return true, nil
 		}
 	}
-	return false, fmt.Errorf("recover redis state from transaction %d: the undo log keeps growing; is another process writing the state?",
+	return false, fmt.Errorf("recover redis state from transaction %s: the undo log keeps growing; is another process writing the state?",
 		stored.InFlight)
 }
 

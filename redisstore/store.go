@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -53,7 +54,7 @@ type Meta struct {
 	// this version.
 	Shape Shape
 	// Checkpoint is the LSN of the last committed batch, 0 after Init.
-	Checkpoint uint64
+	Checkpoint cdc.LSN
 	// LeftGen and RightGen are the current generations of the left side (left
 	// rows and subscriptions) and of the right side (right rows). A Clear
 	// bumps one; keys of other generations are garbage for Sweep.
@@ -61,7 +62,7 @@ type Meta struct {
 	// InFlight is the id of the large transaction written in part by
 	// CommitPartial and not yet finished (FinishPartial) or rolled back
 	// (Recover); 0 when there is none.
-	InFlight uint64
+	InFlight cdc.LSN
 	// Subscriptions is the number of subscriptions in the current left
 	// generation, kept exact by every write in the meta field subs, so that
 	// it is known without scanning the subscription sets; -1 when unknown: a
@@ -206,7 +207,7 @@ func (s *Store) load(ctx context.Context) (Meta, error) {
 
 // Checkpoint returns the LSN of the last batch committed through this store,
 // or found committed when it was opened; 0 when unknown.
-func (s *Store) Checkpoint() uint64 {
+func (s *Store) Checkpoint() cdc.LSN {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.meta == nil {
@@ -217,7 +218,7 @@ func (s *Store) Checkpoint() uint64 {
 
 // InFlight returns the id of the partial transaction in flight as last seen
 // by this store (see CommitPartial), or 0; Meta reads it from Redis.
-func (s *Store) InFlight() uint64 {
+func (s *Store) InFlight() cdc.LSN {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.meta == nil {
@@ -297,7 +298,7 @@ func newGen(old uint64) uint64 {
 func metaArgs(m Meta) []any {
 	args := []any{
 		fieldEpoch, m.Epoch, fieldFingerprint, m.Fingerprint, fieldLayout, m.Layout,
-		fieldCheckpoint, strconv.FormatUint(m.Checkpoint, 10),
+		fieldCheckpoint, strconv.FormatUint(uint64(m.Checkpoint), 10),
 		fieldLeftGen, strconv.FormatUint(m.LeftGen, 10),
 		fieldRightGen, strconv.FormatUint(m.RightGen, 10),
 	}
@@ -348,7 +349,8 @@ func readMeta(ctx context.Context, c redis.Cmdable, key string) (Meta, error) {
 	}
 	m := Meta{Epoch: str[0], Fingerprint: str[1], Layout: str[2], Subscriptions: parseSubs(str[7]), Write: str[8]}
 	m.Shape, _ = parseLayout(m.Layout) // zero for another version: current refuses it
-	for i, dst := range []*uint64{&m.Checkpoint, &m.LeftGen, &m.RightGen, &m.InFlight} {
+	var checkpoint, inFlight uint64
+	for i, dst := range []*uint64{&checkpoint, &m.LeftGen, &m.RightGen, &inFlight} {
 		f := str[3+i]
 		if f == "" && metaFields[3+i] == fieldInFlight {
 			continue // absent: no partial transaction
@@ -357,6 +359,7 @@ func readMeta(ctx context.Context, c redis.Cmdable, key string) (Meta, error) {
 			return Meta{}, fmt.Errorf("read redis meta %s: field %s is %q", key, metaFields[3+i], f)
 		}
 	}
+	m.Checkpoint, m.InFlight = cdc.LSN(checkpoint), cdc.LSN(inFlight)
 	return m, nil
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -110,7 +111,7 @@ func TestSubscriptionCountCommit(t *testing.T) {
 	}
 	steps := []struct {
 		name string
-		lsn  uint64
+		lsn  cdc.LSN
 		m    join.Mutations
 		want int64
 	}{

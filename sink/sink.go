@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -233,7 +233,7 @@ var ErrCheckpointBackwards = errors.New("target checkpoint would move backwards"
 // Commit records lsn as the slot's checkpoint and commits. The checkpoint
 // never moves backwards: an older lsn fails with ErrCheckpointBackwards and
 // nothing is committed.
-func (t *Tx) Commit(ctx context.Context, slot string, lsn pglogrepl.LSN) error {
+func (t *Tx) Commit(ctx context.Context, slot string, lsn cdc.LSN) error {
 	tag, err := t.tx.Exec(ctx, `
 		INSERT INTO fkmat.checkpoint AS c (slot, lsn) VALUES ($1, $2::pg_lsn)
 		ON CONFLICT (slot) DO UPDATE SET lsn = EXCLUDED.lsn, updated_at = now()
@@ -271,7 +271,7 @@ func (t *Tx) Exec(ctx context.Context, sql string, args ...any) error {
 }
 
 // Checkpoint returns the slot's committed checkpoint (0 when none).
-func (w *Writer) Checkpoint(ctx context.Context, slot string) (pglogrepl.LSN, error) {
+func (w *Writer) Checkpoint(ctx context.Context, slot string) (cdc.LSN, error) {
 	var s string
 	err := w.pool.QueryRow(ctx, `SELECT lsn::text FROM fkmat.checkpoint WHERE slot = $1`, slot).Scan(&s)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -280,7 +280,7 @@ func (w *Writer) Checkpoint(ctx context.Context, slot string) (pglogrepl.LSN, er
 	if err != nil {
 		return 0, fmt.Errorf("read target checkpoint: %w", err)
 	}
-	return pglogrepl.ParseLSN(s)
+	return cdc.ParseLSN(s)
 }
 
 // columnArrays turns rows into one text[] argument per column (NULL kept).

@@ -11,6 +11,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/testenv"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/migrations"
@@ -75,7 +76,7 @@ func apply(t *testing.T, ctx context.Context, w *sink.Writer, tbl *sink.Table, l
 	if err := tx.Apply(ctx, tbl, out); err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Commit(ctx, "slot_a", pglsn(lsn)); err != nil {
+	if err := tx.Commit(ctx, "slot_a", cdc.LSN(lsn)); err != nil {
 		t.Fatal(err)
 	}
 	return tx.Stats
@@ -191,7 +192,7 @@ func TestCheckpointNeverBackwards(t *testing.T) {
 	if err := tx.Apply(ctx, tbl, join.Output{Deletes: [][]join.Value{{v("1")}}}); err != nil {
 		t.Fatal(err)
 	}
-	err = tx.Commit(ctx, "slot_a", pglsn(999))
+	err = tx.Commit(ctx, "slot_a", cdc.LSN(999))
 	if !errors.Is(err, sink.ErrCheckpointBackwards) {
 		t.Fatalf("Commit(999) = %v, want ErrCheckpointBackwards", err)
 	}

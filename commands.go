@@ -385,7 +385,7 @@ func readStatusMeta(ctx context.Context, target *pgxpool.Pool, slot string) (sta
 
 // statusRedis fills the Redis part of s, reading the join's meta hash only.
 func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, opts Options, p *JoinPlan, st joinState, s *JoinStatus) error {
-	store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: redisPrefix(slot, p.Name),
+	store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: RedisPrefix(slot, p.Name),
 		SubShards: opts.SubShards, RowShards: opts.RowShards})
 	if err != nil {
 		return fmt.Errorf("join %q: %w", p.Name, err)
@@ -498,7 +498,7 @@ func Teardown(ctx context.Context, cfg *Config, dropTarget bool, opts Options) e
 		return err
 	}
 	for _, j := range cfg.Joins {
-		store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: redisPrefix(cfg.Slot, j.Name)})
+		store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: RedisPrefix(cfg.Slot, j.Name)})
 		if err == nil {
 			err = store.Drop(ctx)
 		}

@@ -178,7 +178,7 @@ func open(ctx context.Context, cfg *Config, opts Options) (_ *daemon, err error)
 
 func (d *daemon) openJoin(ctx context.Context, p *JoinPlan) (*joinRunner, error) {
 	store, err := redisstore.Open(ctx, d.rdb, redisstore.Config{
-		Prefix: redisPrefix(d.cfg.Slot, p.Name), SubShards: d.opts.SubShards, RowShards: d.opts.RowShards,
+		Prefix: RedisPrefix(d.cfg.Slot, p.Name), SubShards: d.opts.SubShards, RowShards: d.opts.RowShards,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("join %q: %w", p.Name, err)
@@ -194,8 +194,10 @@ func (d *daemon) openJoin(ctx context.Context, p *JoinPlan) (*joinRunner, error)
 	return &joinRunner{plan: p, engine: engine, store: store, state: store, pending: pending, older: older, mapper: newMapper(p)}, nil
 }
 
-// redisPrefix is the key prefix of one join's state.
-func redisPrefix(slot, joinName string) string { return "fkmat:" + slot + ":" + joinName }
+// RedisPrefix is the key prefix of one join's state (redisstore.Config's
+// Prefix): every key of it starts with the prefix and a colon. redisstore
+// owns the rest of the key names.
+func RedisPrefix(slot, joinName string) string { return "fkmat:" + slot + ":" + joinName }
 
 func (d *daemon) close() {
 	if d.source != nil {

@@ -29,7 +29,9 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/redisstore"
 )
 
 // db is one contender's fresh database with the workload's setup applied.
@@ -606,15 +608,16 @@ func (d *db) redisKeys() redisKeys {
 // (sized by the backfill), from its layout.
 func (d *db) leftBuckets() int {
 	d.b.Helper()
-	layout, err := d.Redis.HGet(context.Background(), "fkmat:"+d.Slot+":orders_enriched:meta", "layout").Result()
+	ctx := context.Background()
+	s, err := redisstore.Open(ctx, d.Redis, redisstore.Config{Prefix: fkmat.RedisPrefix(d.Slot, "orders_enriched")})
 	if err != nil {
 		d.b.Fatal(err)
 	}
-	var v, subs, left, right int
-	if _, err := fmt.Sscanf(layout, "v%d/sub_shards=%d/left_buckets=%d/right_buckets=%d", &v, &subs, &left, &right); err != nil {
-		d.b.Fatalf("layout %q: %v", layout, err)
+	m, err := s.Meta(ctx)
+	if err != nil || m.Shape.LeftBuckets == 0 {
+		d.b.Fatalf("layout %q: %v", m.Layout, err)
 	}
-	return left
+	return m.Shape.LeftBuckets
 }
 
 // redisFloor writes rows single-field HSETs (52-byte values, the size of a

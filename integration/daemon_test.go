@@ -278,7 +278,7 @@ func TestDaemonOldLayout(t *testing.T) {
 	runCaughtUp(t, tc, cfg, fkmat.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	meta := "fkmat:" + tc.Slot + ":orders_enriched:meta"
+	meta := joinState(t, tc, "orders_enriched").MetaKey()
 	layout, err := tc.Redis.HGet(ctx, meta, "layout").Result()
 	if err != nil || !strings.HasPrefix(layout, "v2/") {
 		t.Fatalf("layout = %q, %v; want v2", layout, err)
@@ -326,7 +326,8 @@ CREATE TABLE orders_b PARTITION OF orders FOR VALUES FROM (40000) TO (MAXVALUE);
 			sqlExec(t, tc, `UPDATE customers SET name = 'x' WHERE id = 7`, `UPDATE orders SET customer_id = 7 WHERE id = 50000`)
 			waitCaughtUp(t, tc, d)
 			assertOracle(t, cfg)
-			layout, err := tc.Redis.HGet(context.Background(), "fkmat:"+tc.Slot+":orders_enriched:meta", "layout").Result()
+			m, err := joinState(t, tc, "orders_enriched").Meta(context.Background())
+			layout := m.Layout
 			if err != nil || !strings.HasPrefix(layout, "v2/") || !strings.HasSuffix(layout, tt.layout) {
 				t.Errorf("layout = %q, %v; want v2 with %s", layout, err, tt.layout)
 			}
@@ -355,7 +356,7 @@ func TestStatusRedisLayout(t *testing.T) {
 		!strings.Contains(strings.Join(s.Problems, "\n"), "fkmat backfill --force") {
 		t.Errorf("status of an outgrown state = %+v", s)
 	}
-	meta := "fkmat:" + tc.Slot + ":orders_enriched:meta"
+	meta := joinState(t, tc, "orders_enriched").MetaKey()
 	if err := tc.Redis.HSet(ctx, meta, "layout", "v1/sub_shards=4/row_shards=1").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -427,11 +428,7 @@ func TestDaemonLostStateWhileRunning(t *testing.T) {
 		return s
 	}
 	before := snapshot()
-	prefix := "fkmat:" + tc.Slot + ":orders_enriched:"
-	if err := tc.Redis.Del(context.Background(), prefix+"meta").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := testenv.DeleteKeys(context.Background(), tc.Redis, prefix); err != nil {
+	if err := joinState(t, tc, "orders_enriched").Drop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	// With the state gone, these would be resolved against nothing: order 3

@@ -308,18 +308,14 @@ func (f *faultRun) waitLog(s string, n int, fail string) {
 	}
 }
 
-// loseState deletes the join's Redis keys, meta hash first.
+// loseState deletes every join's Redis state (Drop: meta hash first).
 func (f *faultRun) loseState() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	prefix := "fkmat:" + f.tc.Slot + ":"
 	for _, j := range f.cfg.Joins {
-		if err := f.tc.Redis.Unlink(ctx, prefix+j.Name+":meta").Err(); err != nil {
+		if err := joinState(f.t, f.tc, j.Name).Drop(ctx); err != nil {
 			f.t.Fatal(err)
 		}
-	}
-	if err := testenv.DeleteKeys(ctx, f.tc.Redis, prefix); err != nil {
-		f.t.Fatal(err)
 	}
 }
 

@@ -12,7 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/redisstore"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
@@ -158,4 +160,18 @@ func TestHarnessRestart(t *testing.T) {
 	if err := c.Pool.QueryRow(ctx, `SELECT id FROM kept`).Scan(&id); err != nil || id != 7 {
 		t.Fatalf("after restart: id=%d err=%v", id, err)
 	}
+}
+
+// joinState opens the Redis state of the join name as the daemon keeps it
+// in tc's Redis, so that tests read or damage the state through redisstore
+// (MetaKey, Meta, Drop) and never build key names.
+func joinState(t testing.TB, tc *testenv.Case, name string) *redisstore.Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := redisstore.Open(ctx, tc.Redis, redisstore.Config{Prefix: fkmat.RedisPrefix(tc.Slot, name)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

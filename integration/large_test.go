@@ -131,7 +131,7 @@ func TestLargeTransactionKilled(t *testing.T) {
 // large transaction (its in-flight marker) and returns the meta hash key.
 func waitInFlight(t *testing.T, tc *testenv.Case) string {
 	t.Helper()
-	meta := "fkmat:" + tc.Slot + ":orders_enriched:meta"
+	meta := joinState(t, tc, "orders_enriched").MetaKey()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for {

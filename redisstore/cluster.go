@@ -506,16 +506,24 @@ func (s *Store) beginUnit(ctx context.Context) (func(), error) {
 		return func() {}, nil
 	}
 	s.unitMu.Lock()
+	if err := s.resumeOnceLocked(ctx); err != nil && !errors.Is(err, ErrNoState) {
+		s.unitMu.Unlock()
+		return nil, err
+	}
+	return s.unitMu.Unlock, nil
+}
+
+// resumeOnceLocked runs resumeLocked unless this process already resumed
+// the state and every write since ended on all shards; s.unitMu must be
+// held.
+func (s *Store) resumeOnceLocked(ctx context.Context) error {
 	s.mu.Lock()
 	resumed := s.resumed
 	s.mu.Unlock()
-	if !resumed {
-		if err := s.resumeLocked(ctx); err != nil && !errors.Is(err, ErrNoState) {
-			s.unitMu.Unlock()
-			return nil, err
-		}
+	if resumed {
+		return nil
 	}
-	return s.unitMu.Unlock, nil
+	return s.resumeLocked(ctx)
 }
 
 // finishUnit runs the second step of rd (nil: the write touched no shard)
@@ -549,9 +557,17 @@ func (s *Store) masters(ctx context.Context, fn func(context.Context, redis.Cmda
 
 // Drop deletes every key of the store, of every generation, on every
 // primary (SCAN and UNLINK in pages), for teardown: the state is gone
-// afterwards (ErrNoState). Nothing may use the state meanwhile.
+// afterwards (ErrNoState). The meta hash goes first, so that a Drop cut
+// short leaves no state rather than a state with keys missing. Nothing may
+// use the state meanwhile.
 func (s *Store) Drop(ctx context.Context) error {
 	defer s.right.drop()
+	if err := s.rdb.Unlink(ctx, s.keys.meta()).Err(); err != nil {
+		return fmt.Errorf("drop redis state %s: %w", s.cfg.Prefix, err)
+	}
+	s.mu.Lock()
+	s.meta = nil
+	s.mu.Unlock()
 	err := s.masters(ctx, func(ctx context.Context, c redis.Cmdable) error {
 		iter := c.Scan(ctx, 0, s.keys.pattern(), int64(s.cfg.PageSize)).Iterator()
 		var batch []string

@@ -116,7 +116,7 @@ func TestClusterCrashBetweenShards(t *testing.T) {
 	ctx := context.Background()
 	cfg := Config{SubShards: 64, RowShards: 64}
 	want := newClusterStore(t, c, Config{Prefix: "fkmat:test:crash:want", SubShards: 64, RowShards: 64})
-	for _, mode := range []string{"resume", "commit-next", "replay"} {
+	for _, mode := range []string{"resume", "recover", "commit-next", "replay"} {
 		t.Run(mode, func(t *testing.T) {
 			cfg.Prefix = "fkmat:test:crash:" + mode
 			s := newClusterStore(t, c, cfg)
@@ -151,10 +151,23 @@ func TestClusterCrashBetweenShards(t *testing.T) {
 				t.Fatal(err)
 			}
 			switch mode {
-			case "resume":
-				if err := s2.Resume(ctx); err != nil {
+			case "resume", "recover":
+				// The daemon's start: Resume (its start-up check), then
+				// Recover, which resumes only when Resume did not.
+				var scripts atomic.Int32
+				s2.beforeApply = func(int) error { scripts.Add(1); return nil }
+				if mode == "resume" {
+					if err := s2.Resume(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if _, err := s2.Recover(ctx); err != nil {
 					t.Fatal(err)
 				}
+				if n := scripts.Load(); n != 64 {
+					t.Errorf("Resume and Recover ran %d shard scripts, want 64 (one resume)", n)
+				}
+				s2.beforeApply = nil
 				if err := s2.Commit(ctx, b3, 12); err != nil {
 					t.Fatal(err)
 				}

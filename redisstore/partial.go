@@ -334,8 +334,13 @@ func (s *Store) FinishPartial(ctx context.Context, lsn cdc.LSN) error {
 func (s *Store) Recover(ctx context.Context) (rolledBack bool, err error) {
 	defer s.right.drop()
 	if s.Cluster() {
-		if err := s.Resume(ctx); err != nil {
-			return false, fmt.Errorf("recover redis state: %w", err)
+		// Resumed already when the daemon's start-up check (Resume) or this
+		// process's last write found every shard at the meta hash's write.
+		s.unitMu.Lock()
+		err := s.resumeOnceLocked(ctx)
+		s.unitMu.Unlock()
+		if err != nil {
+			return false, fmt.Errorf("recover redis state: resume redis cluster state: %w", err)
 		}
 	}
 	cached, err := s.current(ctx)

@@ -193,6 +193,11 @@ func (s *Store) Meta(ctx context.Context) (Meta, error) {
 	return readMeta(ctx, s.rdb, s.keys.meta())
 }
 
+// MetaKey returns the key of the meta hash (epoch, fingerprint, layout,
+// checkpoint): for tools and tests that inspect or damage the state without
+// building key names themselves.
+func (s *Store) MetaKey() string { return s.keys.meta() }
+
 // load reads the meta hash and caches it for reads and commits.
 func (s *Store) load(ctx context.Context) (Meta, error) {
 	m, err := readMeta(ctx, s.rdb, s.keys.meta())

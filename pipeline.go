@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
@@ -989,4 +988,3 @@ func (jr *joinRunner) appendChunk(out []join.Change, t *cdc.Txn) ([]join.Change,
 	}
 	return out, nil
 }
-

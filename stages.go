@@ -3,7 +3,6 @@ package fkmat
 import (
 	"context"
 
-
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"

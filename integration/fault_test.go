@@ -168,14 +168,19 @@ const (
 	faultPGRestart
 	faultPGPause
 	faultCheck // mid-run convergence check
+	// On a Redis Cluster only:
+	faultFailover // a primary killed under load; its replica takes over
+	faultReshard  // slots moved between primaries under load
 	numFaultKinds
 )
 
 var faultNames = [numFaultKinds]string{"kill-9", "redis-restart", "redis-pause", "lost-state-rebuild",
-	"lost-state-refuse", "pg-restart", "pg-pause", "oracle-check"}
+	"lost-state-refuse", "pg-restart", "pg-pause", "oracle-check", "redis-failover", "redis-reshard"}
 
-// faultPlan places each fault at a random step of the workload.
-func faultPlan(r *rand.Rand, ops int) map[int][]faultKind {
+// faultPlan places each fault at a random step of the workload. On a Redis
+// Cluster, primary failovers and slot migrations take the place of the
+// restarts and pauses of the one Redis server.
+func faultPlan(r *rand.Rand, ops int, cluster bool) map[int][]faultKind {
 	n := [numFaultKinds]int{
 		faultKill:         max(20, ops/200),
 		faultRedisRestart: max(3, ops/5000),
@@ -185,6 +190,10 @@ func faultPlan(r *rand.Rand, ops int) map[int][]faultKind {
 		faultPGRestart:    max(2, ops/10000),
 		faultPGPause:      max(2, ops/10000),
 		faultCheck:        max(2, ops/10000),
+	}
+	if cluster {
+		n[faultRedisRestart], n[faultRedisPause] = 0, 0
+		n[faultFailover], n[faultReshard] = max(3, ops/5000), max(2, ops/10000)
 	}
 	plan := map[int][]faultKind{}
 	for k, c := range n {
@@ -198,15 +207,17 @@ func faultPlan(r *rand.Rand, ops int) map[int][]faultKind {
 
 // faultRun is the state of one fault-injection run.
 type faultRun struct {
-	t      *testing.T
-	tc     *testenv.Case
-	cfg    *fkmat.Config
-	env    []string
-	r      *rand.Rand
-	w      *workload
-	p      *cliDaemon
-	counts [numFaultKinds]int
-	kills  map[string]int // kill -9 by moment: fanout, batch, random
+	t  *testing.T
+	tc *testenv.Case
+	// cluster holds the state when set, instead of tc's Redis server.
+	cluster *testenv.Cluster
+	cfg     *fkmat.Config
+	env     []string
+	r       *rand.Rand
+	w       *workload
+	p       *cliDaemon
+	counts  [numFaultKinds]int
+	kills   map[string]int // kill -9 by moment: fanout, batch, random
 	// pendingKills counts kills that hit a daemon with unacknowledged WAL.
 	pendingKills int
 	// selfRestarts counts "pipeline failed; restarting" in daemon logs: the
@@ -313,10 +324,65 @@ func (f *faultRun) loseState() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, j := range f.cfg.Joins {
-		if err := joinState(f.t, f.tc, j.Name).Drop(ctx); err != nil {
+		s := joinState(f.t, f.tc, j.Name)
+		if f.cluster != nil {
+			s = joinStateOn(f.t, f.cluster.Client, f.tc.Slot, j.Name)
+		}
+		if err := s.Drop(ctx); err != nil {
 			f.t.Fatal(err)
 		}
 	}
+}
+
+// during runs fn (a cluster operation) in the background and keeps the
+// workload writing until it returns.
+func (f *faultRun) during(what string, fn func() error) {
+	f.t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				f.t.Fatalf("%s: %v", what, err)
+			}
+			return
+		default:
+		}
+		f.w.step(f.t, false)
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// failover kills a random primary of the cluster while the workload
+// writes, waits for its replica to take over, and restarts the killed node
+// (it rejoins as a replica).
+func (f *faultRun) failover(ctx context.Context) {
+	prims, err := f.cluster.Primaries(ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	addr := prims[f.r.IntN(len(prims))].Addr
+	if err := f.cluster.Kill(addr); err != nil {
+		f.t.Fatal(err)
+	}
+	f.during("failover of "+addr, func() error { return f.cluster.WaitFailover(ctx, addr) })
+	if err := f.cluster.Restart(ctx, addr); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// reshard moves 300-1,300 slots between two random primaries while the
+// workload writes.
+func (f *faultRun) reshard(ctx context.Context) {
+	prims, err := f.cluster.Primaries(ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	from := f.r.IntN(len(prims))
+	to := (from + 1 + f.r.IntN(len(prims)-1)) % len(prims)
+	slots := min(prims[from].Slots-1, 300+f.r.IntN(1000))
+	f.during("reshard", func() error { return f.cluster.Reshard(ctx, prims[from].ID, prims[to].ID, slots) })
 }
 
 // refuse: with the state lost, `run --on-lost-state refuse` exits non-zero
@@ -429,6 +495,10 @@ func (f *faultRun) inject(k faultKind) {
 		away(env.PausePostgres, env.UnpausePostgres, pauseFor, false)
 	case faultCheck:
 		f.check()
+	case faultFailover:
+		f.failover(ctx)
+	case faultReshard:
+		f.reshard(ctx)
 	}
 	f.counts[k]++
 }
@@ -496,7 +566,7 @@ func (f *faultRun) report(seed uint64, start time.Time) string {
 // check and at the end. FKMAT_FAULT_SEED replays a run, FKMAT_FAULT_OPS sets
 // its length (make soak runs it long).
 func TestFaultInjection(t *testing.T) {
-	faultInjection(t, shapePlain, faultOps(t, 1500))
+	faultInjection(t, shapePlain, faultOps(t, 1500), false)
 }
 
 // TestFaultInjectionPartitioned is TestFaultInjection with both tables
@@ -504,10 +574,19 @@ func TestFaultInjection(t *testing.T) {
 // TRUNCATEs of the partitioned tables must not trip the partition check.
 // It found the TRUNCATE during a backfill (see TestTruncateDuringBackfill).
 func TestFaultInjectionPartitioned(t *testing.T) {
-	faultInjection(t, shapePartitioned, faultOps(t, 1500)/2)
+	faultInjection(t, shapePartitioned, faultOps(t, 1500)/2, false)
 }
 
-func faultInjection(t *testing.T, shape string, ops int) {
+// TestFaultInjectionCluster is TestFaultInjection with the state on a Redis
+// Cluster of 3 primaries and 3 replicas (local processes, AOF on): kill -9
+// of the daemon, primary failovers and slot migrations under the workload,
+// lost state, Postgres restarts and pauses. A failover may lose the last
+// acknowledged Redis writes; the daemon must then rebuild, never use them.
+func TestFaultInjectionCluster(t *testing.T) {
+	faultInjection(t, shapePlain, faultOps(t, 1500)/2, true)
+}
+
+func faultInjection(t *testing.T, shape string, ops int, cluster bool) {
 	start := time.Now()
 	seed := faultSeed(t)
 	tc := testenv.New(t)
@@ -526,6 +605,11 @@ func faultInjection(t *testing.T, shape string, ops int) {
 	yml := faultYAML(typ)
 	f := &faultRun{t: t, tc: tc, cfg: daemonConfig(t, tc, yml), env: cliEnv(t, tc, yml), r: r,
 		w: newWorkload(tc, seed), kills: map[string]int{}, warnings: map[string]int{}}
+	if cluster {
+		f.cluster = testenv.NewCluster(t)
+		f.cfg.Redis = f.cluster.URL()
+		f.env = append(f.env, "FKMAT_REDIS_URL="+f.cluster.URL())
+	}
 	defer func() {
 		t.Logf("%s shape, %s join: %s\nchanges: %s", shape, typ, f.report(seed, start), f.w.report())
 		if t.Failed() && f.p != nil {
@@ -533,7 +617,7 @@ func faultInjection(t *testing.T, shape string, ops int) {
 		}
 	}()
 
-	plan := faultPlan(r, ops)
+	plan := faultPlan(r, ops, cluster)
 	truncateAt := 1 + r.IntN(ops) // at least one TRUNCATE per run
 	hugeAt := 1 + r.IntN(ops)     // and one transaction bigger than a chunk
 	f.restart()

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/internal/testenv"
@@ -167,9 +168,15 @@ func TestHarnessRestart(t *testing.T) {
 // (MetaKey, Meta, Drop) and never build key names.
 func joinState(t testing.TB, tc *testenv.Case, name string) *redisstore.Store {
 	t.Helper()
+	return joinStateOn(t, tc.Redis, tc.Slot, name)
+}
+
+// joinStateOn is joinState on another Redis (a cluster).
+func joinStateOn(t testing.TB, rdb redis.UniversalClient, slot, name string) *redisstore.Store {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := redisstore.Open(ctx, tc.Redis, redisstore.Config{Prefix: fkmat.RedisPrefix(tc.Slot, name)})
+	s, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: fkmat.RedisPrefix(slot, name)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -300,13 +300,54 @@ func (c *Cluster) Kill(addr string) error {
 	return fmt.Errorf("no node %s", addr)
 }
 
+// Restart starts the node at addr again after Kill, with its data
+// directory (nodes.conf, AOF): a killed primary whose replica took over
+// rejoins as the new primary's replica. It waits until the cluster is
+// healthy.
+func (c *Cluster) Restart(ctx context.Context, addr string) error {
+	c.mu.Lock()
+	var started *clusterNode
+	for i, n := range c.nodes {
+		if n.addr() != addr {
+			continue
+		}
+		select {
+		case <-n.done:
+		default:
+			c.mu.Unlock()
+			return fmt.Errorf("node %s is running", addr)
+		}
+		if err := c.startNode(n, i); err != nil {
+			c.mu.Unlock()
+			return err
+		}
+		started = n
+	}
+	c.mu.Unlock()
+	if started == nil {
+		return fmt.Errorf("no node %s", addr)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := waitPing(ctx, addr); err != nil {
+		return err
+	}
+	return c.WaitHealthy(ctx)
+}
+
 // FailPrimary kills the primary at addr and waits until its replica has
 // taken over and the cluster serves every slot again. The killed node stays
-// down.
+// down (Restart brings it back as a replica).
 func (c *Cluster) FailPrimary(ctx context.Context, addr string) error {
 	if err := c.Kill(addr); err != nil {
 		return err
 	}
+	return c.WaitFailover(ctx, addr)
+}
+
+// WaitFailover waits until the killed primary at addr has been replaced by
+// its replica and the cluster serves every slot again.
+func (c *Cluster) WaitFailover(ctx context.Context, addr string) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	for {

@@ -39,6 +39,11 @@ type Options struct {
 	Batch BatchLimits
 	// OnLostState is LostStateRebuild (default) or LostStateRefuse.
 	OnLostState string
+	// RedisWaitReplicas, when positive, makes every Redis write that
+	// advances a checkpoint wait (WAIT, up to redisstore.DefaultWaitTimeout)
+	// until that many replicas of each primary written to have it, so that
+	// a failover rarely loses acknowledged state (which is then rebuilt).
+	RedisWaitReplicas int
 	// SubShards and RowShards override the Redis layout (tests use small
 	// values); zero means redisstore's defaults.
 	SubShards, RowShards int
@@ -179,6 +184,7 @@ func open(ctx context.Context, cfg *Config, opts Options) (_ *daemon, err error)
 func (d *daemon) openJoin(ctx context.Context, p *JoinPlan) (*joinRunner, error) {
 	store, err := redisstore.Open(ctx, d.rdb, redisstore.Config{
 		Prefix: RedisPrefix(d.cfg.Slot, p.Name), SubShards: d.opts.SubShards, RowShards: d.opts.RowShards,
+		WaitReplicas: d.opts.RedisWaitReplicas,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("join %q: %w", p.Name, err)

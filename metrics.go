@@ -195,6 +195,7 @@ var (
 	mSafeWAL    = desc("fkmat_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is invalidated (safe_wal_size); absent when max_slot_wal_keep_size is unlimited.")
 	mWALStatus  = desc("fkmat_slot_wal_status", "1 for the slot's current wal_status, 0 for the others.", "status")
 	mSlotActive = desc("fkmat_slot_active", "1 while a walsender streams from the slot.")
+	mWaitShort  = desc("fkmat_redis_wait_short_total", "Redis writes that run --redis-wait-replicas could not confirm on that many replicas within the WAIT timeout (or at all: written through a redirect).")
 	mSlotLag    = desc("fkmat_slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn of the slot, at the last sample.")
 )
 
@@ -253,6 +254,13 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 		gaugeOf(mBuffered, float64(st.BufferedChanges))
 		lag, last := p.lag(time.Now())
 		gaugeOf(mLagSeconds, lag)
+		var short int64
+		for _, jr := range p.joins {
+			if jr.store != nil {
+				short += jr.store.WaitShort()
+			}
+		}
+		counter(mWaitShort, float64(short))
 		if !last.IsZero() {
 			gaugeOf(mLastCommit, float64(last.UnixNano())/1e9)
 		}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -353,6 +354,10 @@ func (s *Store) apply(ctx context.Context, rd *redo) (int64, error) {
 		lost    []string
 		lastErr error
 		noSha   = map[int]bool{}
+		// redirected marks the shards whose script failed other than for
+		// NOSCRIPT (a slot moving, a failover): they go through the
+		// cluster client's routing, which follows MOVED and ASK.
+		redirected = map[int]bool{}
 	)
 	for attempt := 0; len(pending) > 0; attempt++ {
 		if attempt == applyAttempts {
@@ -366,8 +371,8 @@ func (s *Store) apply(ctx context.Context, rd *redo) (int64, error) {
 			}
 		}
 		cmds := make([]*redis.Cmd, len(pending))
-		p := s.rdb.Pipeline()
-		for j, i := range pending {
+		queue := func(p redis.Pipeliner, j int) {
+			i := pending[j]
 			keys := []string{s.keys.cp(i)}
 			argv := []any{cp(rd.epoch, rd.prev), cp(rd.epoch, rd.cur), "0"}
 			if rd.force {
@@ -385,7 +390,7 @@ func (s *Store) apply(ctx context.Context, rd *redo) (int64, error) {
 				cmds[j] = applyScript.EvalSha(ctx, p, keys, argv...)
 			}
 		}
-		_, _ = p.Exec(ctx) // each command's own error is looked at below
+		s.applyRound(ctx, pending, redirected, queue) // each command's own error is looked at below
 		var again []int
 		for j, i := range pending {
 			res, err := cmds[j].Slice()
@@ -394,6 +399,7 @@ func (s *Store) apply(ctx context.Context, rd *redo) (int64, error) {
 					noSha[i] = true
 				} else {
 					lastErr = err
+					redirected[i] = true
 				}
 				again = append(again, i)
 				continue
@@ -423,6 +429,59 @@ func (s *Store) apply(ctx context.Context, rd *redo) (int64, error) {
 		return delta, errInjected
 	}
 	return delta, nil
+}
+
+// applyRound sends one round of apply's scripts, queue(p, j) adding the
+// script of shard pending[j] to p. Without Config.WaitReplicas it is one
+// pipeline through the cluster client. With it, the scripts go in one
+// pipeline per primary, sent on that primary's own connection and ended by
+// WAIT there (WAIT counts the writes of its connection only); the shards in
+// redirected go through the cluster client, which follows redirects but
+// cannot wait for them, and count in WaitShort.
+func (s *Store) applyRound(ctx context.Context, pending []int, redirected map[int]bool, queue func(p redis.Pipeliner, j int)) {
+	cc, _ := s.rdb.(*redis.ClusterClient)
+	var routed []int // indexes into pending
+	byNode := map[*redis.Client][]int{}
+	for j, i := range pending {
+		if cc == nil || s.cfg.WaitReplicas == 0 || redirected[i] {
+			routed = append(routed, j)
+			continue
+		}
+		node, err := cc.MasterForKey(ctx, s.keys.cp(i))
+		if err != nil {
+			routed = append(routed, j)
+			continue
+		}
+		byNode[node] = append(byNode[node], j)
+	}
+	var wg sync.WaitGroup
+	for node, js := range byNode {
+		wg.Go(func() {
+			p := node.Pipeline()
+			for _, j := range js {
+				queue(p, j)
+			}
+			var wait *redis.IntCmd
+			if w, ok := p.(waiter); ok { // *redis.Pipeline is
+				wait = w.Wait(ctx, s.cfg.WaitReplicas, s.cfg.WaitTimeout)
+			}
+			_, _ = p.Exec(ctx)
+			if wait == nil || wait.Err() != nil || wait.Val() < int64(s.cfg.WaitReplicas) {
+				s.waitShort.Add(1)
+			}
+		})
+	}
+	if len(routed) > 0 {
+		p := s.rdb.Pipeline()
+		for _, j := range routed {
+			queue(p, j)
+		}
+		_, _ = p.Exec(ctx)
+		if s.cfg.WaitReplicas > 0 {
+			s.waitShort.Add(1)
+		}
+	}
+	wg.Wait()
 }
 
 func more(n int) string {

@@ -20,7 +20,9 @@ import (
 // orders with a subscription each, a tenth of them updated, 5,000 changes per
 // batch) to a state on one local redis-server and on a local 3-primary
 // cluster (3 replicas, AOF on both), side by side: changes/s, and keys and
-// memory per primary. Store level: no Postgres, no target.
+// memory per primary; and each again with Config.WaitReplicas 1 (WAIT for
+// one replica after each write; the one server has a replica too). Store
+// level: no Postgres, no target.
 //
 //	go test -run '^$' -bench BenchmarkClusterCommit -benchtime 1x ./redisstore
 func BenchmarkClusterCommit(b *testing.B) {
@@ -39,8 +41,8 @@ func BenchmarkClusterCommit(b *testing.B) {
 		}
 		return m
 	}
-	run := func(name string, rdb redis.UniversalClient, per func() string) {
-		s, err := Open(ctx, rdb, Config{Prefix: "fkmat:bench:" + name})
+	run := func(name string, rdb redis.UniversalClient, wait int, per func() string) {
+		s, err := Open(ctx, rdb, Config{Prefix: "fkmat:bench:" + name, WaitReplicas: wait})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -56,6 +58,9 @@ func BenchmarkClusterCommit(b *testing.B) {
 		el := time.Since(start)
 		rate := float64(batches*perBatch) / el.Seconds()
 		b.ReportMetric(rate, name+"_changes/s")
+		if s.WaitShort() != 0 {
+			b.Errorf("%s: %d writes not confirmed by %d replicas", name, s.WaitShort(), wait)
+		}
 		b.Logf("%s: %d changes in %v (%.0f changes/s); per primary: %s", name, batches*perBatch, el.Round(time.Millisecond), rate, per())
 	}
 	for range b.N {
@@ -65,23 +70,37 @@ func BenchmarkClusterCommit(b *testing.B) {
 		if err := one.Start(); err != nil {
 			b.Fatal(err)
 		}
+		rdir := b.TempDir()
+		replica := exec.Command("redis-server", "--port", "26391", "--bind", "127.0.0.1", "--dir", rdir,
+			"--appendonly", "yes", "--save", "", "--replicaof", "127.0.0.1", "26390", "--logfile", filepath.Join(rdir, "log"))
+		if err := replica.Start(); err != nil {
+			b.Fatal(err)
+		}
 		single := redis.NewClient(&redis.Options{Addr: "127.0.0.1:26390"})
 		for single.Ping(ctx).Err() != nil {
 			time.Sleep(20 * time.Millisecond)
 		}
+		for !strings.Contains(single.Info(ctx, "replication").Val(), "connected_slaves:1") {
+			time.Sleep(20 * time.Millisecond)
+		}
 		c := testenv.NewCluster(b)
-		run("one_server", single, func() string { return memInfo(ctx, single) })
-		run("cluster_3", c.Client, func() string {
+		perPrimary := func() string {
 			var parts []string
 			_ = c.Client.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
 				parts = append(parts, n.Options().Addr+" "+memInfo(ctx, n))
 				return nil
 			})
 			return strings.Join(parts, "; ")
-		})
+		}
+		run("one_server", single, 0, func() string { return memInfo(ctx, single) })
+		run("cluster_3", c.Client, 0, perPrimary)
+		run("one_server_wait1", single, 1, func() string { return memInfo(ctx, single) })
+		run("cluster_3_wait1", c.Client, 1, perPrimary)
 		_ = single.Close()
-		_ = one.Process.Kill()
-		_ = one.Wait()
+		for _, p := range []*exec.Cmd{replica, one} {
+			_ = p.Process.Kill()
+			_ = p.Wait()
+		}
 	}
 }
 

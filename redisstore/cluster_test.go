@@ -437,3 +437,69 @@ func thirdBatch(t *testing.T) join.Mutations {
 		DelRight: []join.Key{intKey(t, 7)},
 	}
 }
+
+// TestClusterWaitReplicas: with WaitReplicas 1 every commit waits for a
+// replica of the meta hash's primary (WAIT on the MULTI's own connection)
+// and of each shard's primary (WAIT ending each primary's pipeline). With
+// the meta primary's replica stopped, those waits time out, the commit
+// still succeeds, and WaitShort counts exactly two per commit: the meta
+// write and that primary's shards. A WAIT sent on any other connection
+// would return at once and count nothing.
+func TestClusterWaitReplicas(t *testing.T) {
+	t.Parallel()
+	c := testenv.NewCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := Config{SubShards: 64, RowShards: 64, WaitReplicas: 1, WaitTimeout: 200 * time.Millisecond}
+	s := newClusterStore(t, c, cfg)
+	want := newClusterStore(t, c, Config{Prefix: "fkmat:test:wait:want", SubShards: 64, RowShards: 64})
+	b1, b2, b3 := baseBatch(t), secondBatch(t), thirdBatch(t)
+	commit := func(b join.Mutations, lsn cdc.LSN) {
+		t.Helper()
+		for _, st := range []*Store{s, want} {
+			if err := st.Commit(ctx, b, lsn); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	commit(b1, 10)
+	if n := s.WaitShort(); n != 0 {
+		t.Fatalf("WaitShort = %d with every replica up, want 0", n)
+	}
+	primary, err := c.PrimaryOf(ctx, s.MetaKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica, err := c.ReplicaOf(ctx, primary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Pause(replica); err != nil {
+		t.Fatal(err)
+	}
+	paused := true
+	defer func() {
+		if paused {
+			_ = c.Unpause(replica)
+		}
+	}()
+	commit(b2, 11)
+	if n := s.WaitShort(); n != 2 {
+		t.Errorf("WaitShort = %d after a commit with the meta primary's replica stopped, want 2", n)
+	}
+	if err := c.Unpause(replica); err != nil {
+		t.Fatal(err)
+	}
+	paused = false
+	if err := c.WaitHealthy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := s.WaitShort()
+	commit(b3, 12)
+	if n := s.WaitShort(); n != before {
+		t.Errorf("WaitShort went from %d to %d with the replica back", before, n)
+	}
+	if got, w := readState(t, s), readState(t, want); got != w {
+		t.Errorf("state with WAIT differs from the same batches without:\n%s\nwant\n%s", got, w)
+	}
+}

@@ -101,6 +101,9 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) error
 			}
 			return nil
 		})
+		if execErr == nil {
+			s.waitReplicas(ctx, tx)
+		}
 		return execErr
 	}, key)
 	if err := s.settle(ctx, err, execErr, next, "commit at "+lsn.String()); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Defaults of Config, chosen by BenchmarkLayout (see the package
@@ -64,7 +65,19 @@ type Config struct {
 	// MULTI, and Sweep scans and unlinks this many keys per step. Default
 	// DefaultPageSize.
 	PageSize int
+	// WaitReplicas, when positive, makes every write that advances the
+	// checkpoint (Commit, FinishPartial) wait, with WAIT, until this many
+	// replicas of each primary it wrote to have it, or WaitTimeout passed:
+	// a primary that fails over then loses no acknowledged write unless
+	// the wait timed out (Store.WaitShort counts those). Zero: no waiting.
+	// Not part of the persistent layout.
+	WaitReplicas int
+	// WaitTimeout bounds each WAIT. Default DefaultWaitTimeout.
+	WaitTimeout time.Duration
 }
+
+// DefaultWaitTimeout bounds a WAIT for replicas (Config.WaitReplicas).
+const DefaultWaitTimeout = time.Second
 
 // maxShards bounds SubShards and RowShards: more would only add keys.
 const maxShards = 1 << 26
@@ -83,6 +96,9 @@ func (c Config) WithDefaults() Config {
 	if c.Shards == 0 {
 		c.Shards = DefaultShards
 	}
+	if c.WaitTimeout == 0 {
+		c.WaitTimeout = DefaultWaitTimeout
+	}
 	return c
 }
 
@@ -98,6 +114,9 @@ func (c Config) Validate() error {
 	}
 	if c.SubShards < 1 || c.SubShards > maxShards {
 		errs = append(errs, fmt.Errorf("sub shards %d out of range 1..%d", c.SubShards, maxShards))
+	}
+	if c.WaitReplicas < 0 || c.WaitTimeout < 0 {
+		errs = append(errs, fmt.Errorf("wait for %d replicas within %s: use 0 or more replicas and a positive timeout", c.WaitReplicas, c.WaitTimeout))
 	}
 	if c.RowShards < 0 || c.RowShards > maxShards {
 		errs = append(errs, fmt.Errorf("row shards %d out of range 0..%d (0 sizes them at Init)", c.RowShards, maxShards))

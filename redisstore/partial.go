@@ -314,6 +314,9 @@ func (s *Store) FinishPartial(ctx context.Context, lsn cdc.LSN) error {
 			p.Unlink(ctx, s.keys.undo())
 			return nil
 		})
+		if execErr == nil {
+			s.waitReplicas(ctx, tx)
+		}
 		return execErr
 	}, key)
 	if err := s.settle(ctx, err, execErr, next, "finish of a partial commit at "+lsn.String()); err != nil {

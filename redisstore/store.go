@@ -8,6 +8,8 @@ import (
 	mrand "math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -109,6 +111,9 @@ type Store struct {
 	// resumed is set once the last write on a cluster is known to be
 	// applied on every shard (see beginUnit).
 	resumed bool
+	// waitShort counts the writes whose WAIT for Config.WaitReplicas ended
+	// with fewer replicas, or failed.
+	waitShort atomic.Int64
 
 	// unitMu serialises the writes on a cluster (see cluster.go).
 	unitMu sync.Mutex
@@ -192,6 +197,31 @@ func NewEpoch() string { return rand.Text() }
 func (s *Store) Meta(ctx context.Context) (Meta, error) {
 	return readMeta(ctx, s.rdb, s.keys.meta())
 }
+
+// waitReplicas runs WAIT on c, the connection that has just written, when
+// the store waits for replicas (Config.WaitReplicas). A wait that ends with
+// fewer replicas, or fails, counts in WaitShort: the write stands, but a
+// failover of that primary may lose it (and the state is then rebuilt).
+func (s *Store) waitReplicas(ctx context.Context, c waiter) {
+	if s.cfg.WaitReplicas == 0 {
+		return
+	}
+	n, err := c.Wait(ctx, s.cfg.WaitReplicas, s.cfg.WaitTimeout).Result()
+	if err != nil || n < int64(s.cfg.WaitReplicas) {
+		s.waitShort.Add(1)
+	}
+}
+
+// waiter is a connection, or a pipeline on one, that can send WAIT.
+type waiter interface {
+	Wait(ctx context.Context, numReplicas int, timeout time.Duration) *redis.IntCmd
+}
+
+// WaitShort returns how many writes of this process waited for fewer
+// replicas than Config.WaitReplicas asks (a timeout or an error), or could
+// not wait at all (a shard written through a redirect during a slot
+// migration or a failover).
+func (s *Store) WaitShort() int64 { return s.waitShort.Load() }
 
 // MetaKey returns the key of the meta hash (epoch, fingerprint, layout,
 // checkpoint): for tools and tests that inspect or damage the state without

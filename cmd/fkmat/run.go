@@ -21,6 +21,8 @@ func runCommand() *cli.Command {
 				Usage: "warn when the replication slot retains more WAL than this on the source, or its safe_wal_size falls below it (e.g. 1GiB, 512MB)"},
 			&cli.DurationFlag{Name: "verify-interval", EnvVars: []string{"FKMAT_VERIFY_INTERVAL"},
 				Usage: "compare every target with its SQL join in the background, one throttled round per interval (e.g. 1h; off by default)"},
+			&cli.IntFlag{Name: "redis-wait-replicas", EnvVars: []string{"FKMAT_REDIS_WAIT_REPLICAS"},
+				Usage: "wait (Redis WAIT, up to 1 s) until this many replicas of every Redis primary written to have each batch's state before acknowledging it; 0: do not wait"},
 			&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"FKMAT_METRICS_ADDR"},
 				Usage: "serve Prometheus /metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9187)"},
 		},
@@ -31,6 +33,9 @@ func runCommand() *cli.Command {
 			}
 			opts.OnLostState = c.String("on-lost-state")
 			opts.MetricsAddr = c.String("metrics-addr")
+			if opts.RedisWaitReplicas = c.Int("redis-wait-replicas"); opts.RedisWaitReplicas < 0 {
+				return &exitError{code: exitUsage, err: fmt.Errorf("--redis-wait-replicas %d: use 0 (do not wait) or the number of replicas to wait for", opts.RedisWaitReplicas)}
+			}
 			if opts.VerifyInterval = c.Duration("verify-interval"); opts.VerifyInterval < 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--verify-interval %s: use a positive duration, or leave it out", opts.VerifyInterval)}
 			}

@@ -300,6 +300,39 @@ func (c *Cluster) Kill(addr string) error {
 	return fmt.Errorf("no node %s", addr)
 }
 
+// Pause stops the node at addr with SIGSTOP (it keeps its connections but
+// answers nothing) until Unpause.
+func (c *Cluster) Pause(addr string) error { return c.signal(addr, syscall.SIGSTOP) }
+
+// Unpause resumes a node stopped by Pause.
+func (c *Cluster) Unpause(addr string) error { return c.signal(addr, syscall.SIGCONT) }
+
+func (c *Cluster) signal(addr string, sig syscall.Signal) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range c.nodes {
+		if n.addr() == addr {
+			return n.cmd.Process.Signal(sig)
+		}
+	}
+	return fmt.Errorf("no node %s", addr)
+}
+
+// ReplicaOf returns the address of a replica of the primary at addr.
+func (c *Cluster) ReplicaOf(ctx context.Context, addr string) (string, error) {
+	for _, a := range c.Addrs() {
+		rdb := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
+		info, err := rdb.Info(ctx, "replication").Result()
+		_ = rdb.Close()
+		host, port, _ := net.SplitHostPort(addr)
+		if err == nil && strings.Contains(info, "role:slave") && strings.Contains(info, "master_host:"+host+"\r\n") &&
+			strings.Contains(info, "master_port:"+port+"\r\n") {
+			return a, nil
+		}
+	}
+	return "", fmt.Errorf("no replica of %s", addr)
+}
+
 // Restart starts the node at addr again after Kill, with its data
 // directory (nodes.conf, AOF): a killed primary whose replica took over
 // rejoins as the new primary's replica. It waits until the cluster is

@@ -208,6 +208,12 @@ func benchCluster(t *testing.T, w *workload, one *streamResult, rep *report) {
 	d.useCluster(c)
 	decode, catchUp, use := d.catchUp(w, "cluster")
 	nodes := d.stateNodes()
+	// The same with run --redis-wait-replicas 1: WAIT for a replica of
+	// every primary written to before each batch is acknowledged.
+	dw := newDB(t, w)
+	dw.useCluster(c)
+	dw.env = append(dw.env, "FKMAT_REDIS_WAIT_REPLICAS=1")
+	decodeW, catchUpW, useW := dw.catchUp(w, "cluster_wait")
 
 	n := float64(w.changes())
 	name := w.name + " " + w.title
@@ -217,6 +223,11 @@ func benchCluster(t *testing.T, w *workload, one *streamResult, rep *report) {
 		fmt.Sprintf("one node: %.2f", one.decode.Seconds()/one.catchUp.Seconds()), false)
 	rep.row(name, "cluster catch-up speed / one-node catch-up speed", one.catchUp.Seconds()/catchUp.Seconds(), "ratio",
 		"same workload, same run", false)
+	rep.row(name, "fkmat catch-up, cluster, run --redis-wait-replicas 1", catchUpW.Seconds(), "s",
+		fmt.Sprintf("%.0f changes/s; decode limit in this database %.0f changes/s; %.0f writes not confirmed in time",
+			n/catchUpW.Seconds(), n/decodeW.Seconds(), useW.waitShort), true)
+	rep.row(name, "cluster catch-up speed with WAIT / without", catchUp.Seconds()/catchUpW.Seconds(), "ratio",
+		fmt.Sprintf("share of the decode limit: %.2f with WAIT, %.2f without", decodeW.Seconds()/catchUpW.Seconds(), decode.Seconds()/catchUp.Seconds()), false)
 	rep.row(name, "CPU per 1k changes (cluster catch-up), fkmat + 6 redis-servers", (use.cpu+use.redisCPU)/(n/1000), "s",
 		fmt.Sprintf("fkmat %.1f ms, redis-servers %.1f ms", 1e6*use.cpu/n, 1e6*use.redisCPU/n), false)
 	for _, s := range []struct {

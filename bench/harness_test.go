@@ -171,6 +171,7 @@ type usage struct {
 	upserted                 float64 // target rows written (run only)
 	deleted                  float64
 	fanoutRows               float64
+	waitShort                float64 // writes not confirmed by --redis-wait-replicas
 }
 
 func (d *db) backfill() usage {
@@ -297,6 +298,7 @@ func (p *daemon) stop() usage {
 	u.upserted = p.metric("fkmat_sink_rows_upserted_total")
 	u.deleted = p.metric("fkmat_sink_rows_deleted_total")
 	u.fanoutRows = p.metric("fkmat_join_fanout_rows_total")
+	u.waitShort = p.metric("fkmat_redis_wait_short_total")
 	u.redisCPU = p.d.redisCPU() - p.redis0
 	u.walsenderCPU, u.backendCPU = p.d.postgresCPU()
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)

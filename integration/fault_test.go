@@ -608,7 +608,9 @@ func faultInjection(t *testing.T, shape string, ops int, cluster bool) {
 	if cluster {
 		f.cluster = testenv.NewCluster(t)
 		f.cfg.Redis = f.cluster.URL()
-		f.env = append(f.env, "FKMAT_REDIS_URL="+f.cluster.URL())
+		// Every other seed waits for a replica of each primary written to.
+		f.env = append(f.env, "FKMAT_REDIS_URL="+f.cluster.URL(), "FKMAT_REDIS_WAIT_REPLICAS="+strconv.Itoa(int(seed%2)))
+		t.Logf("run --redis-wait-replicas %d", seed%2)
 	}
 	defer func() {
 		t.Logf("%s shape, %s join: %s\nchanges: %s", shape, typ, f.report(seed, start), f.w.report())

@@ -613,3 +613,88 @@ func exitCode(err error) int {
 	}
 	return -1
 }
+
+// clusterACLCommands is what a Redis Cluster adds to aclCommands (README
+// "Redis Cluster"): the command table and the topology (the cluster
+// client's), the shards' script and what it runs, the redo record, and WAIT
+// for run --redis-wait-replicas.
+const clusterACLCommands = "+command +cluster|slots +cluster|shards +evalsha +eval +get +set +hgetall +type +wait"
+
+// TestSecurityRedisClusterACL: the README's ACL line for a cluster, set on
+// every node, is enough for fkmat end to end on a Redis Cluster (check,
+// migrate, backfill, streaming with a transaction larger than a chunk and a
+// TRUNCATE, run --redis-wait-replicas 1, verify, status, backfill --force,
+// teardown): no node logs a denied command or key, and the target equals
+// the SQL join.
+func TestSecurityRedisClusterACL(t *testing.T) {
+	tc := testenv.New(t)
+	cl := testenv.NewCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	user, password := "fkmat_"+tc.Slot, "Cluster-ACL-Pw-"+tc.Slot[len(tc.Slot)-8:]
+	acl := append([]any{"ACL", "SETUSER", user, "reset", "on", ">" + password, "~fkmat:" + tc.Slot + ":*", "resetchannels"},
+		anySlice(strings.Fields(aclCommands+" "+clusterACLCommands))...)
+	nodes := func(fn func(rdb *redis.Client) error) {
+		t.Helper()
+		for _, addr := range cl.Addrs() {
+			rdb := redis.NewClient(&redis.Options{Addr: addr})
+			err := fn(rdb)
+			_ = rdb.Close()
+			if err != nil {
+				t.Fatalf("node %s: %v", addr, err)
+			}
+		}
+	}
+	nodes(func(rdb *redis.Client) error {
+		if err := rdb.Do(ctx, acl...).Err(); err != nil {
+			return err
+		}
+		return rdb.Do(ctx, "ACL", "LOG", "RESET").Err()
+	})
+	sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'ann', 'gold'), (2, 'bob', NULL)`,
+		`INSERT INTO orders SELECT g, 1 + g % 3, g, 'n' FROM generate_series(1, 30) g`)
+	a := cl.Addrs()
+	redisURL := "redis+cluster://" + url.UserPassword(user, password).String() + "@" + a[0] + "," + a[1]
+	env := append(withEnv(cliEnv(t, tc, leftJoinYAML), "FKMAT_REDIS_URL", redisURL), "FKMAT_REDIS_WAIT_REPLICAS=1")
+	for _, cmd := range [][]string{{"check"}, {"migrate"}} {
+		if r := runCLI(t, env, cmd...); r.code != 0 {
+			t.Fatalf("%v: exit %d\n%s%s", cmd, r.code, r.stdout, r.stderr)
+		}
+	}
+	d := startRunCLI(t, env)
+	waitCaughtUp(t, tc, d.daemon)
+	sqlExec(t, tc, `UPDATE customers SET name = 'ANN' WHERE id = 1`, `UPDATE orders SET customer_id = 2 WHERE id < 10`,
+		`DELETE FROM customers WHERE id = 2`,
+		`INSERT INTO orders SELECT g, 1 + g % 3, g, 'big' FROM generate_series(100, 25099) g`,
+		`TRUNCATE customers`, `INSERT INTO customers VALUES (1, 'again', 'x')`)
+	waitCaughtUp(t, tc, d.daemon)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	cfg.Redis = redisURL
+	assertOracle(t, cfg)
+	if err := d.term(t); err != nil {
+		t.Fatalf("run: %v\n%s", err, d.stderr.String())
+	}
+	for _, cmd := range [][]string{{"verify"}, {"status"}, {"backfill", "--force"}, {"teardown", "--drop-target"}} {
+		if r := runCLI(t, env, cmd...); r.code != 0 {
+			t.Fatalf("%v: exit %d\n%s%s", cmd, r.code, r.stdout, r.stderr)
+		}
+	}
+	nodes(func(rdb *redis.Client) error {
+		entries, err := rdb.Do(ctx, "ACL", "LOG").Slice()
+		for _, e := range entries {
+			if s := fmt.Sprint(e); strings.Contains(s, user) && !strings.Contains(s, "auth") {
+				t.Errorf("redis node %s denied the fkmat user: %s", rdb.Options().Addr, s)
+			}
+		}
+		return err
+	})
+	keys, err := cl.KeysPerPrimary(ctx, "fkmat:"+tc.Slot+":*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for addr, n := range keys {
+		if n != 0 {
+			t.Errorf("teardown left %d keys on %s", n, addr)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -30,13 +31,134 @@ type Config struct {
 	Joins       []JoinConfig `yaml:"joins"`
 }
 
-// JoinConfig defines one foreign-key join.
+// JoinConfig defines one foreign-key join: of two tables (`right:` a
+// mapping, held in Right), or of more (`right:` a list, held in Rights; SPEC
+// "Joins of more than two tables").
 type JoinConfig struct {
 	Name   string       `yaml:"name"`
 	Type   string       `yaml:"type"`
 	Left   LeftConfig   `yaml:"left"`
 	Right  RightConfig  `yaml:"right"`
 	Target TargetConfig `yaml:"target"`
+	// Rights is the list form's entries, in order; nil in the two-table
+	// form.
+	Rights []RightConfig `yaml:"-"`
+}
+
+// IsList reports whether the join uses the list form of `right:`.
+func (j JoinConfig) IsList() bool { return j.Rights != nil }
+
+// Keys allowed in each mapping of a join. yaml.v3's KnownFields does not
+// reach into a custom UnmarshalYAML, so JoinConfig checks them itself.
+var (
+	joinKeys       = []string{"name", "type", "left", "right", "target"}
+	leftKeys       = []string{"table", "key", "foreign_key", "columns"}
+	rightKeys      = []string{"table", "key", "columns"}
+	rightEntryKeys = []string{"table", "key", "columns", "from", "foreign_key", "as", "type"}
+	targetKeys     = []string{"table"}
+)
+
+// UnmarshalYAML decodes a join, `right:` as a mapping or as a list, and
+// refuses unknown keys at every level.
+func (j *JoinConfig) UnmarshalYAML(n *yaml.Node) error {
+	if err := checkKeys(n, "a join", joinKeys); err != nil {
+		return err
+	}
+	var aux struct {
+		Name   string       `yaml:"name"`
+		Type   string       `yaml:"type"`
+		Left   yaml.Node    `yaml:"left"`
+		Right  yaml.Node    `yaml:"right"`
+		Target TargetConfig `yaml:"target"`
+	}
+	if err := n.Decode(&aux); err != nil {
+		return err
+	}
+	*j = JoinConfig{Name: aux.Name, Type: aux.Type, Target: aux.Target}
+	for _, sub := range []struct {
+		key  string
+		keys []string
+	}{{"left", leftKeys}, {"target", targetKeys}} {
+		if v := mappingValue(n, sub.key); v != nil {
+			if err := checkKeys(v, sub.key, sub.keys); err != nil {
+				return err
+			}
+		}
+	}
+	if aux.Left.Kind != 0 {
+		if err := aux.Left.Decode(&j.Left); err != nil {
+			return err
+		}
+	}
+	switch aux.Right.Kind {
+	case 0:
+	case yaml.MappingNode:
+		if err := checkKeys(&aux.Right, "right", rightKeys); err != nil {
+			var ue *unknownKeyError
+			if errors.As(err, &ue) && slices.Contains(rightEntryKeys, ue.key) {
+				return fmt.Errorf("line %d: right.%s belongs to the list form of right (joins of more than two tables): "+
+					"write right as a list of entries, or leave %s out", ue.line, ue.key, ue.key)
+			}
+			return err
+		}
+		if err := aux.Right.Decode(&j.Right); err != nil {
+			return err
+		}
+	case yaml.SequenceNode:
+		j.Rights = []RightConfig{}
+		for _, e := range aux.Right.Content {
+			if e.Kind != yaml.MappingNode {
+				return fmt.Errorf("line %d: each entry of right must be a mapping with table, foreign_key, and optionally from, as, type, key, columns", e.Line)
+			}
+			if err := checkKeys(e, "an entry of right", rightEntryKeys); err != nil {
+				return err
+			}
+			var r RightConfig
+			if err := e.Decode(&r); err != nil {
+				return err
+			}
+			r.line = e.Line
+			j.Rights = append(j.Rights, r)
+		}
+	default:
+		return fmt.Errorf("line %d: right must be a mapping (two tables) or a list of entries (more tables)", aux.Right.Line)
+	}
+	return nil
+}
+
+// unknownKeyError is a key that a mapping of the configuration does not
+// take.
+type unknownKeyError struct {
+	line      int
+	key, what string
+	allowed   []string
+}
+
+func (e *unknownKeyError) Error() string {
+	return fmt.Sprintf("line %d: %s has no key %q; use %s", e.line, e.what, e.key, strings.Join(e.allowed, ", "))
+}
+
+// checkKeys fails on the first key of mapping n not in allowed.
+func checkKeys(n *yaml.Node, what string, allowed []string) error {
+	if n.Kind != yaml.MappingNode {
+		return fmt.Errorf("line %d: %s must be a mapping", n.Line, what)
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if k := n.Content[i].Value; !slices.Contains(allowed, k) {
+			return &unknownKeyError{line: n.Content[i].Line, key: k, what: what, allowed: allowed}
+		}
+	}
+	return nil
+}
+
+// mappingValue returns the value of key in mapping n, or nil.
+func mappingValue(n *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
 }
 
 // LeftConfig is the referencing side (orders).
@@ -47,11 +169,31 @@ type LeftConfig struct {
 	Columns    []ColumnRef `yaml:"columns"`
 }
 
-// RightConfig is the referenced side (customers).
+// RightConfig is a referenced side (customers): the one of a two-table
+// join, or an entry of the list form.
 type RightConfig struct {
 	Table   TableName   `yaml:"table"`
 	Key     []string    `yaml:"key"`
 	Columns []ColumnRef `yaml:"columns"`
+	// The list form only (SPEC "Joins of more than two tables"):
+	// From names the table holding the foreign key: the left table
+	// (default) or an earlier entry, by its As or its table name.
+	From string `yaml:"from"`
+	// ForeignKey are From's columns referencing Key, in order.
+	ForeignKey []string `yaml:"foreign_key"`
+	// As names the entry (default: the table's name without schema).
+	As string `yaml:"as"`
+	// Type, inner or left, overrides the join's type for this edge.
+	Type string `yaml:"type"`
+	line int // of the entry in the file, for messages
+}
+
+// Alias returns the entry's name: As, or the table's name.
+func (r RightConfig) Alias() string {
+	if r.As != "" {
+		return r.As
+	}
+	return r.Table.Name
 }
 
 // TargetConfig names the materialized table.
@@ -297,6 +439,12 @@ func (c *Config) ApplyDefaults() {
 	}
 	for i := range c.Joins {
 		c.Joins[i].Type = strings.ToLower(strings.TrimSpace(c.Joins[i].Type))
+		for k := range c.Joins[i].Rights {
+			r := &c.Joins[i].Rights[k]
+			if r.Type = strings.ToLower(strings.TrimSpace(r.Type)); r.Type == "" {
+				r.Type = c.Joins[i].Type
+			}
+		}
 	}
 }
 
@@ -356,7 +504,11 @@ func (c *Config) Validate() error {
 		if j.Left.Table.IsZero() {
 			add("%s: set left.table", where)
 		}
-		if j.Right.Table.IsZero() {
+		if j.IsList() {
+			for _, prob := range validateList(j) {
+				add("%s: %s", where, prob)
+			}
+		} else if j.Right.Table.IsZero() {
 			add("%s: set right.table", where)
 		}
 		if j.Target.Table.IsZero() {
@@ -366,8 +518,14 @@ func (c *Config) Validate() error {
 		} else {
 			targets[j.Target.Table] = j.Name
 		}
-		if !j.Target.Table.IsZero() && (j.Target.Table == j.Left.Table || j.Target.Table == j.Right.Table) {
+		if !j.Target.Table.IsZero() && slices.Contains(j.Tables(), j.Target.Table) {
 			add("%s: target.table %s is a source table; choose another target", where, j.Target.Table)
+		}
+		for _, d := range duplicates(j.Left.Key) {
+			add("%s: left.key lists %q twice", where, d)
+		}
+		if j.IsList() {
+			continue
 		}
 		if len(j.Left.ForeignKey) == 0 {
 			add("%s: set left.foreign_key (the left columns that reference right.key)", where)
@@ -375,9 +533,6 @@ func (c *Config) Validate() error {
 		if len(j.Right.Key) > 0 && len(j.Left.ForeignKey) > 0 && len(j.Right.Key) != len(j.Left.ForeignKey) {
 			add("%s: left.foreign_key has %d columns but right.key has %d; they must match in number and order",
 				where, len(j.Left.ForeignKey), len(j.Right.Key))
-		}
-		for _, d := range duplicates(j.Left.Key) {
-			add("%s: left.key lists %q twice", where, d)
 		}
 		for _, d := range duplicates(j.Left.ForeignKey) {
 			add("%s: left.foreign_key lists %q twice", where, d)
@@ -390,6 +545,129 @@ func (c *Config) Validate() error {
 		return &ConfigError{Problems: p}
 	}
 	return nil
+}
+
+// Tables returns the join's source tables: the left table, then each
+// right table (once each, in order).
+func (j JoinConfig) Tables() []TableName {
+	out := []TableName{j.Left.Table}
+	rights := j.Rights
+	if !j.IsList() {
+		rights = []RightConfig{j.Right}
+	}
+	for _, r := range rights {
+		if !r.Table.IsZero() && !slices.Contains(out, r.Table) {
+			out = append(out, r.Table)
+		}
+	}
+	return out
+}
+
+// ParentOf returns the index of the entry that entry i's From names (-1:
+// the left table), or an error naming the fix. The left table answers to
+// its name and schema.name; an entry to its As, or when it has none to its
+// table's name and schema.name.
+func (j JoinConfig) ParentOf(i int) (int, error) {
+	r := j.Rights[i]
+	if r.From == "" {
+		return -1, nil
+	}
+	names := func(k int) []string {
+		if k < 0 {
+			return []string{j.Left.Table.Name, j.Left.Table.String(), j.Left.Table.Schema + "." + j.Left.Table.Name}
+		}
+		e := j.Rights[k]
+		if e.As != "" {
+			return []string{e.As}
+		}
+		return []string{e.Table.Name, e.Table.String(), e.Table.Schema + "." + e.Table.Name}
+	}
+	var found []int
+	for k := -1; k < len(j.Rights); k++ {
+		if slices.Contains(names(k), r.From) {
+			found = append(found, k)
+		}
+	}
+	var earlier []string
+	earlier = append(earlier, j.Left.Table.Name)
+	for k := range i {
+		earlier = append(earlier, j.Rights[k].Alias())
+	}
+	switch {
+	case len(found) == 0:
+		return 0, fmt.Errorf("from %q names no table of this join; use the left table or an earlier entry: %s", r.From, strings.Join(earlier, ", "))
+	case len(found) > 1:
+		return 0, fmt.Errorf("from %q is ambiguous: %d tables of this join answer to it; give the one you mean an `as` name and use that", r.From, len(found))
+	case found[0] == i:
+		return 0, fmt.Errorf("from %q names the entry itself: a table cannot reference itself through one edge (a cycle); name the left table or an earlier entry", r.From)
+	case found[0] > i:
+		return 0, fmt.Errorf("from %q names an entry listed after this one: joins form a tree read in list order (no cycles); move %q above this entry", r.From, r.From)
+	}
+	return found[0], nil
+}
+
+// validateList checks the list form of right: what needs no database.
+func validateList(j JoinConfig) []string {
+	var p []string
+	add := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
+	if len(j.Left.ForeignKey) > 0 {
+		add("left.foreign_key belongs to the two-table form; with right as a list, give each entry its foreign_key (the columns of its `from` table)")
+	}
+	if len(j.Rights) == 0 {
+		add("right is an empty list; add one entry per joined table")
+	}
+	seen := map[string]int{strings.ToLower(j.Left.Table.Name): -1}
+	for i, r := range j.Rights {
+		where := fmt.Sprintf("right[%d]", i)
+		if !r.Table.IsZero() {
+			where += " (" + r.Alias() + ")"
+		}
+		if r.Table.IsZero() {
+			add("%s: set table", where)
+			continue
+		}
+		if r.As != "" && !joinName.MatchString(r.As) {
+			add("%s: as %q may hold letters, digits, '_', '.' and '-' (at most 63); rename it", where, r.As)
+		}
+		if k, dup := seen[strings.ToLower(r.Alias())]; dup {
+			other := "the left table"
+			if k >= 0 {
+				other = fmt.Sprintf("right[%d]", k)
+			}
+			add("%s: the name %q is taken by %s; give this entry a distinct `as` (a table joined twice needs one)", where, r.Alias(), other)
+		} else {
+			seen[strings.ToLower(r.Alias())] = i
+		}
+		switch strings.ToLower(strings.TrimSpace(r.Type)) {
+		case "", JoinInner, JoinLeft:
+		default:
+			add("%s: type %q is not a join type; use `type: inner` or `type: left` (or leave it out for the join's type)", where, r.Type)
+		}
+		if len(r.ForeignKey) == 0 {
+			add("%s: set foreign_key (the columns of %s that reference %s)", where, fromName(j, r), r.Table)
+		}
+		if len(r.Key) > 0 && len(r.ForeignKey) > 0 && len(r.Key) != len(r.ForeignKey) {
+			add("%s: foreign_key has %d columns but key has %d; they must match in number and order", where, len(r.ForeignKey), len(r.Key))
+		}
+		for _, d := range duplicates(r.Key) {
+			add("%s: key lists %q twice", where, d)
+		}
+		for _, d := range duplicates(r.ForeignKey) {
+			add("%s: foreign_key lists %q twice", where, d)
+		}
+		if _, err := j.ParentOf(i); err != nil {
+			add("%s: %v", where, err)
+		}
+	}
+	return p
+}
+
+// fromName names the table an entry's foreign key is in, for messages.
+func fromName(j JoinConfig, r RightConfig) string {
+	if r.From == "" {
+		return j.Left.Table.String()
+	}
+	return r.From
 }
 
 func duplicates(names []string) []string {

@@ -55,6 +55,20 @@ type JoinPlan struct {
 	Target      sink.Table
 	Spec        join.Spec
 	Fingerprint string
+	// Edges are the entries of the list form (joins of more than two
+	// tables), in order; nil in the two-table form (Right).
+	Edges []EdgePlan
+}
+
+// EdgePlan is one entry of the list form resolved: the foreign-key edge
+// from the table of entry Parent (-1: the left table) to Table.Table. In
+// Table, Key is the referenced key, ForeignKey the parent's referencing
+// columns, Values the projected columns.
+type EdgePlan struct {
+	Alias  string
+	Parent int
+	Type   string
+	Table  TablePlan
 }
 
 // Resolve looks every join up in the source catalog: tables, keys (primary
@@ -234,6 +248,9 @@ func indexColumns(ctx context.Context, db Querier, oid uint32, flag string) ([]s
 }
 
 func resolveJoin(jc JoinConfig, lookup func(TableName) (*catalogTable, error)) (*JoinPlan, []string, error) {
+	if jc.IsList() {
+		return resolveList(jc, lookup)
+	}
 	var probs []string
 	add := func(format string, args ...any) {
 		probs = append(probs, fmt.Sprintf("join %q: ", jc.Name)+fmt.Sprintf(format, args...))
@@ -534,4 +551,102 @@ func fingerprint(p *JoinPlan) string {
 	}{p.Type, p.Left, p.Right, p.Target})
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:12])
+}
+
+// resolveList resolves the list form of a join (SPEC "Joins of more than
+// two tables"): every table, key, foreign key (in its `from` table),
+// FK/key types per edge, replica identities, unique keys, and output names.
+// The engine does not maintain such joins yet: a list form that resolves
+// is refused with that message, so that nothing accepts a shape it would
+// not maintain.
+func resolveList(jc JoinConfig, lookup func(TableName) (*catalogTable, error)) (*JoinPlan, []string, error) {
+	var probs []string
+	add := func(format string, args ...any) {
+		probs = append(probs, fmt.Sprintf("join %q: ", jc.Name)+fmt.Sprintf(format, args...))
+	}
+	left, err := lookup(jc.Left.Table)
+	if err != nil {
+		return nil, nil, err
+	}
+	cts := []*catalogTable{left} // index k+1: entry k
+	if !left.exists {
+		add("left table %s does not exist in the source database; check left.table", jc.Left.Table)
+	}
+	for i, r := range jc.Rights {
+		ct, err := lookup(r.Table)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !ct.exists {
+			add("right[%d] (%s): table %s does not exist in the source database; check its table", i, r.Alias(), r.Table)
+		}
+		cts = append(cts, ct)
+	}
+	if len(probs) > 0 {
+		return nil, probs, nil
+	}
+	p := &JoinPlan{Name: jc.Name, Type: jc.Type}
+	p.Left.Table, p.Left.Replica = jc.Left.Table, left.replica
+	p.Left.Key = resolveKey(left, jc.Left.Key, "left", add)
+	for _, c := range p.Left.Key {
+		if err := join.CheckKeyTypes(c.Type, c.Type); err != nil {
+			add("left.key %q: %v", c.Name, err)
+		}
+	}
+	p.Left.KeyNames, p.Left.Values = leftOutput(left, jc.Left, p.Left.Key, add)
+	checkReplicaIdentity(left, p.Left.Key, "left", add)
+	checkUnique(left, p.Left.Key, "left", add)
+	for i, r := range jc.Rights {
+		where := fmt.Sprintf("right[%d] (%s)", i, r.Alias())
+		parent, err := jc.ParentOf(i)
+		if err != nil {
+			add("%s: %v", where, err)
+			continue
+		}
+		ct, from := cts[i+1], cts[parent+1]
+		e := EdgePlan{Alias: r.Alias(), Parent: parent, Type: r.Type}
+		e.Table.Table, e.Table.Replica = r.Table, ct.replica
+		e.Table.Key = resolveKey(ct, r.Key, where, add)
+		e.Table.ForeignKey = resolveColumns(from, r.ForeignKey, where+".foreign_key", add)
+		for k, c := range e.Table.ForeignKey {
+			if k < len(e.Table.Key) {
+				if err := join.CheckKeyTypes(c.Type, e.Table.Key[k].Type); err != nil {
+					add("%s: foreign_key %q -> key %q: %v", where, c.Name, e.Table.Key[k].Name, err)
+				}
+			}
+		}
+		if len(e.Table.ForeignKey) != len(e.Table.Key) && len(e.Table.ForeignKey) > 0 && len(e.Table.Key) > 0 {
+			add("%s: foreign_key has %d columns but key has %d; they must match in number and order", where, len(e.Table.ForeignKey), len(e.Table.Key))
+		}
+		e.Table.Values = rightOutput(ct, r, e.Table.Key, add)
+		checkReplicaIdentity(ct, e.Table.Key, where, add)
+		checkUnique(ct, e.Table.Key, where, add)
+		p.Edges = append(p.Edges, e)
+	}
+	// Output names: one column per name in the target.
+	owner := map[string]string{}
+	claim := func(name, from string) {
+		if prev, dup := owner[name]; dup {
+			add("output column %q comes from %s and from %s; rename one with `AS` in its columns", name, prev, from)
+			return
+		}
+		owner[name] = from
+	}
+	for _, n := range p.Left.KeyNames {
+		claim(n, "the left table")
+	}
+	for _, v := range p.Left.Values {
+		claim(v.Name, "the left table")
+	}
+	for _, e := range p.Edges {
+		for _, v := range e.Table.Values {
+			claim(v.Name, e.Alias)
+		}
+	}
+	if len(probs) > 0 {
+		return nil, probs, nil
+	}
+	add("joins of more than two tables (right as a list) are checked but not maintained by this version of fkmat yet; " +
+		"until then, maintain each edge as a two-table join")
+	return nil, probs, nil
 }

@@ -1,0 +1,146 @@
+package fkmat
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// specNWay is the SPEC's example of a join of more than two tables.
+const specNWay = `
+source: postgres://localhost/shop
+redis: redis://localhost:6379/0
+joins:
+  - name: orders_wide
+    type: left
+    left:
+      table: public.orders
+      columns: [id, customer_id, product_id, amount]
+    right:
+      - table: public.customers
+        foreign_key: [customer_id]             # orders.customer_id = customers.id
+        columns: [name AS customer_name]
+      - table: public.products
+        type: inner
+        foreign_key: [product_id]              # orders.product_id = products.id
+        columns: [title AS product_title]
+      - table: public.regions
+        from: customers                        # a chain: customers.region_id = regions.id
+        foreign_key: [region_id]
+        columns: [name AS region_name]
+    target:
+      table: public.orders_wide
+`
+
+func TestParseListForm(t *testing.T) {
+	t.Parallel()
+	cfg, err := ParseConfig([]byte(specNWay))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	j := cfg.Joins[0]
+	if !j.IsList() || len(j.Rights) != 3 {
+		t.Fatalf("rights = %+v, want the list form with 3 entries", j.Rights)
+	}
+	for i, want := range []struct {
+		alias, typ string
+		parent     int
+	}{{"customers", "left", -1}, {"products", "inner", -1}, {"regions", "left", 0}} {
+		r := j.Rights[i]
+		parent, err := j.ParentOf(i)
+		if r.Alias() != want.alias || r.Type != want.typ || err != nil || parent != want.parent {
+			t.Errorf("right[%d] = alias %q type %q parent %d (%v), want %q %q %d", i, r.Alias(), r.Type, parent, err, want.alias, want.typ, want.parent)
+		}
+	}
+	if got := j.Rights[2].ForeignKey; len(got) != 1 || got[0] != "region_id" {
+		t.Errorf("regions foreign_key = %v", got)
+	}
+	if tables := j.Tables(); len(tables) != 4 {
+		t.Errorf("tables = %v, want 4", tables)
+	}
+}
+
+// TestListFormErrors: every mistake in the list form is reported, each
+// naming its fix; cycles and forward references are refused.
+func TestListFormErrors(t *testing.T) {
+	t.Parallel()
+	head := "source: postgres://localhost/shop\nredis: redis://localhost:6379/0\njoins:\n  - name: j\n    type: left\n    target: {table: out}\n"
+	for name, tc := range map[string]struct {
+		yaml string
+		want []string // in the Validate or parse error
+	}{
+		"forward from": {
+			"    left: {table: orders}\n    right:\n      - {table: regions, from: customers, foreign_key: [region_id]}\n      - {table: customers, foreign_key: [customer_id]}\n",
+			[]string{`right[0] (regions): from "customers" names an entry listed after this one`, `move "customers" above this entry`},
+		},
+		"self from": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, from: customers, foreign_key: [customer_id]}\n",
+			[]string{`names the entry itself`, `cycle`},
+		},
+		"unknown from": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, foreign_key: [customer_id]}\n      - {table: regions, from: custmers, foreign_key: [region_id]}\n",
+			[]string{`from "custmers" names no table of this join; use the left table or an earlier entry: orders, customers`},
+		},
+		"duplicate as": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, foreign_key: [buyer_id]}\n      - {table: customers, foreign_key: [seller_id]}\n",
+			[]string{`right[1] (customers): the name "customers" is taken by right[0]; give this entry a distinct ` + "`as`"},
+		},
+		"as clashes with left": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, as: orders, foreign_key: [customer_id]}\n",
+			[]string{`the name "orders" is taken by the left table`},
+		},
+		"left foreign key": {
+			"    left: {table: orders, foreign_key: [customer_id]}\n    right:\n      - {table: customers, foreign_key: [customer_id]}\n",
+			[]string{"left.foreign_key belongs to the two-table form"},
+		},
+		"missing foreign key and bad type": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, type: outer}\n",
+			[]string{"right[0] (customers): set foreign_key (the columns of public.orders that reference public.customers)",
+				`type "outer" is not a join type`},
+		},
+		"key count": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, key: [id, region], foreign_key: [customer_id]}\n",
+			[]string{"foreign_key has 1 columns but key has 2"},
+		},
+		"empty list": {
+			"    left: {table: orders}\n    right: []\n",
+			[]string{"right is an empty list"},
+		},
+		"target is a source": {
+			"    left: {table: orders}\n    right:\n      - {table: out, foreign_key: [customer_id]}\n",
+			[]string{"target.table public.out is a source table"},
+		},
+		"unknown key in an entry": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, foreignkey: [customer_id]}\n",
+			[]string{`an entry of right has no key "foreignkey"`},
+		},
+		"list keys in the mapping form": {
+			"    left: {table: orders, foreign_key: [customer_id]}\n    right: {table: customers, from: orders}\n",
+			[]string{"right.from belongs to the list form of right"},
+		},
+		"unknown key in left": {
+			"    left: {table: orders, typo: 1}\n    right:\n      - {table: customers, foreign_key: [customer_id]}\n",
+			[]string{`left has no key "typo"`},
+		},
+	} {
+		cfg, err := ParseConfig([]byte(head + tc.yaml))
+		if err == nil {
+			cfg.ApplyDefaults()
+			err = cfg.Validate()
+		}
+		var ce *ConfigError
+		if !errors.As(err, &ce) {
+			t.Errorf("%s: err = %v, want a *ConfigError", name, err)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error lacks %q:\n%v", name, w, err)
+			}
+		}
+	}
+}

@@ -185,7 +185,7 @@ type RightConfig struct {
 	As string `yaml:"as"`
 	// Type, inner or left, overrides the join's type for this edge.
 	Type string `yaml:"type"`
-	line int // of the entry in the file, for messages
+	line int    // of the entry in the file, for messages
 }
 
 // Alias returns the entry's name: As, or the table's name.

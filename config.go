@@ -117,7 +117,6 @@ func (j *JoinConfig) UnmarshalYAML(n *yaml.Node) error {
 			if err := e.Decode(&r); err != nil {
 				return err
 			}
-			r.line = e.Line
 			j.Rights = append(j.Rights, r)
 		}
 	default:
@@ -185,7 +184,6 @@ type RightConfig struct {
 	As string `yaml:"as"`
 	// Type, inner or left, overrides the join's type for this edge.
 	Type string `yaml:"type"`
-	line int    // of the entry in the file, for messages
 }
 
 // Alias returns the entry's name: As, or the table's name.

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -649,4 +650,80 @@ func resolveList(jc JoinConfig, lookup func(TableName) (*catalogTable, error)) (
 	add("joins of more than two tables (right as a list) are checked but not maintained by this version of fkmat yet; " +
 		"until then, maintain each edge as a two-table join")
 	return nil, probs, nil
+}
+
+// chainLayout is how the tables of a list-form join feed a join.Chain.
+type chainLayout struct {
+	Steps []join.ChainStep
+	// Out are the positions, in the last step's rows, of the target's
+	// columns.
+	Out []int
+	// Carried[t+1] are the columns the rows of table t (-1: the left table)
+	// carry through the chain past their key, in order: the projected
+	// values, then the foreign-key columns of the entries that reference
+	// the table, when they are not projected.
+	Carried [][]SourceColumn
+	// Shown[t+1] is how many of Carried[t+1] the target shows.
+	Shown []int
+}
+
+// chainOf lays out p's chain: each step's spec and foreign-key positions,
+// and the target's projection.
+func chainOf(p *JoinPlan) chainLayout {
+	var l chainLayout
+	carry := func(values []OutputColumn, children []int) ([]SourceColumn, int) {
+		var cols []SourceColumn
+		for _, v := range values {
+			cols = append(cols, v.Source)
+		}
+		shown := len(cols)
+		for _, c := range children {
+			for _, fk := range p.Edges[c].Table.ForeignKey {
+				if !slices.ContainsFunc(cols, func(s SourceColumn) bool { return s.Name == fk.Name }) {
+					cols = append(cols, fk)
+				}
+			}
+		}
+		return cols, shown
+	}
+	children := make([][]int, len(p.Edges)+1)
+	for i, e := range p.Edges {
+		children[e.Parent+1] = append(children[e.Parent+1], i)
+	}
+	cols, shown := carry(p.Left.Values, children[0])
+	l.Carried, l.Shown = append(l.Carried, cols), append(l.Shown, shown)
+	for i, e := range p.Edges {
+		cols, shown := carry(e.Table.Values, children[i+1])
+		l.Carried, l.Shown = append(l.Carried, cols), append(l.Shown, shown)
+	}
+	// offset[t+1] is where table t's carried columns start in a step row's
+	// values (past the key).
+	offset := make([]int, len(l.Carried))
+	for t := 1; t < len(offset); t++ {
+		offset[t] = offset[t-1] + len(l.Carried[t-1])
+	}
+	pk := families(p.Left.Key)
+	for i, e := range p.Edges {
+		typ := join.Left
+		if e.Type == JoinInner {
+			typ = join.Inner
+		}
+		step := join.ChainStep{Spec: join.Spec{Name: p.Name, Type: typ, PK: pk, FK: families(e.Table.ForeignKey),
+			RightKey: families(e.Table.Key), LeftValues: offset[i+1], RightValues: len(l.Carried[i+1])}}
+		from := l.Carried[e.Parent+1]
+		for _, fk := range e.Table.ForeignKey {
+			at := slices.IndexFunc(from, func(s SourceColumn) bool { return s.Name == fk.Name })
+			step.FK = append(step.FK, offset[e.Parent+1]+at)
+		}
+		l.Steps = append(l.Steps, step)
+	}
+	for k := range p.Left.Key {
+		l.Out = append(l.Out, k)
+	}
+	for t, n := range l.Shown {
+		for k := range n {
+			l.Out = append(l.Out, len(p.Left.Key)+offset[t]+k)
+		}
+	}
+	return l
 }

@@ -1,0 +1,143 @@
+package fkmat
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/fkmat/fkmat/join"
+	"github.com/fkmat/fkmat/join/jointest"
+)
+
+// specWidePlan is the SPEC's list-form example resolved: orders with their
+// customer (left), product (inner) and the customer's region (left).
+func specWidePlan() *JoinPlan {
+	col := func(name, typ string) SourceColumn { return SourceColumn{Name: name, Type: typ} }
+	out := func(c SourceColumn, as string) OutputColumn { return OutputColumn{Source: c, Name: as} }
+	id, bigint := col("id", "bigint"), col("id", "bigint")
+	p := &JoinPlan{Name: "orders_wide", Type: JoinLeft}
+	p.Left = TablePlan{Table: TableName{"public", "orders"}, Key: []SourceColumn{id}, KeyNames: []string{"id"},
+		Values: []OutputColumn{out(col("customer_id", "bigint"), "customer_id"), out(col("product_id", "bigint"), "product_id"),
+			out(col("amount", "numeric"), "amount")}}
+	p.Edges = []EdgePlan{
+		{Alias: "customers", Parent: -1, Type: JoinLeft, Table: TablePlan{Table: TableName{"public", "customers"},
+			Key: []SourceColumn{bigint}, ForeignKey: []SourceColumn{col("customer_id", "bigint")},
+			Values: []OutputColumn{out(col("name", "text"), "customer_name")}}},
+		{Alias: "products", Parent: -1, Type: JoinInner, Table: TablePlan{Table: TableName{"public", "products"},
+			Key: []SourceColumn{bigint}, ForeignKey: []SourceColumn{col("product_id", "bigint")},
+			Values: []OutputColumn{out(col("title", "text"), "product_title")}}},
+		{Alias: "regions", Parent: 0, Type: JoinLeft, Table: TablePlan{Table: TableName{"public", "regions"},
+			Key: []SourceColumn{col("id", "integer")}, ForeignKey: []SourceColumn{col("region_id", "integer")},
+			Values: []OutputColumn{out(col("name", "text"), "region_name")}}},
+	}
+	return p
+}
+
+// TestChainOfSpecExample lays out the SPEC's example as a join.Chain (the
+// customers' region_id carried hidden for the regions step) and runs it:
+// the target rows are the SPEC's SQL, and a region rename reaches the
+// orders of the customers in it.
+func TestChainOfSpecExample(t *testing.T) {
+	l := chainOf(specWidePlan())
+	names := func(cols []SourceColumn) (out []string) {
+		for _, c := range cols {
+			out = append(out, c.Name)
+		}
+		return out
+	}
+	for i, want := range [][]string{{"customer_id", "product_id", "amount"}, {"name", "region_id"}, {"title"}, {"name"}} {
+		if got := names(l.Carried[i]); !slices.Equal(got, want) {
+			t.Errorf("table %d carries %v, want %v", i-1, got, want)
+		}
+	}
+	for i, want := range []struct{ left, right, fk int }{{3, 2, 0}, {5, 1, 1}, {6, 1, 4}} {
+		s := l.Steps[i]
+		if s.Spec.LeftValues != want.left || s.Spec.RightValues != want.right || !slices.Equal(s.FK, []int{want.fk}) {
+			t.Errorf("step %d: %d left, %d right values, foreign key at %v; want %d, %d, [%d]",
+				i, s.Spec.LeftValues, s.Spec.RightValues, s.FK, want.left, want.right, want.fk)
+		}
+	}
+	if want := []int{0, 1, 2, 3, 4, 6, 7}; !slices.Equal(l.Out, want) {
+		t.Fatalf("out = %v, want %v", l.Out, want)
+	}
+
+	var stores []*jointest.Store
+	var readers []join.StateReader
+	for range l.Steps {
+		s := jointest.NewStore()
+		stores, readers = append(stores, s), append(readers, s)
+	}
+	c, err := join.NewChain(l.Steps, readers, l.Out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := func(s ...string) []join.Value {
+		out := make([]join.Value, len(s))
+		for i, x := range s {
+			out[i] = join.TextValue(x)
+			if x == "NULL" {
+				out[i] = join.NullValue()
+			}
+		}
+		return out
+	}
+	left := func(pk string, vals ...string) join.TableChange {
+		return join.TableChange{Table: 0, Change: join.Change{Kind: join.LeftUpsert, Left: join.LeftRow{PK: v(pk), Values: v(vals...)}}}
+	}
+	right := func(table int, key string, vals ...string) join.TableChange {
+		return join.TableChange{Table: table, Change: join.Change{Kind: join.RightUpsert, Right: join.RightRow{Key: v(key), Values: v(vals...)}}}
+	}
+	rows := map[string][]join.Value{}
+	apply := func(changes ...join.TableChange) {
+		t.Helper()
+		muts, err := c.Apply(context.Background(), changes, func(_ context.Context, o join.Output) error {
+			for _, d := range o.Deletes {
+				delete(rows, d[0].Text)
+			}
+			for _, r := range o.Upserts {
+				rows[r[0].Text] = r
+			}
+			for _, u := range o.RightUpdates {
+				for _, k := range u.Keys {
+					rows[k[0].Text] = append(slices.Clone(rows[k[0].Text][:c.TargetRightFrom()]), u.Right...)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, m := range muts {
+			if err := stores[i].Apply(context.Background(), m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	apply(right(3, "7", "north"), right(1, "1", "ann", "7"), right(1, "2", "bob", "NULL"),
+		right(2, "10", "pen"), left("100", "1", "10", "5"), left("101", "2", "10", "6"),
+		left("102", "3", "10", "7"), left("103", "1", "99", "8"))
+	check := func(want map[string][]join.Value) {
+		t.Helper()
+		if len(rows) != len(want) {
+			t.Fatalf("target %v, want %v", rows, want)
+		}
+		for k, w := range want {
+			if !join.ValuesEqual(rows[k], w) {
+				t.Errorf("row %s = %v, want %v", k, rows[k], w)
+			}
+		}
+	}
+	// Order 103's product does not exist: the inner products entry drops
+	// it. Order 102's customer does not exist: its name and region are NULL.
+	check(map[string][]join.Value{
+		"100": v("100", "1", "10", "5", "ann", "pen", "north"),
+		"101": v("101", "2", "10", "6", "bob", "pen", "NULL"),
+		"102": v("102", "3", "10", "7", "NULL", "pen", "NULL"),
+	})
+	apply(right(3, "7", "NORTH"), right(1, "2", "bob", "7"))
+	check(map[string][]join.Value{
+		"100": v("100", "1", "10", "5", "ann", "pen", "NORTH"),
+		"101": v("101", "2", "10", "6", "bob", "pen", "NORTH"),
+		"102": v("102", "3", "10", "7", "NULL", "pen", "NULL"),
+	})
+}

@@ -511,8 +511,18 @@ func targetTable(name TableName, p *JoinPlan) sink.Table {
 	for _, v := range p.Left.Values {
 		t.Columns = append(t.Columns, sink.Column{Name: v.Name, Type: v.Source.Type})
 	}
+	right := p.Right.Values
+	for i, e := range p.Edges { // the list form: every entry's columns, in order
+		if i == len(p.Edges)-1 {
+			right = e.Table.Values
+			break
+		}
+		for _, v := range e.Table.Values {
+			t.Columns = append(t.Columns, sink.Column{Name: v.Name, Type: v.Source.Type})
+		}
+	}
 	t.RightFrom = len(t.Columns)
-	for _, v := range p.Right.Values {
+	for _, v := range right {
 		t.Columns = append(t.Columns, sink.Column{Name: v.Name, Type: v.Source.Type})
 	}
 	return t
@@ -549,7 +559,8 @@ func fingerprint(p *JoinPlan) string {
 		Type        string
 		Left, Right TablePlan
 		Target      sink.Table
-	}{p.Type, p.Left, p.Right, p.Target})
+		Edges       []EdgePlan `json:",omitempty"`
+	}{p.Type, p.Left, p.Right, p.Target, p.Edges})
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:12])
 }
@@ -647,6 +658,12 @@ func resolveList(jc JoinConfig, lookup func(TableName) (*catalogTable, error)) (
 	if len(probs) > 0 {
 		return nil, probs, nil
 	}
+	p.Target = targetTable(jc.Target.Table, p)
+	if err := p.Target.Validate(); err != nil {
+		add("%v", err)
+		return nil, probs, nil
+	}
+	p.Fingerprint = fingerprint(p)
 	add("joins of more than two tables (right as a list) are checked but not maintained by this version of fkmat yet; " +
 		"until then, maintain each edge as a two-table join")
 	return nil, probs, nil

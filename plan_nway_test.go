@@ -141,3 +141,41 @@ func TestChainOfSpecExample(t *testing.T) {
 		"102": v("102", "3", "10", "7", "NULL", "pen", "NULL"),
 	})
 }
+
+// TestOracleListSQL: the oracle of a list-form join is the SPEC's SQL, the
+// entries joined in list order on their parents' foreign keys.
+func TestOracleListSQL(t *testing.T) {
+	got := OracleSQL(specWidePlan())
+	want := `SELECT l."id" AS "id", l."customer_id" AS "customer_id", l."product_id" AS "product_id", l."amount" AS "amount", ` +
+		`e0."name" AS "customer_name", e1."title" AS "product_title", e2."name" AS "region_name" ` +
+		`FROM "public"."orders" l LEFT JOIN "public"."customers" e0 ON l."customer_id" = e0."id" ` +
+		`JOIN "public"."products" e1 ON l."product_id" = e1."id" LEFT JOIN "public"."regions" e2 ON e0."region_id" = e2."id"`
+	if got != want {
+		t.Errorf("OracleSQL =\n%s\nwant\n%s", got, want)
+	}
+}
+
+// TestTargetOfListForm: the target of a list-form join holds the key, the
+// left columns and every entry's columns in list order; the last entry's
+// columns are the right part (RightUpdates), as the Chain projects them.
+func TestTargetOfListForm(t *testing.T) {
+	p := specWidePlan()
+	tt := targetTable(TableName{"public", "orders_wide"}, p)
+	var names []string
+	for _, c := range tt.Columns {
+		names = append(names, c.Name)
+	}
+	if want := []string{"id", "customer_id", "product_id", "amount", "customer_name", "product_title", "region_name"}; !slices.Equal(names, want) {
+		t.Errorf("target columns %v, want %v", names, want)
+	}
+	c, err := join.NewChain(chainOf(p).Steps, []join.StateReader{jointest.NewStore(), jointest.NewStore(), jointest.NewStore()}, chainOf(p).Out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tt.KeyCount != 1 || tt.RightFrom != 6 || c.TargetRightFrom() != tt.RightFrom {
+		t.Errorf("key count %d, right from %d (chain %d); want 1, 6, 6", tt.KeyCount, tt.RightFrom, c.TargetRightFrom())
+	}
+	if fp := fingerprint(p); fp == fingerprint(&JoinPlan{Name: p.Name, Type: p.Type, Left: p.Left, Target: tt}) {
+		t.Error("the fingerprint ignores the entries")
+	}
+}

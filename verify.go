@@ -3,6 +3,7 @@ package fkmat
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -90,6 +91,9 @@ func checkTargets(ctx context.Context, target *pgxpool.Pool, plans []*JoinPlan) 
 // OracleSQL returns the SQL join a plan maintains, with the target's column
 // names, in the target's column order.
 func OracleSQL(p *JoinPlan) string {
+	if p.Edges != nil {
+		return oracleListSQL(p)
+	}
 	var sel []string
 	for i, k := range p.Left.Key {
 		sel = append(sel, "l."+ident(k.Name)+" AS "+ident(p.Left.KeyNames[i]))
@@ -110,6 +114,41 @@ func OracleSQL(p *JoinPlan) string {
 	}
 	return "SELECT " + strings.Join(sel, ", ") + " FROM " + tableIdent(p.Left.Table) + " l " + kind + " " +
 		tableIdent(p.Right.Table) + " r ON " + strings.Join(on, " AND ")
+}
+
+// oracleListSQL is OracleSQL of a list-form join: the SPEC's SQL, the
+// entries joined in list order (alias l for the left table, e0, e1, ... for
+// the entries).
+func oracleListSQL(p *JoinPlan) string {
+	alias := func(t int) string {
+		if t < 0 {
+			return "l"
+		}
+		return "e" + strconv.Itoa(t)
+	}
+	var sel []string
+	for i, k := range p.Left.Key {
+		sel = append(sel, "l."+ident(k.Name)+" AS "+ident(p.Left.KeyNames[i]))
+	}
+	for _, v := range p.Left.Values {
+		sel = append(sel, "l."+ident(v.Source.Name)+" AS "+ident(v.Name))
+	}
+	from := tableIdent(p.Left.Table) + " l"
+	for i, e := range p.Edges {
+		for _, v := range e.Table.Values {
+			sel = append(sel, alias(i)+"."+ident(v.Source.Name)+" AS "+ident(v.Name))
+		}
+		var on []string
+		for k, fk := range e.Table.ForeignKey {
+			on = append(on, alias(e.Parent)+"."+ident(fk.Name)+" = "+alias(i)+"."+ident(e.Table.Key[k].Name))
+		}
+		kind := "LEFT JOIN"
+		if e.Type == JoinInner {
+			kind = "JOIN"
+		}
+		from += " " + kind + " " + tableIdent(e.Table.Table) + " " + alias(i) + " ON " + strings.Join(on, " AND ")
+	}
+	return "SELECT " + strings.Join(sel, ", ") + " FROM " + from
 }
 
 func verifySameDB(ctx context.Context, db Querier, p *JoinPlan) (VerifyReport, error) {

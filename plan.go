@@ -292,29 +292,40 @@ func resolveJoin(jc JoinConfig, lookup func(TableName) (*catalogTable, error)) (
 		add("left.foreign_key has %d columns but right.key has %d; they must match in number and order",
 			len(p.Left.ForeignKey), len(p.Right.Key))
 	}
-	for _, c := range p.Left.Key {
+	resolveLeft(left, jc.Left, &p.Left, add)
+	p.Right.Values = rightOutput(right, jc.Right, p.Right.Key, add)
+	checkReplicaIdentity(right, p.Right.Key, "right", add)
+	checkUnique(right, p.Right.Key, "right", add)
+	if len(probs) > 0 || !finishPlan(p, jc, add) {
+		return nil, probs, nil
+	}
+	p.Spec = specOf(p)
+	return p, nil, nil
+}
+
+// resolveLeft fills the left table's output and checks its key: types,
+// replica identity, uniqueness. tp.Key is resolved already.
+func resolveLeft(ct *catalogTable, lc LeftConfig, tp *TablePlan, add func(string, ...any)) {
+	for _, c := range tp.Key {
 		if err := join.CheckKeyTypes(c.Type, c.Type); err != nil {
 			add("left.key %q: %v", c.Name, err)
 		}
 	}
-	p.Left.KeyNames, p.Left.Values = leftOutput(left, jc.Left, p.Left.Key, add)
-	p.Right.Values = rightOutput(right, jc.Right, p.Right.Key, add)
-	checkReplicaIdentity(left, p.Left.Key, "left", add)
-	checkReplicaIdentity(right, p.Right.Key, "right", add)
-	checkUnique(left, p.Left.Key, "left", add)
-	checkUnique(right, p.Right.Key, "right", add)
-	if len(probs) > 0 {
-		return nil, probs, nil
-	}
+	tp.KeyNames, tp.Values = leftOutput(ct, lc, tp.Key, add)
+	checkReplicaIdentity(ct, tp.Key, "left", add)
+	checkUnique(ct, tp.Key, "left", add)
+}
 
+// finishPlan sets p's target and fingerprint, and reports whether the
+// target is valid.
+func finishPlan(p *JoinPlan, jc JoinConfig, add func(string, ...any)) bool {
 	p.Target = targetTable(jc.Target.Table, p)
 	if err := p.Target.Validate(); err != nil {
 		add("%v", err)
-		return nil, probs, nil
+		return false
 	}
-	p.Spec = specOf(p)
 	p.Fingerprint = fingerprint(p)
-	return p, nil, nil
+	return true
 }
 
 func resolveKey(ct *catalogTable, names []string, side string, add func(string, ...any)) []SourceColumn {
@@ -600,14 +611,7 @@ func resolveList(jc JoinConfig, lookup func(TableName) (*catalogTable, error)) (
 	p := &JoinPlan{Name: jc.Name, Type: jc.Type}
 	p.Left.Table, p.Left.Replica = jc.Left.Table, left.replica
 	p.Left.Key = resolveKey(left, jc.Left.Key, "left", add)
-	for _, c := range p.Left.Key {
-		if err := join.CheckKeyTypes(c.Type, c.Type); err != nil {
-			add("left.key %q: %v", c.Name, err)
-		}
-	}
-	p.Left.KeyNames, p.Left.Values = leftOutput(left, jc.Left, p.Left.Key, add)
-	checkReplicaIdentity(left, p.Left.Key, "left", add)
-	checkUnique(left, p.Left.Key, "left", add)
+	resolveLeft(left, jc.Left, &p.Left, add)
 	for i, r := range jc.Rights {
 		where := fmt.Sprintf("right[%d] (%s)", i, r.Alias())
 		parent, err := jc.ParentOf(i)
@@ -655,15 +659,9 @@ func resolveList(jc JoinConfig, lookup func(TableName) (*catalogTable, error)) (
 			claim(v.Name, e.Alias)
 		}
 	}
-	if len(probs) > 0 {
+	if len(probs) > 0 || !finishPlan(p, jc, add) {
 		return nil, probs, nil
 	}
-	p.Target = targetTable(jc.Target.Table, p)
-	if err := p.Target.Validate(); err != nil {
-		add("%v", err)
-		return nil, probs, nil
-	}
-	p.Fingerprint = fingerprint(p)
 	add("joins of more than two tables (right as a list) are checked but not maintained by this version of fkmat yet; " +
 		"until then, maintain each edge as a two-table join")
 	return nil, probs, nil

@@ -179,3 +179,22 @@ func TestTargetOfListForm(t *testing.T) {
 		t.Error("the fingerprint ignores the entries")
 	}
 }
+
+// TestChainLeftSQL: the backfill query of each step's left rows is the
+// SPEC's SQL up to the entries before it, selecting the key and the carried
+// columns (customers.region_id, hidden, for the regions step).
+func TestChainLeftSQL(t *testing.T) {
+	p := specWidePlan()
+	l := chainOf(p)
+	for i, want := range []string{
+		`SELECT l."id", l."customer_id", l."product_id", l."amount" FROM "public"."orders" l`,
+		`SELECT l."id", l."customer_id", l."product_id", l."amount", e0."name", e0."region_id" FROM "public"."orders" l ` +
+			`LEFT JOIN "public"."customers" e0 ON l."customer_id" = e0."id"`,
+		`SELECT l."id", l."customer_id", l."product_id", l."amount", e0."name", e0."region_id", e1."title" FROM "public"."orders" l ` +
+			`LEFT JOIN "public"."customers" e0 ON l."customer_id" = e0."id" JOIN "public"."products" e1 ON l."product_id" = e1."id"`,
+	} {
+		if got := chainLeftSQL(p, l, i); got != want {
+			t.Errorf("step %d:\n%s\nwant\n%s", i, got, want)
+		}
+	}
+}

@@ -116,6 +116,48 @@ func OracleSQL(p *JoinPlan) string {
 		tableIdent(p.Right.Table) + " r ON " + strings.Join(on, " AND ")
 }
 
+// chainLeftSQL returns the query of step i's left rows of a list-form
+// join, for its backfill: the left key, then the columns the rows carry
+// through the chain (layout.Carried) of the left table and of entries
+// 0..i-1, joined as the SPEC's SQL joins them. Step 0's are the left
+// table's rows.
+func chainLeftSQL(p *JoinPlan, l chainLayout, i int) string {
+	alias := func(t int) string {
+		if t < 0 {
+			return "l"
+		}
+		return "e" + strconv.Itoa(t)
+	}
+	var sel []string
+	for _, k := range p.Left.Key {
+		sel = append(sel, "l."+ident(k.Name))
+	}
+	for t := -1; t < i; t++ {
+		for _, c := range l.Carried[t+1] {
+			sel = append(sel, alias(t)+"."+ident(c.Name))
+		}
+	}
+	return "SELECT " + strings.Join(sel, ", ") + " FROM " + listFrom(p, i, alias)
+}
+
+// listFrom is the FROM clause of a list-form join's SQL with its first n
+// entries.
+func listFrom(p *JoinPlan, n int, alias func(int) string) string {
+	from := tableIdent(p.Left.Table) + " l"
+	for i, e := range p.Edges[:n] {
+		var on []string
+		for k, fk := range e.Table.ForeignKey {
+			on = append(on, alias(e.Parent)+"."+ident(fk.Name)+" = "+alias(i)+"."+ident(e.Table.Key[k].Name))
+		}
+		kind := "LEFT JOIN"
+		if e.Type == JoinInner {
+			kind = "JOIN"
+		}
+		from += " " + kind + " " + tableIdent(e.Table.Table) + " " + alias(i) + " ON " + strings.Join(on, " AND ")
+	}
+	return from
+}
+
 // oracleListSQL is OracleSQL of a list-form join: the SPEC's SQL, the
 // entries joined in list order (alias l for the left table, e0, e1, ... for
 // the entries).
@@ -133,22 +175,12 @@ func oracleListSQL(p *JoinPlan) string {
 	for _, v := range p.Left.Values {
 		sel = append(sel, "l."+ident(v.Source.Name)+" AS "+ident(v.Name))
 	}
-	from := tableIdent(p.Left.Table) + " l"
 	for i, e := range p.Edges {
 		for _, v := range e.Table.Values {
 			sel = append(sel, alias(i)+"."+ident(v.Source.Name)+" AS "+ident(v.Name))
 		}
-		var on []string
-		for k, fk := range e.Table.ForeignKey {
-			on = append(on, alias(e.Parent)+"."+ident(fk.Name)+" = "+alias(i)+"."+ident(e.Table.Key[k].Name))
-		}
-		kind := "LEFT JOIN"
-		if e.Type == JoinInner {
-			kind = "JOIN"
-		}
-		from += " " + kind + " " + tableIdent(e.Table.Table) + " " + alias(i) + " ON " + strings.Join(on, " AND ")
 	}
-	return "SELECT " + strings.Join(sel, ", ") + " FROM " + from
+	return "SELECT " + strings.Join(sel, ", ") + " FROM " + listFrom(p, len(p.Edges), alias)
 }
 
 func verifySameDB(ctx context.Context, db Querier, p *JoinPlan) (VerifyReport, error) {

@@ -573,9 +573,9 @@ func (k redisKeys) encodingSummary(kind byte) string {
 func (d *db) redisKeys() redisKeys {
 	d.b.Helper()
 	ctx := context.Background()
-	prefix := "fkmat:" + d.Slot + ":orders_enriched:"
+	store := d.store()
 	out := redisKeys{bytes: map[byte]float64{}, encodings: map[byte]map[string]int{}}
-	iter := d.Redis.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	iter := d.Redis.Scan(ctx, 0, fkmat.RedisPrefix(d.Slot, "orders_enriched")+":*", 1000).Iterator()
 	var names []string
 	for iter.Next(ctx) {
 		names = append(names, iter.Val())
@@ -595,7 +595,10 @@ func (d *db) redisKeys() redisKeys {
 			d.b.Fatal(err)
 		}
 		for i, k := range chunk {
-			kind := k[len(prefix)]
+			kind, ok := store.KeyKind(k)
+			if !ok {
+				kind = '?' // meta, undo, redo
+			}
 			out.bytes[kind] += float64(usage[i].Val())
 			if out.encodings[kind] == nil {
 				out.encodings[kind] = map[string]int{}
@@ -606,16 +609,21 @@ func (d *db) redisKeys() redisKeys {
 	return out
 }
 
+// store opens the join's state on the shared Redis.
+func (d *db) store() *redisstore.Store {
+	d.b.Helper()
+	s, err := redisstore.Open(context.Background(), d.Redis, redisstore.Config{Prefix: fkmat.RedisPrefix(d.Slot, "orders_enriched")})
+	if err != nil {
+		d.b.Fatal(err)
+	}
+	return s
+}
+
 // leftBuckets returns the number of left-row buckets of the join's state
 // (sized by the backfill), from its layout.
 func (d *db) leftBuckets() int {
 	d.b.Helper()
-	ctx := context.Background()
-	s, err := redisstore.Open(ctx, d.Redis, redisstore.Config{Prefix: fkmat.RedisPrefix(d.Slot, "orders_enriched")})
-	if err != nil {
-		d.b.Fatal(err)
-	}
-	m, err := s.Meta(ctx)
+	m, err := d.store().Meta(context.Background())
 	if err != nil || m.Shape.LeftBuckets == 0 {
 		d.b.Fatalf("layout %q: %v", m.Layout, err)
 	}

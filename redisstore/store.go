@@ -223,6 +223,22 @@ type waiter interface {
 // migration or a failover).
 func (s *Store) WaitShort() int64 { return s.waitShort.Load() }
 
+// Key kinds KeyKind reports.
+const (
+	KindLeft  = kindLeft  // left rows
+	KindRight = kindRight // right rows
+	KindSubs  = kindSubs  // subscriptions
+)
+
+// KeyKind returns the kind (KindLeft, KindRight, KindSubs) of a data key of
+// the store, of any generation, and false for any other key (meta, undo,
+// redo, checkpoints): for tools and benchmarks that account the state's
+// memory without parsing key names themselves.
+func (s *Store) KeyKind(key string) (byte, bool) {
+	kind, _, ok := s.keys.parse(key)
+	return kind, ok
+}
+
 // MetaKey returns the key of the meta hash (epoch, fingerprint, layout,
 // checkpoint): for tools and tests that inspect or damage the state without
 // building key names themselves.

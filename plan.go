@@ -101,6 +101,13 @@ func Resolve(ctx context.Context, db Querier, cfg *Config) ([]*JoinPlan, error) 
 		}
 	}
 	if len(problems) > 0 {
+		// A table joined twice (as) reports its own problems once.
+		seen := map[string]bool{}
+		problems = slices.DeleteFunc(problems, func(p string) bool {
+			dup := seen[p]
+			seen[p] = true
+			return dup
+		})
 		return nil, &ConfigError{Problems: problems}
 	}
 	return plans, nil
@@ -293,7 +300,7 @@ func resolveJoin(jc JoinConfig, lookup func(TableName) (*catalogTable, error)) (
 			len(p.Left.ForeignKey), len(p.Right.Key))
 	}
 	resolveLeft(left, jc.Left, &p.Left, add)
-	p.Right.Values = rightOutput(right, jc.Right, p.Right.Key, add)
+	p.Right.Values = rightOutput(right, jc.Right, p.Right.Key, "right", add)
 	checkReplicaIdentity(right, p.Right.Key, "right", add)
 	checkUnique(right, p.Right.Key, "right", add)
 	if len(probs) > 0 || !finishPlan(p, jc, add) {
@@ -396,7 +403,7 @@ func leftOutput(ct *catalogTable, lc LeftConfig, key []SourceColumn, add func(st
 	return keyNames, values
 }
 
-func rightOutput(ct *catalogTable, rc RightConfig, key []SourceColumn, add func(string, ...any)) []OutputColumn {
+func rightOutput(ct *catalogTable, rc RightConfig, key []SourceColumn, side string, add func(string, ...any)) []OutputColumn {
 	refs := rc.Columns
 	if len(refs) == 0 {
 		isKey := map[string]bool{}
@@ -413,7 +420,7 @@ func rightOutput(ct *catalogTable, rc RightConfig, key []SourceColumn, add func(
 	for _, r := range refs {
 		c, ok := ct.byName[r.Name]
 		if !ok {
-			add("right.columns: table %s has no column %q%s", ct.name, r.Name, suggest(ct, r.Name))
+			add("%s.columns: table %s has no column %q%s", side, ct.name, r.Name, suggest(ct, r.Name))
 			continue
 		}
 		values = append(values, OutputColumn{Source: c, Name: r.Alias})
@@ -634,7 +641,7 @@ func resolveList(jc JoinConfig, lookup func(TableName) (*catalogTable, error)) (
 		if len(e.Table.ForeignKey) != len(e.Table.Key) && len(e.Table.ForeignKey) > 0 && len(e.Table.Key) > 0 {
 			add("%s: foreign_key has %d columns but key has %d; they must match in number and order", where, len(e.Table.ForeignKey), len(e.Table.Key))
 		}
-		e.Table.Values = rightOutput(ct, r, e.Table.Key, add)
+		e.Table.Values = rightOutput(ct, r, e.Table.Key, where, add)
 		checkReplicaIdentity(ct, e.Table.Key, where, add)
 		checkUnique(ct, e.Table.Key, where, add)
 		p.Edges = append(p.Edges, e)

@@ -93,6 +93,9 @@ func TestCheckListForm(t *testing.T) {
 			t.Errorf("check of a bad list form does not say %q:\n%s", want, r.stderr)
 		}
 	}
+	if n := strings.Count(r.stderr, "REPLICA IDENTITY NOTHING"); n != 1 {
+		t.Errorf("check names regions' replica identity %d times, want once (the table is joined twice):\n%s", n, r.stderr)
+	}
 	if strings.Contains(r.stderr, "not maintained") {
 		t.Errorf("check names the version limit before the problems are fixed:\n%s", r.stderr)
 	}

@@ -74,6 +74,17 @@ func (m *mapper) layoutOf(rel *cdc.Relation, s side) (*layout, error) {
 	if s == sideRight {
 		tp = &m.plan.Right
 	}
+	l, err := newLayout(rel, tp, s)
+	if err != nil {
+		return nil, err
+	}
+	m.layouts[layoutKey{rel, s}] = l
+	return l, nil
+}
+
+// newLayout finds the columns of tp in rel: its key, its foreign key (left
+// side), its values.
+func newLayout(rel *cdc.Relation, tp *TablePlan, s side) (*layout, error) {
 	l := &layout{side: s}
 	// The left key and the projected columns are target columns; the
 	// foreign key (unless projected) and the right key live only in the
@@ -101,8 +112,111 @@ func (m *mapper) layoutOf(rel *cdc.Relation, s side) (*layout, error) {
 	if l.values, err = positions(rel, vals, inTarget); err != nil {
 		return nil, err
 	}
-	m.layouts[layoutKey{rel, s}] = l
 	return l, nil
+}
+
+// chainMapper turns cdc changes into the table changes of a list-form
+// join's join.Chain: table 0 is the left table (left changes, its values
+// the columns it carries through the chain), table i+1 is entry i (right
+// changes). A table joined several times (`as`) yields a change for each
+// entry it is.
+type chainMapper struct {
+	plan *JoinPlan
+	// tables[t] is table t as the chain sees it: key, and the carried
+	// columns as values.
+	tables  []TablePlan
+	layouts map[chainLayoutKey]*layout
+}
+
+type chainLayoutKey struct {
+	rel   *cdc.Relation
+	table int
+}
+
+func newChainMapper(p *JoinPlan, l chainLayout) *chainMapper {
+	carried := func(cols []SourceColumn) []OutputColumn {
+		out := make([]OutputColumn, len(cols))
+		for i, c := range cols {
+			out[i] = OutputColumn{Source: c, Name: c.Name}
+		}
+		return out
+	}
+	m := &chainMapper{plan: p, layouts: map[chainLayoutKey]*layout{}}
+	m.tables = append(m.tables, TablePlan{Table: p.Left.Table, Key: p.Left.Key, Values: carried(l.Carried[0])})
+	for i, e := range p.Edges {
+		m.tables = append(m.tables, TablePlan{Table: e.Table.Table, Key: e.Table.Key, Values: carried(l.Carried[i+1])})
+	}
+	return m
+}
+
+// tablesOf returns the chain's tables that rel is.
+func (m *chainMapper) tablesOf(rel *cdc.Relation) []int {
+	t := TableName{Schema: rel.Namespace, Name: rel.Name}
+	var out []int
+	for i, tp := range m.tables {
+		if tp.Table == t {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func (m *chainMapper) layoutOf(rel *cdc.Relation, t int) (*layout, error) {
+	if l, ok := m.layouts[chainLayoutKey{rel, t}]; ok {
+		return l, nil
+	}
+	s := sideRight
+	if t == 0 {
+		s = sideLeft
+	}
+	l, err := newLayout(rel, &m.tables[t], s)
+	if err != nil {
+		return nil, err
+	}
+	m.layouts[chainLayoutKey{rel, t}] = l
+	return l, nil
+}
+
+// appendChanges maps one cdc change to the chain's table changes.
+func (m *chainMapper) appendChanges(dst []join.TableChange, c *cdc.Change) ([]join.TableChange, error) {
+	switch c.Kind {
+	case cdc.ChangeTruncate:
+		for _, rel := range c.Truncate.Relations {
+			for _, t := range m.tablesOf(rel) {
+				kind := join.RightTruncate
+				if t == 0 {
+					kind = join.LeftTruncate
+				}
+				dst = append(dst, join.TableChange{Table: t, Change: join.Change{Kind: kind}})
+			}
+		}
+		return dst, nil
+	case cdc.ChangeSchema:
+		if len(m.tablesOf(c.Schema.New)) == 0 && len(m.tablesOf(c.Schema.Old)) > 0 {
+			return nil, fmt.Errorf("%w: table %s.%s, used by join %q, was renamed to %s.%s; rename it back or update the configuration",
+				ErrSchemaChanged, c.Schema.Old.Namespace, c.Schema.Old.Name, m.plan.Name, c.Schema.New.Namespace, c.Schema.New.Name)
+		}
+		for _, t := range m.tablesOf(c.Schema.New) {
+			if _, err := m.layoutOf(c.Schema.New, t); err != nil {
+				return nil, err
+			}
+		}
+		return dst, nil
+	}
+	var one []join.Change
+	for _, t := range m.tablesOf(c.Relation) {
+		l, err := m.layoutOf(c.Relation, t)
+		if err != nil {
+			return nil, err
+		}
+		if one, err = l.appendChange(one[:0], c); err != nil {
+			return nil, err
+		}
+		for _, ch := range one {
+			dst = append(dst, join.TableChange{Table: t, Change: ch})
+		}
+	}
+	return dst, nil
 }
 
 // positions finds cols in rel by name. A column that is missing or has

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/join/jointest"
 )
@@ -195,6 +196,78 @@ func TestChainLeftSQL(t *testing.T) {
 	} {
 		if got := chainLeftSQL(p, l, i); got != want {
 			t.Errorf("step %d:\n%s\nwant\n%s", i, got, want)
+		}
+	}
+}
+
+// TestChainMapper maps source changes of the SPEC's example, with customers
+// joined a second time as seller, to the chain's table changes: the left
+// table's rows carry their projected columns, a customer carries its name
+// and its hidden region_id, a customers change reaches both entries, and a
+// TRUNCATE reaches the entries of its table.
+func TestChainMapper(t *testing.T) {
+	p := specWidePlan()
+	seller := p.Edges[0]
+	seller.Alias, seller.Table.ForeignKey = "seller", []SourceColumn{{Name: "seller_id", Type: "bigint", TypeOID: oidInt8}}
+	seller.Table.Values = []OutputColumn{{Source: SourceColumn{Name: "name", Type: "text"}, Name: "seller_name"}}
+	p.Edges = append(p.Edges, seller)
+	p.Left.Values = append(p.Left.Values, OutputColumn{Source: SourceColumn{Name: "seller_id", Type: "bigint"}, Name: "seller_id"})
+	for _, tp := range []*TablePlan{&p.Left, &p.Edges[0].Table, &p.Edges[1].Table, &p.Edges[2].Table, &p.Edges[3].Table} {
+		for i := range tp.Key {
+			tp.Key[i].TypeOID = oidInt8
+		}
+		for i := range tp.Values {
+			tp.Values[i].Source.TypeOID = oidText
+		}
+		for i := range tp.ForeignKey {
+			tp.ForeignKey[i].TypeOID = oidText
+		}
+	}
+	l := chainOf(p)
+	m := newChainMapper(p, l)
+	orders := rel("orders", cdc.Column{Name: "id", Type: oidInt8}, cdc.Column{Name: "amount", Type: oidText},
+		cdc.Column{Name: "customer_id", Type: oidText}, cdc.Column{Name: "product_id", Type: oidText}, cdc.Column{Name: "seller_id", Type: oidText})
+	customers := rel("customers", cdc.Column{Name: "region_id", Type: oidText}, cdc.Column{Name: "id", Type: oidInt8},
+		cdc.Column{Name: "name", Type: oidText})
+	regions := rel("regions", cdc.Column{Name: "id", Type: oidInt8}, cdc.Column{Name: "name", Type: oidText})
+	var got []join.TableChange
+	for _, c := range []cdc.Change{
+		{Kind: cdc.ChangeInsert, Relation: orders, New: []cdc.Value{txt("100"), txt("5"), txt("1"), txt("10"), txt("2")}},
+		{Kind: cdc.ChangeUpdate, Relation: customers, OldKind: cdc.OldKey, Old: []cdc.Value{cNull, txt("1"), cNull},
+			New: []cdc.Value{txt("7"), txt("3"), cToast}},
+		{Kind: cdc.ChangeTruncate, Truncate: &cdc.Truncate{Relations: []*cdc.Relation{regions}}},
+	} {
+		var err error
+		if got, err = m.appendChanges(got, &c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := func(s ...string) []join.Value {
+		out := make([]join.Value, len(s))
+		for i, x := range s {
+			out[i] = join.TextValue(x)
+			if x == "TOAST" {
+				out[i] = join.ToastValue()
+			}
+		}
+		return out
+	}
+	want := []join.TableChange{
+		{Table: 0, Change: join.Change{Kind: join.LeftUpsert, Insert: true, Left: join.LeftRow{PK: v("100"), FK: []join.Value{}, Values: v("1", "10", "5", "2")}}},
+		{Table: 1, Change: join.Change{Kind: join.RightKeyChange, OldKey: v("1"), Right: join.RightRow{Key: v("3"), Values: v("TOAST", "7")}}},
+		{Table: 4, Change: join.Change{Kind: join.RightKeyChange, OldKey: v("1"), Right: join.RightRow{Key: v("3"), Values: v("TOAST")}}},
+		{Table: 3, Change: join.Change{Kind: join.RightTruncate}},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d changes, want %d: %+v", len(got), len(want), got)
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		if g.Table != w.Table || g.Change.Kind != w.Change.Kind || g.Change.Insert != w.Change.Insert ||
+			!join.ValuesEqual(g.Change.OldKey, w.Change.OldKey) || !join.ValuesEqual(g.Change.Left.PK, w.Change.Left.PK) ||
+			!join.ValuesEqual(g.Change.Left.Values, w.Change.Left.Values) || !join.ValuesEqual(g.Change.Right.Key, w.Change.Right.Key) ||
+			!join.ValuesEqual(g.Change.Right.Values, w.Change.Right.Values) {
+			t.Errorf("change %d = %+v, want %+v", i, g, w)
 		}
 	}
 }

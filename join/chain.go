@@ -121,6 +121,20 @@ func (c *Chain) TargetRightFrom() int { return len(c.out) - len(c.outRight) }
 // the batch's checkpoint. The effect on the target is passed to emit, in
 // order, as in Engine.Apply.
 func (c *Chain) Apply(ctx context.Context, changes []TableChange, emit func(context.Context, Output) error) ([]Mutations, error) {
+	return c.ApplyPrefix(ctx, changes, len(c.steps), emit)
+}
+
+// ApplyPrefix is Apply on the first n steps only, for a replay after a
+// crash: the states are committed from the last step to the first, so the
+// steps that already have a batch are a suffix n, n+1, ... of the chain,
+// and the target has it too. The first n steps recompute it from their
+// states and inputs; what step n-1 would pass on is dropped (step n has
+// it), and emit is not called unless n is every step. The mutations of the
+// steps from n on are empty.
+func (c *Chain) ApplyPrefix(ctx context.Context, changes []TableChange, n int, emit func(context.Context, Output) error) ([]Mutations, error) {
+	if n < 0 || n > len(c.steps) {
+		return nil, fmt.Errorf("apply join chain: %d steps of %d", n, len(c.steps))
+	}
 	for _, t := range changes {
 		if t.Table < 0 || t.Table > len(c.steps) {
 			return nil, fmt.Errorf("apply join chain: change of table %d, the chain has %d", t.Table, len(c.steps)+1)
@@ -136,7 +150,7 @@ func (c *Chain) Apply(ctx context.Context, changes []TableChange, emit func(cont
 			in = append(in, tc.Change)
 		}
 	}
-	for i, s := range c.steps {
+	for i, s := range c.steps[:n] {
 		step := in
 		for k := range step {
 			if err := c.deriveFK(i, &step[k]); err != nil {
@@ -148,12 +162,14 @@ func (c *Chain) Apply(ctx context.Context, changes []TableChange, emit func(cont
 				step = append(step, tc.Change)
 			}
 		}
-		last := i == len(c.steps)-1
 		next := []Change{}
 		var sink func(context.Context, Output) error
-		if last {
+		switch {
+		case i == len(c.steps)-1:
 			sink = func(ctx context.Context, o Output) error { return emit(ctx, c.project(o)) }
-		} else {
+		case i == n-1:
+			sink = func(context.Context, Output) error { return nil }
+		default:
 			sink = func(_ context.Context, o Output) error {
 				d, err := derive(o, s.Spec)
 				next = append(next, d...)

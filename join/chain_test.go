@@ -75,17 +75,9 @@ func (t tree) fkPos(i int) int {
 // chain builds the Chain of t with one in-memory store per step; hide
 // leaves the foreign-key columns out of the target.
 func (t tree) chain(hide bool) (*join.Chain, []*jointest.Store, []int, error) {
-	var steps []join.ChainStep
 	var stores []*jointest.Store
-	var readers []join.StateReader
-	for i := range t.parent {
-		steps = append(steps, join.ChainStep{
-			Spec: join.Spec{Name: "chain", Type: t.typ[i], PK: ints(1), FK: ints(1), RightKey: ints(1),
-				LeftValues: t.offset(i), RightValues: t.width(i), PageSize: 3},
-			FK: []int{t.offset(t.parent[i]) + t.fkPos(i)},
-		})
-		s := jointest.NewStore()
-		stores, readers = append(stores, s), append(readers, s)
+	for range t.parent {
+		stores = append(stores, jointest.NewStore())
 	}
 	out := []int{0}
 	for tab := -1; tab < len(t.parent); tab++ {
@@ -97,8 +89,37 @@ func (t tree) chain(hide bool) (*join.Chain, []*jointest.Store, []int, error) {
 			out = append(out, 1+t.offset(tab)+k)
 		}
 	}
+	return t.chainOn(stores, out)
+}
+
+// chainOn builds the Chain of t over existing stores (a new process).
+func (t tree) chainOn(stores []*jointest.Store, out []int) (*join.Chain, []*jointest.Store, []int, error) {
+	var steps []join.ChainStep
+	var readers []join.StateReader
+	for i := range t.parent {
+		steps = append(steps, join.ChainStep{
+			Spec: join.Spec{Name: "chain", Type: t.typ[i], PK: ints(1), FK: ints(1), RightKey: ints(1),
+				LeftValues: t.offset(i), RightValues: t.width(i), PageSize: 3},
+			FK: []int{t.offset(t.parent[i]) + t.fkPos(i)},
+		})
+		readers = append(readers, stores[i])
+	}
 	c, err := join.NewChain(steps, readers, out)
 	return c, stores, out, err
+}
+
+func fanoutOf(c *join.Chain) (n uint64) {
+	for _, e := range c.Engines() {
+		n += e.Stats().FanoutRows
+	}
+	return n
+}
+
+func cloneChange(c join.Change) join.Change {
+	c.Left = join.LeftRow{PK: slices.Clone(c.Left.PK), FK: slices.Clone(c.Left.FK), Values: slices.Clone(c.Left.Values)}
+	c.Right = join.RightRow{Key: slices.Clone(c.Right.Key), Values: slices.Clone(c.Right.Values)}
+	c.OldKey = slices.Clone(c.OldKey)
+	return c
 }
 
 // source is the tables of a tree: rows by key.
@@ -378,16 +399,50 @@ func runChain(t *testing.T, seed uint64, hide bool) {
 	truncatable := func(tab int) bool {
 		return tab < 0 || tr.typ[tab] == join.Inner || tab == len(tr.parent)-1
 	}
-	nonEmpty := 0
+	nonEmpty, crashes := 0, 0
+	var fanout uint64
 	for b := range 120 {
 		changes := g.batch(1+r.IntN(25), truncatable)
+		// Keep a copy: the engines take ownership of the changes' values.
+		replay := slices.Clone(changes)
+		for k := range replay {
+			replay[k].Change = cloneChange(replay[k].Change)
+		}
 		muts, err := c.Apply(ctx, changes, func(_ context.Context, o join.Output) error { return tgt.apply(o) })
 		if err != nil {
 			t.Fatalf("%s seed %d batch %d: %v", tr, seed, b, err)
 		}
-		for i, m := range muts {
-			if err := stores[i].Apply(ctx, m); err != nil {
+		// The target has the batch; the states are committed from the last
+		// step to the first. One batch in five crashes before step `from`
+		// commits, and a new process replays the batch on the steps behind.
+		from := 0
+		if r.IntN(5) == 0 {
+			from = 1 + r.IntN(len(muts))
+		}
+		for i := len(muts) - 1; i >= from; i-- {
+			if err := stores[i].Apply(ctx, muts[i]); err != nil {
 				t.Fatalf("%s seed %d batch %d: step %d state: %v", tr, seed, b, i, err)
+			}
+		}
+		if from > 0 {
+			crashes++
+			fanout += fanoutOf(c)
+			if c, _, _, err = tr.chainOn(stores, out); err != nil {
+				t.Fatal(err)
+			}
+			muts, err := c.ApplyPrefix(ctx, replay, from, func(context.Context, join.Output) error {
+				if from == len(muts) {
+					return nil // every step replays: the caller drops what the target has
+				}
+				return errors.New("a replay on a prefix of the steps emitted output")
+			})
+			if err != nil {
+				t.Fatalf("%s seed %d batch %d: replay on %d steps: %v", tr, seed, b, from, err)
+			}
+			for i := from - 1; i >= 0; i-- {
+				if err := stores[i].Apply(ctx, muts[i]); err != nil {
+					t.Fatalf("%s seed %d batch %d: replay: step %d state: %v", tr, seed, b, i, err)
+				}
 			}
 		}
 		if err := diff(tgt.rows, src.oracle(out)); err != nil {
@@ -397,12 +452,9 @@ func runChain(t *testing.T, seed uint64, hide bool) {
 			nonEmpty++
 		}
 	}
-	var fanout uint64
-	for _, e := range c.Engines() {
-		fanout += e.Stats().FanoutRows
-	}
-	t.Logf("%s: %d of 120 batches with target rows (%d at the end), %d fan-out rows, %d redundant writes (hidden columns)",
-		tr, nonEmpty, len(tgt.rows), fanout, tgt.redundant)
+	fanout += fanoutOf(c)
+	t.Logf("%s: %d of 120 batches with target rows (%d at the end), %d fan-out rows, %d redundant writes (hidden columns), %d crashes replayed",
+		tr, nonEmpty, len(tgt.rows), fanout, tgt.redundant, crashes)
 	if nonEmpty < 60 || fanout == 0 {
 		t.Errorf("the workload exercised too little: %d batches with rows, %d fan-out rows", nonEmpty, fanout)
 	}

@@ -178,7 +178,7 @@ func (m *chainMapper) layoutOf(rel *cdc.Relation, t int) (*layout, error) {
 }
 
 // appendChanges maps one cdc change to the chain's table changes.
-func (m *chainMapper) appendChanges(dst []join.TableChange, c *cdc.Change) ([]join.TableChange, error) {
+func (m *chainMapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Change, error) {
 	switch c.Kind {
 	case cdc.ChangeTruncate:
 		for _, rel := range c.Truncate.Relations {
@@ -187,7 +187,7 @@ func (m *chainMapper) appendChanges(dst []join.TableChange, c *cdc.Change) ([]jo
 				if t == 0 {
 					kind = join.LeftTruncate
 				}
-				dst = append(dst, join.TableChange{Table: t, Change: join.Change{Kind: kind}})
+				dst = append(dst, join.Change{Table: t, Kind: kind})
 			}
 		}
 		return dst, nil
@@ -213,7 +213,8 @@ func (m *chainMapper) appendChanges(dst []join.TableChange, c *cdc.Change) ([]jo
 			return nil, err
 		}
 		for _, ch := range one {
-			dst = append(dst, join.TableChange{Table: t, Change: ch})
+			ch.Table = t
+			dst = append(dst, ch)
 		}
 	}
 	return dst, nil

@@ -82,14 +82,14 @@ func TestChainOfSpecExample(t *testing.T) {
 		}
 		return out
 	}
-	left := func(pk string, vals ...string) join.TableChange {
-		return join.TableChange{Table: 0, Change: join.Change{Kind: join.LeftUpsert, Left: join.LeftRow{PK: v(pk), Values: v(vals...)}}}
+	left := func(pk string, vals ...string) join.Change {
+		return join.Change{Table: 0, Kind: join.LeftUpsert, Left: join.LeftRow{PK: v(pk), Values: v(vals...)}}
 	}
-	right := func(table int, key string, vals ...string) join.TableChange {
-		return join.TableChange{Table: table, Change: join.Change{Kind: join.RightUpsert, Right: join.RightRow{Key: v(key), Values: v(vals...)}}}
+	right := func(table int, key string, vals ...string) join.Change {
+		return join.Change{Table: table, Kind: join.RightUpsert, Right: join.RightRow{Key: v(key), Values: v(vals...)}}
 	}
 	rows := map[string][]join.Value{}
-	apply := func(changes ...join.TableChange) {
+	apply := func(changes ...join.Change) {
 		t.Helper()
 		muts, err := c.Apply(context.Background(), changes, func(_ context.Context, o join.Output) error {
 			for _, d := range o.Deletes {
@@ -230,7 +230,7 @@ func TestChainMapper(t *testing.T) {
 	customers := rel("customers", cdc.Column{Name: "region_id", Type: oidText}, cdc.Column{Name: "id", Type: oidInt8},
 		cdc.Column{Name: "name", Type: oidText})
 	regions := rel("regions", cdc.Column{Name: "id", Type: oidInt8}, cdc.Column{Name: "name", Type: oidText})
-	var got []join.TableChange
+	var got []join.Change
 	for _, c := range []cdc.Change{
 		{Kind: cdc.ChangeInsert, Relation: orders, New: []cdc.Value{txt("100"), txt("5"), txt("1"), txt("10"), txt("2")}},
 		{Kind: cdc.ChangeUpdate, Relation: customers, OldKind: cdc.OldKey, Old: []cdc.Value{cNull, txt("1"), cNull},
@@ -252,21 +252,21 @@ func TestChainMapper(t *testing.T) {
 		}
 		return out
 	}
-	want := []join.TableChange{
-		{Table: 0, Change: join.Change{Kind: join.LeftUpsert, Insert: true, Left: join.LeftRow{PK: v("100"), FK: []join.Value{}, Values: v("1", "10", "5", "2")}}},
-		{Table: 1, Change: join.Change{Kind: join.RightKeyChange, OldKey: v("1"), Right: join.RightRow{Key: v("3"), Values: v("TOAST", "7")}}},
-		{Table: 4, Change: join.Change{Kind: join.RightKeyChange, OldKey: v("1"), Right: join.RightRow{Key: v("3"), Values: v("TOAST")}}},
-		{Table: 3, Change: join.Change{Kind: join.RightTruncate}},
+	want := []join.Change{
+		{Table: 0, Kind: join.LeftUpsert, Insert: true, Left: join.LeftRow{PK: v("100"), FK: []join.Value{}, Values: v("1", "10", "5", "2")}},
+		{Table: 1, Kind: join.RightKeyChange, OldKey: v("1"), Right: join.RightRow{Key: v("3"), Values: v("TOAST", "7")}},
+		{Table: 4, Kind: join.RightKeyChange, OldKey: v("1"), Right: join.RightRow{Key: v("3"), Values: v("TOAST")}},
+		{Table: 3, Kind: join.RightTruncate},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %d changes, want %d: %+v", len(got), len(want), got)
 	}
 	for i := range want {
 		g, w := got[i], want[i]
-		if g.Table != w.Table || g.Change.Kind != w.Change.Kind || g.Change.Insert != w.Change.Insert ||
-			!join.ValuesEqual(g.Change.OldKey, w.Change.OldKey) || !join.ValuesEqual(g.Change.Left.PK, w.Change.Left.PK) ||
-			!join.ValuesEqual(g.Change.Left.Values, w.Change.Left.Values) || !join.ValuesEqual(g.Change.Right.Key, w.Change.Right.Key) ||
-			!join.ValuesEqual(g.Change.Right.Values, w.Change.Right.Values) {
+		if g.Table != w.Table || g.Kind != w.Kind || g.Insert != w.Insert ||
+			!join.ValuesEqual(g.OldKey, w.OldKey) || !join.ValuesEqual(g.Left.PK, w.Left.PK) ||
+			!join.ValuesEqual(g.Left.Values, w.Left.Values) || !join.ValuesEqual(g.Right.Key, w.Right.Key) ||
+			!join.ValuesEqual(g.Right.Values, w.Right.Values) {
 			t.Errorf("change %d = %+v, want %+v", i, g, w)
 		}
 	}

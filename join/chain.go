@@ -48,14 +48,6 @@ type ChainStep struct {
 	FK []int
 }
 
-// TableChange is a change of one table of a Chain: Table 0 is the left
-// table (left change kinds; the foreign keys are taken from Left.Values, so
-// Left.FK is ignored), Table i > 0 the table of step i-1 (right kinds).
-type TableChange struct {
-	Table  int
-	Change Change
-}
-
 // ErrChainNullRight is a TRUNCATE of the table of a left step that is not
 // the last: every row of the steps after it changes, and the state holds
 // no index of them. The caller rebuilds the join.
@@ -116,11 +108,12 @@ func (c *Chain) Engines() []*Engine { return c.engines }
 // step's right side fills (RightUpdates and NullRight write from there on).
 func (c *Chain) TargetRightFrom() int { return len(c.out) - len(c.outRight) }
 
-// Apply applies a batch of changes, whole source transactions in commit
-// order, and returns each step's mutations, to be persisted together with
-// the batch's checkpoint. The effect on the target is passed to emit, in
-// order, as in Engine.Apply.
-func (c *Chain) Apply(ctx context.Context, changes []TableChange, emit func(context.Context, Output) error) ([]Mutations, error) {
+// Apply applies a batch of changes (Change.Table says of which table; the
+// left table's foreign keys are taken from Left.Values, so Left.FK is
+// ignored), whole source transactions in commit order, and returns each
+// step's mutations, to be persisted with the batch's checkpoint. The effect
+// on the target is passed to emit, in order, as in Engine.Apply.
+func (c *Chain) Apply(ctx context.Context, changes []Change, emit func(context.Context, Output) error) ([]Mutations, error) {
 	return c.ApplyPrefix(ctx, changes, len(c.steps), emit)
 }
 
@@ -131,13 +124,14 @@ func (c *Chain) Apply(ctx context.Context, changes []TableChange, emit func(cont
 // states and inputs; what step n-1 would pass on is dropped (step n has
 // it), and emit is not called unless n is every step. The mutations of the
 // steps from n on are empty.
-func (c *Chain) ApplyPrefix(ctx context.Context, changes []TableChange, n int, emit func(context.Context, Output) error) ([]Mutations, error) {
+func (c *Chain) ApplyPrefix(ctx context.Context, changes []Change, n int, emit func(context.Context, Output) error) ([]Mutations, error) {
 	if n < 0 || n > len(c.steps) {
 		return nil, fmt.Errorf("apply join chain: %d steps of %d", n, len(c.steps))
 	}
-	for _, t := range changes {
-		if t.Table < 0 || t.Table > len(c.steps) {
-			return nil, fmt.Errorf("apply join chain: change of table %d, the chain has %d", t.Table, len(c.steps)+1)
+	for _, ch := range changes {
+		left := ch.Kind == LeftUpsert || ch.Kind == LeftDelete || ch.Kind == LeftKeyChange || ch.Kind == LeftTruncate
+		if ch.Table < 0 || ch.Table > len(c.steps) || left != (ch.Table == 0) {
+			return nil, fmt.Errorf("apply join chain: a %s change of table %d; the chain has %d tables, the left one 0", ch.Kind, ch.Table, len(c.steps)+1)
 		}
 	}
 	muts := make([]Mutations, len(c.steps))
@@ -145,9 +139,9 @@ func (c *Chain) ApplyPrefix(ctx context.Context, changes []TableChange, n int, e
 	// outputs; each table's own changes keep their order, which is all the
 	// final state depends on.
 	var in []Change
-	for _, tc := range changes {
-		if tc.Table == 0 {
-			in = append(in, tc.Change)
+	for _, ch := range changes {
+		if ch.Table == 0 {
+			in = append(in, ch)
 		}
 	}
 	for i, s := range c.steps[:n] {
@@ -157,9 +151,9 @@ func (c *Chain) ApplyPrefix(ctx context.Context, changes []TableChange, n int, e
 				return nil, err
 			}
 		}
-		for _, tc := range changes {
-			if tc.Table == i+1 {
-				step = append(step, tc.Change)
+		for _, ch := range changes {
+			if ch.Table == i+1 {
+				step = append(step, ch)
 			}
 		}
 		next := []Change{}

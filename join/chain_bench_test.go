@@ -27,13 +27,13 @@ func BenchmarkGrandparentFanout(b *testing.B) {
 		}
 		return out
 	}
-	left := func(t int, pk string, vals ...string) join.TableChange {
-		return join.TableChange{Table: t, Change: join.Change{Kind: join.LeftUpsert, Insert: true, Left: join.LeftRow{PK: v(pk), Values: v(vals...)}}}
+	left := func(t int, pk string, vals ...string) join.Change {
+		return join.Change{Table: t, Kind: join.LeftUpsert, Insert: true, Left: join.LeftRow{PK: v(pk), Values: v(vals...)}}
 	}
-	right := func(t int, key string, vals ...string) join.TableChange {
-		return join.TableChange{Table: t, Change: join.Change{Kind: join.RightUpsert, Right: join.RightRow{Key: v(key), Values: v(vals...)}}}
+	right := func(t int, key string, vals ...string) join.Change {
+		return join.Change{Table: t, Kind: join.RightUpsert, Right: join.RightRow{Key: v(key), Values: v(vals...)}}
 	}
-	run := func(b *testing.B, steps []join.ChainStep, out []int, load []join.TableChange, rename func(i int) join.TableChange) {
+	run := func(b *testing.B, steps []join.ChainStep, out []int, load []join.Change, rename func(i int) join.Change) {
 		var stores []*jointest.Store
 		var readers []join.StateReader
 		for range steps {
@@ -44,7 +44,7 @@ func BenchmarkGrandparentFanout(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		apply := func(changes []join.TableChange) int {
+		apply := func(changes []join.Change) int {
 			rows := 0
 			muts, err := c.Apply(ctx, changes, func(_ context.Context, o join.Output) error {
 				rows += o.Rows()
@@ -64,7 +64,7 @@ func BenchmarkGrandparentFanout(b *testing.B) {
 		b.ResetTimer()
 		rows := 0
 		for i := range b.N {
-			rows = apply([]join.TableChange{rename(i)})
+			rows = apply([]join.Change{rename(i)})
 		}
 		b.ReportMetric(float64(rows), "rows/op")
 		if rows != customers*perCustomer {
@@ -76,16 +76,16 @@ func BenchmarkGrandparentFanout(b *testing.B) {
 	}
 	b.Run("two_tables", func(b *testing.B) {
 		// orders(id; customer_id, amount) → customers(id; name)
-		load := []join.TableChange{right(1, "1", "ann")}
+		load := []join.Change{right(1, "1", "ann")}
 		for o := range customers * perCustomer {
 			load = append(load, left(0, strconv.Itoa(o), "1", "9.99"))
 		}
 		run(b, []join.ChainStep{{Spec: spec(join.Left, 2, 1), FK: []int{0}}}, []int{0, 1, 2, 3}, load,
-			func(i int) join.TableChange { return right(1, "1", "ann"+strconv.Itoa(i)) })
+			func(i int) join.Change { return right(1, "1", "ann"+strconv.Itoa(i)) })
 	})
 	b.Run("grandparent", func(b *testing.B) {
 		// orders(id; customer_id, amount) → customers(id; name, region_id) → regions(id; name)
-		load := []join.TableChange{right(2, "1", "north")}
+		load := []join.Change{right(2, "1", "north")}
 		for c := range customers {
 			load = append(load, right(1, strconv.Itoa(c), "c"+strconv.Itoa(c), "1"))
 			for k := range perCustomer {
@@ -93,6 +93,6 @@ func BenchmarkGrandparentFanout(b *testing.B) {
 			}
 		}
 		steps := []join.ChainStep{{Spec: spec(join.Left, 2, 2), FK: []int{0}}, {Spec: spec(join.Left, 4, 1), FK: []int{3}}}
-		run(b, steps, []int{0, 1, 2, 3, 5}, load, func(i int) join.TableChange { return right(2, "1", "north"+strconv.Itoa(i)) })
+		run(b, steps, []int{0, 1, 2, 3, 5}, load, func(i int) join.Change { return right(2, "1", "north"+strconv.Itoa(i)) })
 	})
 }

@@ -232,8 +232,8 @@ func fill(v, old []join.Value) []join.Value {
 }
 
 // batch returns n random changes and applies them to the source.
-func (g *generator) batch(n int, truncatable func(tab int) bool) []join.TableChange {
-	var out []join.TableChange
+func (g *generator) batch(n int, truncatable func(tab int) bool) []join.Change {
+	var out []join.Change
 	for range n {
 		tab := g.r.IntN(len(g.src.tables)) - 1
 		rows := g.src.tables[tab+1]
@@ -281,7 +281,8 @@ func (g *generator) batch(n int, truncatable func(tab int) bool) []join.TableCha
 			}
 			rows[key] = fill(vals, old)
 		}
-		out = append(out, join.TableChange{Table: tab + 1, Change: c})
+		c.Table = tab + 1
+		out = append(out, c)
 	}
 	return out
 }
@@ -406,7 +407,7 @@ func runChain(t *testing.T, seed uint64, hide bool) {
 		// Keep a copy: the engines take ownership of the changes' values.
 		replay := slices.Clone(changes)
 		for k := range replay {
-			replay[k].Change = cloneChange(replay[k].Change)
+			replay[k] = cloneChange(replay[k])
 		}
 		muts, err := c.Apply(ctx, changes, func(_ context.Context, o join.Output) error { return tgt.apply(o) })
 		if err != nil {
@@ -475,15 +476,14 @@ func TestChainLeftTruncateMidway(t *testing.T) {
 	row := func(pk string, vals ...join.Value) join.Change {
 		return join.Change{Kind: join.LeftUpsert, Insert: true, Left: join.LeftRow{PK: []join.Value{join.TextValue(pk)}, Values: vals}}
 	}
-	changes := []join.TableChange{
-		{Table: 0, Change: row("1", join.TextValue("a"), join.TextValue("b"), join.TextValue("1"))},
-		{Table: 1, Change: join.Change{Kind: join.RightUpsert, Right: join.RightRow{Key: []join.Value{join.TextValue("1")},
-			Values: []join.Value{join.TextValue("c"), join.TextValue("d"), join.TextValue("5")}}}},
-		{Table: 1, Change: join.Change{Kind: join.RightTruncate}},
+	changes := []join.Change{
+		row("1", join.TextValue("a"), join.TextValue("b"), join.TextValue("1")),
+		{Table: 1, Kind: join.RightUpsert, Right: join.RightRow{Key: []join.Value{join.TextValue("1")},
+			Values: []join.Value{join.TextValue("c"), join.TextValue("d"), join.TextValue("5")}}},
+		{Table: 1, Kind: join.RightTruncate},
 	}
 	_, err = c.Apply(context.Background(), changes, func(context.Context, join.Output) error { return nil })
 	if !errors.Is(err, join.ErrChainNullRight) {
 		t.Fatalf("Apply = %v, want ErrChainNullRight", err)
 	}
-
 }

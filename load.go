@@ -262,17 +262,23 @@ func (d *daemon) loadLeft(ctx context.Context, snapshot string, jr *joinRunner, 
 // to Redis per table: the round trips overlap, and reading goes on meanwhile.
 const loadWorkers = 3
 
-// scanParallel streams table like scanTable and hands its pages to
+// scanParallel streams cols of table (scanQuery) and hands its pages to
 // loadWorkers goroutines running fn, each with its own Loader of store,
 // flushed at the end; the first error stops everything.
 func scanParallel(ctx context.Context, pool *pgxpool.Pool, snapshot string, table TableName, cols []SourceColumn, store *redisstore.Store,
+	fn func(context.Context, *redisstore.Loader, [][]join.Value) error) error {
+	return scanQueryParallel(ctx, pool, snapshot, selectColumns(table, cols), store, fn)
+}
+
+// scanQueryParallel is scanParallel over the rows of a query.
+func scanQueryParallel(ctx context.Context, pool *pgxpool.Pool, snapshot, query string, store *redisstore.Store,
 	fn func(context.Context, *redisstore.Loader, [][]join.Value) error) error {
 	g, gctx := errgroup.WithContext(ctx)
 	pages := make(chan [][]join.Value, 1)
 	g.Go(func() error {
 		defer close(pages)
 		return inSnapshot(gctx, pool, snapshot, func(conn *pgx.Conn) error {
-			return scanTable(gctx, conn, table, cols, loadPage, func(rows [][]join.Value) error {
+			return scanQuery(gctx, conn, query, loadPage, func(rows [][]join.Value) error {
 				select {
 				case pages <- rows:
 					return nil
@@ -308,16 +314,19 @@ func anyNull(vs []join.Value) bool {
 	return false
 }
 
-// scanTable streams the columns of table in Postgres text form (the same
-// form pgoutput sends) and hands them to fn in pages of at most page rows.
-func scanTable(ctx context.Context, conn *pgx.Conn, table TableName, cols []SourceColumn, page int,
-	fn func([][]join.Value) error) error {
+// selectColumns is the query of cols of table.
+func selectColumns(table TableName, cols []SourceColumn) string {
 	names := make([]string, len(cols))
 	for i, c := range cols {
 		names[i] = ident(c.Name)
 	}
-	sql := "SELECT " + strings.Join(names, ", ") + " FROM " + tableIdent(table)
-	rr := conn.PgConn().ExecParams(ctx, sql, nil, nil, nil, nil)
+	return "SELECT " + strings.Join(names, ", ") + " FROM " + tableIdent(table)
+}
+
+// scanQuery streams the rows of query in Postgres text form (the same form
+// pgoutput sends) and hands them to fn in pages of at most page rows.
+func scanQuery(ctx context.Context, conn *pgx.Conn, query string, page int, fn func([][]join.Value) error) error {
+	rr := conn.PgConn().ExecParams(ctx, query, nil, nil, nil, nil)
 	batch := make([][]join.Value, 0, page)
 	for rr.NextRow() {
 		raw := rr.Values()
@@ -339,10 +348,64 @@ func scanTable(ctx context.Context, conn *pgx.Conn, table TableName, cols []Sour
 		}
 	}
 	if _, err := rr.Close(); err != nil {
-		return fmt.Errorf("read %s: %w", table, err)
+		return fmt.Errorf("read %s: %w", query, err)
 	}
 	if len(batch) == 0 {
 		return nil
 	}
 	return fn(batch)
+}
+
+// loadChainStep builds the Redis state of step i of a list-form join in
+// store, from the exported snapshot: its left rows are the SQL of the steps
+// before it (chainLeftSQL), each with its value hash and, unless NULL, a
+// subscription of its foreign key (taken from the carried columns); its
+// right rows are entry i's table, keyed, with the columns it carries.
+func loadChainStep(ctx context.Context, pool *pgxpool.Pool, snapshot string, store *redisstore.Store, p *JoinPlan, l chainLayout, i int) error {
+	step, e := l.Steps[i], p.Edges[i]
+	nk := len(p.Left.Key)
+	err := scanQueryParallel(ctx, pool, snapshot, chainLeftSQL(p, l, i), store, func(ctx context.Context, ld *redisstore.Loader, rows [][]join.Value) error {
+		m := join.Mutations{PutLeft: make(map[join.Key]join.LeftState, len(rows))}
+		for _, r := range rows {
+			pk, vals := r[:nk], r[nk:]
+			fk := make([]join.Value, len(step.FK))
+			for k, pos := range step.FK {
+				fk[k] = vals[pos]
+			}
+			k, err := join.EncodeKey(step.Spec.PK, pk)
+			if err != nil {
+				return fmt.Errorf("left key of %s: %w", p.Left.Table, err)
+			}
+			m.PutLeft[k] = join.NewLeftState(pk, fk, vals)
+			if anyNull(fk) {
+				continue
+			}
+			f, err := join.EncodeKey(step.Spec.FK, fk)
+			if err != nil {
+				return fmt.Errorf("foreign key of %s: %w", e.Alias, err)
+			}
+			m.AddSubs = append(m.AddSubs, join.Subscription{FK: f, PK: k})
+		}
+		return ld.Add(ctx, m)
+	})
+	if err != nil {
+		return fmt.Errorf("load the left rows of step %d (%s) of join %q: %w", i, e.Alias, p.Name, err)
+	}
+	cols := append(append([]SourceColumn{}, e.Table.Key...), l.Carried[i+1]...)
+	nr := len(e.Table.Key)
+	err = scanParallel(ctx, pool, snapshot, e.Table.Table, cols, store, func(ctx context.Context, ld *redisstore.Loader, rows [][]join.Value) error {
+		m := join.Mutations{PutRight: make(map[join.Key]join.RightState, len(rows))}
+		for _, r := range rows {
+			k, err := join.EncodeKey(step.Spec.RightKey, r[:nr])
+			if err != nil {
+				return fmt.Errorf("key of %s: %w", e.Table.Table, err)
+			}
+			m.PutRight[k] = join.RightState{Key: r[:nr], Values: r[nr:]}
+		}
+		return ld.Add(ctx, m)
+	})
+	if err != nil {
+		return fmt.Errorf("load the rows of %s for step %d of join %q: %w", e.Table.Table, i, p.Name, err)
+	}
+	return nil
 }

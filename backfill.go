@@ -76,9 +76,11 @@ func (d *daemon) backfill(ctx context.Context) error {
 		return err
 	}
 	for _, jr := range d.joins {
-		size := redisstore.Size{LeftRows: d.estimate(ctx, jr.plan.Left.Table), RightRows: d.estimate(ctx, jr.plan.Right.Table)}
-		if err := jr.store.Init(ctx, epoch, jr.plan.Fingerprint, size); err != nil {
-			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
+		sizes := d.sizes(ctx, jr.plan)
+		for i, s := range jr.stores() {
+			if err := s.Init(ctx, epoch, jr.plan.Fingerprint, sizes[i]); err != nil {
+				return fmt.Errorf("join %q: %w", jr.plan.Name, err)
+			}
 		}
 	}
 	rows, err := d.load(ctx, slot.SnapshotName)
@@ -190,7 +192,7 @@ func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc
 // snapshot saw, and marks the joins streaming.
 func (d *daemon) finishBackfill(ctx context.Context, consistent cdc.LSN, leaves map[uint32]leaf) error {
 	for _, jr := range d.joins {
-		if err := jr.store.Commit(ctx, join.Mutations{}, consistent); err != nil {
+		if err := jr.state.Commit(ctx, join.Mutations{}, consistent); err != nil {
 			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
 		}
 	}

@@ -159,6 +159,10 @@ type JoinStatus struct {
 	// count(*) would scan the whole table.
 	TargetRowsEstimated bool  `json:"target_rows_estimated"`
 	Subscriptions       int64 `json:"subscriptions"` // -1 when unknown
+	// Edges are, for a join of more than two tables, each entry's state:
+	// its subscriptions (left keys per key of the entry's table) and its
+	// checkpoint; Subscriptions is then their sum.
+	Edges []EdgeStatus `json:"edges,omitempty"`
 	// RetainedWALBytes is the WAL the slot keeps on the source's disk
 	// (pg_current_wal_lsn() - restart_lsn); WALStatus its wal_status
 	// (reserved, extended, unreserved, lost); SafeWALSizeBytes its
@@ -383,9 +387,47 @@ func readStatusMeta(ctx context.Context, target *pgxpool.Pool, slot string) (sta
 	return m, nil
 }
 
-// statusRedis fills the Redis part of s, reading the join's meta hash only.
+// EdgeStatus is the Redis state of one entry of a join of more than two
+// tables.
+type EdgeStatus struct {
+	Entry           string `json:"entry"` // its as name
+	Subscriptions   int64  `json:"subscriptions"`
+	RedisCheckpoint string `json:"redis_checkpoint_lsn"`
+}
+
+// statusRedis fills the Redis part of s, reading the join's meta hashes
+// only: its state's, or each step's of a join of more than two tables.
 func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, opts Options, p *JoinPlan, st joinState, s *JoinStatus) error {
-	store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: RedisPrefix(slot, p.Name),
+	if p.Edges == nil {
+		return statusStore(ctx, rdb, RedisPrefix(slot, p.Name), opts, p, st, s)
+	}
+	var total int64
+	for i, e := range p.Edges {
+		one := JoinStatus{RedisState: "ok"}
+		if err := statusStore(ctx, rdb, chainStepPrefix(slot, p.Name, i), opts, p, st, &one); err != nil {
+			return err
+		}
+		s.Problems = append(s.Problems, one.Problems...)
+		if one.RedisState != "ok" && s.RedisState == "ok" {
+			s.RedisState = one.RedisState
+		}
+		if i == 0 {
+			s.RedisCheckpoint, s.RedisLayout = one.RedisCheckpoint, one.RedisLayout
+		}
+		if one.Subscriptions >= 0 && total >= 0 {
+			total += one.Subscriptions
+		} else {
+			total = -1
+		}
+		s.Edges = append(s.Edges, EdgeStatus{Entry: e.Alias, Subscriptions: one.Subscriptions, RedisCheckpoint: one.RedisCheckpoint})
+	}
+	s.Subscriptions = total
+	return nil
+}
+
+// statusStore fills the Redis part of s from one state's meta hash.
+func statusStore(ctx context.Context, rdb redis.UniversalClient, prefix string, opts Options, p *JoinPlan, st joinState, s *JoinStatus) error {
+	store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: prefix,
 		SubShards: opts.SubShards, RowShards: opts.RowShards})
 	if err != nil {
 		return fmt.Errorf("join %q: %w", p.Name, err)
@@ -498,12 +540,18 @@ func Teardown(ctx context.Context, cfg *Config, dropTarget bool, opts Options) e
 		return err
 	}
 	for _, j := range cfg.Joins {
-		store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: RedisPrefix(cfg.Slot, j.Name)})
-		if err == nil {
-			err = store.Drop(ctx)
+		prefixes := []string{RedisPrefix(cfg.Slot, j.Name)}
+		for i := range j.Rights {
+			prefixes = append(prefixes, chainStepPrefix(cfg.Slot, j.Name, i))
 		}
-		if err != nil {
-			return fmt.Errorf("delete redis state of join %q: %w", j.Name, err)
+		for _, prefix := range prefixes {
+			store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: prefix})
+			if err == nil {
+				err = store.Drop(ctx)
+			}
+			if err != nil {
+				return fmt.Errorf("delete redis state of join %q: %w", j.Name, err)
+			}
 		}
 	}
 	for _, t := range drop {

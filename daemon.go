@@ -182,6 +182,9 @@ func open(ctx context.Context, cfg *Config, opts Options) (_ *daemon, err error)
 }
 
 func (d *daemon) openJoin(ctx context.Context, p *JoinPlan) (*joinRunner, error) {
+	if p.Edges != nil {
+		return d.openChain(ctx, p)
+	}
 	store, err := redisstore.Open(ctx, d.rdb, redisstore.Config{
 		Prefix: RedisPrefix(d.cfg.Slot, p.Name), SubShards: d.opts.SubShards, RowShards: d.opts.RowShards,
 		WaitReplicas: d.opts.RedisWaitReplicas,
@@ -222,7 +225,7 @@ func (d *daemon) close() {
 func publishedTables(plans []*JoinPlan) []cdc.TableName {
 	tables := make([]TableName, 0, 2*len(plans))
 	for _, p := range plans {
-		tables = append(tables, p.Left.Table, p.Right.Table)
+		tables = append(tables, p.tables()...)
 	}
 	return uniqueTables(tables)
 }
@@ -232,7 +235,7 @@ func publishedTables(plans []*JoinPlan) []cdc.TableName {
 func configuredTables(cfg *Config) []cdc.TableName {
 	tables := make([]TableName, 0, 2*len(cfg.Joins))
 	for _, j := range cfg.Joins {
-		tables = append(tables, j.Left.Table, j.Right.Table)
+		tables = append(tables, j.Tables()...)
 	}
 	return uniqueTables(tables)
 }
@@ -455,30 +458,42 @@ func (d *daemon) assess(ctx context.Context) (reason string, lost bool, err erro
 		case !info.Exists:
 			return fmt.Sprintf("replication slot %q is gone", d.cfg.Slot), true, nil
 		}
-		meta, err := jr.store.Meta(ctx)
-		switch {
-		case errors.Is(err, redisstore.ErrNoState):
-			return fmt.Sprintf("the Redis state of join %q is lost (no state under %s)", jr.plan.Name, jr.store.Config().Prefix), true, nil
-		case err != nil:
-			return "", false, fmt.Errorf("join %q: %w", jr.plan.Name, err)
-		case meta.Epoch != st.epoch:
-			return fmt.Sprintf("the Redis state of join %q is foreign (epoch %s, the target was built with %s)", jr.plan.Name, meta.Epoch, st.epoch), true, nil
-		case jr.store.CheckLayout(meta) != nil:
-			return fmt.Sprintf("the Redis state of join %q has another layout (%s)", jr.plan.Name, meta.Layout), true, nil
-		case meta.Checkpoint > targetLSN:
-			// Redis is committed after the target, so it is never ahead of
-			// it: the target was restored from an older backup, or the state
-			// belongs to another run. Streaming from it would skip changes.
-			return fmt.Sprintf("the Redis state of join %q is ahead of the target (%s > %s)",
-				jr.plan.Name, meta.Checkpoint, targetLSN), true, nil
+		// A join chain has one state per step: any of them lost is the
+		// join's state lost.
+		for _, store := range jr.stores() {
+			if why, lost, err := assessStore(ctx, jr.plan.Name, store, st.epoch, targetLSN); why != "" || err != nil {
+				return why, lost, err
+			}
 		}
-		// On a Redis Cluster: finish a write a crash left half done, and
-		// find shards that a failover or a flushed node set back.
-		if err := jr.store.Resume(ctx); errors.Is(err, redisstore.ErrLost) {
-			return fmt.Sprintf("the Redis state of join %q lost writes: %v", jr.plan.Name, err), true, nil
-		} else if err != nil {
-			return "", false, fmt.Errorf("join %q: %w", jr.plan.Name, err)
-		}
+	}
+	return "", false, nil
+}
+
+// assessStore is assess for one Redis state of a join.
+func assessStore(ctx context.Context, name string, store *redisstore.Store, epoch string, targetLSN cdc.LSN) (string, bool, error) {
+	meta, err := store.Meta(ctx)
+	switch {
+	case errors.Is(err, redisstore.ErrNoState):
+		return fmt.Sprintf("the Redis state of join %q is lost (no state under %s)", name, store.Config().Prefix), true, nil
+	case err != nil:
+		return "", false, fmt.Errorf("join %q: %w", name, err)
+	case meta.Epoch != epoch:
+		return fmt.Sprintf("the Redis state of join %q is foreign (epoch %s, the target was built with %s)", name, meta.Epoch, epoch), true, nil
+	case store.CheckLayout(meta) != nil:
+		return fmt.Sprintf("the Redis state of join %q has another layout (%s)", name, meta.Layout), true, nil
+	case meta.Checkpoint > targetLSN:
+		// Redis is committed after the target, so it is never ahead of
+		// it: the target was restored from an older backup, or the state
+		// belongs to another run. Streaming from it would skip changes.
+		return fmt.Sprintf("the Redis state of join %q is ahead of the target (%s > %s)",
+			name, meta.Checkpoint, targetLSN), true, nil
+	}
+	// On a Redis Cluster: finish a write a crash left half done, and find
+	// shards that a failover or a flushed node set back.
+	if err := store.Resume(ctx); errors.Is(err, redisstore.ErrLost) {
+		return fmt.Sprintf("the Redis state of join %q lost writes: %v", name, err), true, nil
+	} else if err != nil {
+		return "", false, fmt.Errorf("join %q: %w", name, err)
 	}
 	return "", false, nil
 }

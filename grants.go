@@ -26,7 +26,7 @@ func sourceGrantProblems(ctx context.Context, db Querier, cfg *Config, plans []*
 	var tables []TableName
 	seen := map[TableName]bool{}
 	for _, pl := range plans {
-		for _, t := range []TableName{pl.Left.Table, pl.Right.Table} {
+		for _, t := range pl.tables() {
 			if !seen[t] {
 				seen[t] = true
 				tables = append(tables, t)

@@ -37,12 +37,22 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 	var targets []*task
 	for _, jr := range d.joins {
 		target := prog.add(jr.plan.Name+" target", d.estimate(ctx, jr.plan.Left.Table))
+		targets = append(targets, target)
+		if jr.chain != nil {
+			g.Go(func() error { return d.loadTarget(gctx, snapshot, jr.plan, target) })
+			for i, e := range jr.plan.Edges {
+				step := prog.add(fmt.Sprintf("%s step %d (%s)", jr.plan.Name, i, e.Alias), d.estimate(ctx, jr.plan.Left.Table)+d.estimate(ctx, e.Table.Table))
+				g.Go(func() error {
+					return loadChainStep(gctx, d.source, snapshot, jr.chain.steps[i].store, jr.plan, jr.chain.layout, i, step)
+				})
+			}
+			continue
+		}
 		right := prog.add(jr.plan.Name+" right "+jr.plan.Right.Table.String(), d.estimate(ctx, jr.plan.Right.Table))
 		left := prog.add(jr.plan.Name+" left "+jr.plan.Left.Table.String(), d.estimate(ctx, jr.plan.Left.Table))
 		g.Go(func() error { return d.loadTarget(gctx, snapshot, jr.plan, target) })
 		g.Go(func() error { return d.loadRight(gctx, snapshot, jr, right) })
 		g.Go(func() error { return d.loadLeft(gctx, snapshot, jr, left) })
-		targets = append(targets, target)
 	}
 	if err := g.Wait(); err != nil {
 		return 0, fmt.Errorf("backfill: %w", err)
@@ -361,7 +371,7 @@ func scanQuery(ctx context.Context, conn *pgx.Conn, query string, page int, fn f
 // before it (chainLeftSQL), each with its value hash and, unless NULL, a
 // subscription of its foreign key (taken from the carried columns); its
 // right rows are entry i's table, keyed, with the columns it carries.
-func loadChainStep(ctx context.Context, pool *pgxpool.Pool, snapshot string, store *redisstore.Store, p *JoinPlan, l chainLayout, i int) error {
+func loadChainStep(ctx context.Context, pool *pgxpool.Pool, snapshot string, store *redisstore.Store, p *JoinPlan, l chainLayout, i int, t *task) error {
 	step, e := l.Steps[i], p.Edges[i]
 	nk := len(p.Left.Key)
 	err := scanQueryParallel(ctx, pool, snapshot, chainLeftSQL(p, l, i), store, func(ctx context.Context, ld *redisstore.Loader, rows [][]join.Value) error {
@@ -386,6 +396,7 @@ func loadChainStep(ctx context.Context, pool *pgxpool.Pool, snapshot string, sto
 			}
 			m.AddSubs = append(m.AddSubs, join.Subscription{FK: f, PK: k})
 		}
+		t.advance(len(rows))
 		return ld.Add(ctx, m)
 	})
 	if err != nil {
@@ -402,10 +413,12 @@ func loadChainStep(ctx context.Context, pool *pgxpool.Pool, snapshot string, sto
 			}
 			m.PutRight[k] = join.RightState{Key: r[:nr], Values: r[nr:]}
 		}
+		t.advance(len(rows))
 		return ld.Add(ctx, m)
 	})
 	if err != nil {
 		return fmt.Errorf("load the rows of %s for step %d of join %q: %w", e.Table.Table, i, p.Name, err)
 	}
+	t.finish()
 	return nil
 }

@@ -63,14 +63,53 @@ type joinRunner struct {
 	// mutations of the batches whose commits are in flight, the older
 	// through older (nearer the store), the newer through pending.
 	pending, older *join.Pending
-	mapper         *mapper
+	mapper         changeMapper
 	// epoch is the Redis state's epoch the daemon started streaming with.
 	epoch string
+	// chain, for a list-form join, holds its steps; engine, store,
+	// pending and older are then unused, and state is the chain's.
+	chain *chainRunner
+}
+
+// apply joins a batch's changes. bound says what the batch brings: a chain
+// step whose checkpoint is at least bound has it already (a replay after a
+// crash between the steps' commits), and only the steps before it run.
+func (jr *joinRunner) apply(ctx context.Context, changes []join.Change, bound cdc.LSN, emit func(context.Context, join.Output) error) (join.Mutations, error) {
+	if jr.chain == nil {
+		return jr.engine.Apply(ctx, changes, emit)
+	}
+	muts, err := jr.chain.chain.ApplyPrefix(ctx, changes, jr.chain.prefix(bound), emit)
+	if errors.Is(err, join.ErrChainNullRight) {
+		// Nothing of the batch is committed: drop the join's state, so that
+		// the restart finds it lost and rebuilds it (or refuses, naming
+		// fkmat backfill --force, with --on-lost-state refuse).
+		for _, s := range jr.stores() {
+			if derr := s.Drop(context.WithoutCancel(ctx)); derr != nil {
+				return join.Mutations{}, fmt.Errorf("%w; dropping its state for a rebuild failed: %v", err, derr)
+			}
+		}
+		return join.Mutations{}, fmt.Errorf("join %q: %w: %w", jr.plan.Name, errStateChanged, err)
+	}
+	if err != nil {
+		return join.Mutations{}, err
+	}
+	return join.ChainMutations(muts), nil
+}
+
+// stats returns the join's engine counters.
+func (jr *joinRunner) stats() join.Stats {
+	if jr.chain != nil {
+		return jr.chain.stats()
+	}
+	return jr.engine.Stats()
 }
 
 // overlay sets the in-flight mutations the engine reads through: older
 // (the batch in its state commit) and newer (the next one); nil for none.
 func (jr *joinRunner) overlay(older, newer *join.Mutations) error {
+	if jr.chain != nil {
+		return jr.chain.overlay(older, newer)
+	}
 	err := jr.older.Set(older)
 	if err2 := jr.pending.Set(newer); err == nil {
 		err = err2
@@ -141,6 +180,11 @@ type pipeline struct {
 	// inLarge is set while a large transaction is applied chunk by chunk
 	// (its end is not received yet).
 	inLarge atomic.Bool
+	// cuts are the checkpoints of join-chain steps ahead of their chain's
+	// first step (a crash between the steps' commits): a batch ends at a
+	// transaction ending there, so that no batch straddles a step's
+	// checkpoint (chainRunner.prefix).
+	cuts map[cdc.LSN]bool
 }
 
 // applied records the source commit time of the last transaction applied.
@@ -341,6 +385,9 @@ func (p *pipeline) next(ctx context.Context) (*cdc.Txn, error) {
 // (replayed and new transactions are never mixed).
 func (p *pipeline) collect(ctx context.Context, first *cdc.Txn) *batch {
 	b := &batch{txns: []*cdc.Txn{first}, changes: len(first.Changes), bytes: first.Bytes}
+	if p.cuts[first.EndLSN] {
+		return b
+	}
 	replay := first.EndLSN <= p.target()
 	deadline := time.Now().Add(p.sizer.delay())
 	for b.changes < p.limits.Changes && b.bytes < p.limits.Bytes && ctx.Err() == nil {
@@ -361,6 +408,9 @@ func (p *pipeline) collect(ctx context.Context, first *cdc.Txn) *batch {
 		b.txns = append(b.txns, t)
 		b.changes += len(t.Changes)
 		b.bytes += t.Bytes
+		if p.cuts[t.EndLSN] {
+			break
+		}
 	}
 	return b
 }
@@ -474,7 +524,7 @@ func (p *pipeline) prepare(ctx context.Context, b *batch, f []*commitJob) (*comm
 			return job.tx.Apply(ctx, &jr.plan.Target, out)
 		}
 		var err error
-		if job.muts[i], err = jr.engine.Apply(ctx, perJoin[i], emit); err != nil {
+		if job.muts[i], err = jr.apply(ctx, perJoin[i], job.end, emit); err != nil {
 			if job.tx != nil {
 				_ = job.tx.Rollback(context.WithoutCancel(ctx))
 			}
@@ -678,7 +728,7 @@ func (p *pipeline) commitState(ctx context.Context, job *commitJob) error {
 		if err := jr.state.Commit(ctx, job.muts[i], end); err != nil {
 			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
 		}
-		if job.muts[i].ClearLeft || job.muts[i].ClearRight {
+		if job.muts[i].Clears() {
 			p.garbage.Store(true)
 		}
 	}
@@ -733,7 +783,7 @@ func (jr *joinRunner) changes(txns []*cdc.Txn) ([]join.Change, []txnSpan, error)
 // source transaction of the failed change, its table and key columns.
 func (jr *joinRunner) failure(spans []txnSpan, err error) error {
 	ce, ok := errors.AsType[*join.ChangeError](err)
-	if !ok {
+	if !ok || jr.chain != nil { // a chain step's change index is its own
 		return err
 	}
 	f := &failure{Join: jr.plan.Name, err: err}
@@ -827,7 +877,7 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 			if err != nil {
 				return nil, err
 			}
-			m, err := jr.engine.Apply(ctx, jc, func(ctx context.Context, out join.Output) error {
+			m, err := jr.apply(ctx, jc, chunk.CommitLSN+1, func(ctx context.Context, out join.Output) error {
 				if tx == nil {
 					return nil
 				}
@@ -839,7 +889,7 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 			if err := jr.state.CommitPartial(ctx, m, txnID); err != nil {
 				return nil, fmt.Errorf("join %q: %w", jr.plan.Name, err)
 			}
-			if m.ClearLeft || m.ClearRight {
+			if m.Clears() {
 				p.garbage.Store(true)
 			}
 			partial[i] = true

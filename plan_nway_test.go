@@ -387,7 +387,7 @@ func TestChainBackfillOnRedis(t *testing.T) {
 		if err := s.Init(ctx, epoch, p.Fingerprint, redisstore.Size{LeftRows: 600, RightRows: 40}); err != nil {
 			t.Fatal(err)
 		}
-		if err := loadChainStep(ctx, tc.Pool, snapshot, s, p, l, i); err != nil {
+		if err := loadChainStep(ctx, tc.Pool, snapshot, s, p, l, i, &task{}); err != nil {
 			t.Fatal(err)
 		}
 		stores, readers = append(stores, s), append(readers, s)

@@ -177,21 +177,30 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		return err
 	}
 	start := targetLSN
+	cuts := map[cdc.LSN]bool{}
 	for _, jr := range d.joins {
-		meta, err := jr.store.Meta(ctx)
+		meta, err := jr.state.Meta(ctx)
 		if err != nil {
 			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
 		}
 		jr.epoch = meta.Epoch
 		// A crash in the middle of a large transaction left its partial
 		// Redis state behind: undo it; the transaction is replayed.
-		if undone, err := jr.store.Recover(ctx); err != nil {
+		if undone, err := jr.state.Recover(ctx); err != nil {
 			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
 		} else if undone {
 			d.log.Warn("undid a partially applied large transaction", "join", jr.plan.Name)
 		}
-		if c := jr.store.Checkpoint(); c < start {
-			start = c
+		c := jr.state.Checkpoint()
+		start = min(start, c)
+		if jr.chain != nil {
+			for i, s := range jr.chain.steps {
+				if cp := s.state.Checkpoint(); cp > c {
+					cuts[cp] = true
+					d.log.Warn("a join chain's steps are at different checkpoints (a crash between their commits); the steps behind catch up first",
+						"join", jr.plan.Name, "step", i, "step_lsn", cp.String(), "first_step_lsn", c.String())
+				}
+			}
 		}
 	}
 	if err := d.cdc.EnsurePublication(ctx); err != nil {
@@ -207,7 +216,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	p := &pipeline{
 		slot: d.cfg.Slot, publication: d.cfg.Publication, joins: d.joins, writer: sinkTarget{d.writer}, stream: stream,
 		limits: d.opts.Batch, sizer: batchSizer{limits: d.opts.Batch}, log: d.log.With("component", "pipeline"),
-		progress: rs.progress, started: time.Now(),
+		progress: rs.progress, started: time.Now(), cuts: cuts,
 	}
 	if d.obs != nil {
 		p.timings = d.obs.observeBatch
@@ -285,14 +294,16 @@ func (d *daemon) sweep(ctx context.Context, garbage *atomic.Bool) {
 	for {
 		if garbage.Swap(false) {
 			for _, jr := range d.joins {
-				n, err := jr.store.Sweep(ctx)
-				if err != nil && ctx.Err() == nil {
-					if warned.allow(jr.plan.Name, time.Now()) {
-						d.log.Warn("sweeping old redis keys failed (repeats at most every 10 minutes)", "join", jr.plan.Name, "err", err)
+				for _, store := range jr.stores() {
+					n, err := store.Sweep(ctx)
+					if err != nil && ctx.Err() == nil {
+						if warned.allow(jr.plan.Name, time.Now()) {
+							d.log.Warn("sweeping old redis keys failed (repeats at most every 10 minutes)", "join", jr.plan.Name, "err", err)
+						}
+						garbage.Store(true) // try again next time
+					} else if n > 0 {
+						d.log.Info("swept old redis keys", "join", jr.plan.Name, "keys", n)
 					}
-					garbage.Store(true) // try again next time
-				} else if n > 0 {
-					d.log.Info("swept old redis keys", "join", jr.plan.Name, "keys", n)
 				}
 			}
 		}

@@ -122,8 +122,8 @@ func (c *Chain) Apply(ctx context.Context, changes []Change, emit func(context.C
 // steps that already have a batch are a suffix n, n+1, ... of the chain,
 // and the target has it too. The first n steps recompute it from their
 // states and inputs; what step n-1 would pass on is dropped (step n has
-// it), and emit is not called unless n is every step. The mutations of the
-// steps from n on are empty.
+// it), and emit is not called unless n is every step. It returns the
+// mutations of the first n steps.
 func (c *Chain) ApplyPrefix(ctx context.Context, changes []Change, n int, emit func(context.Context, Output) error) ([]Mutations, error) {
 	if n < 0 || n > len(c.steps) {
 		return nil, fmt.Errorf("apply join chain: %d steps of %d", n, len(c.steps))
@@ -177,7 +177,7 @@ func (c *Chain) ApplyPrefix(ctx context.Context, changes []Change, n int, emit f
 		muts[i] = m
 		in = next
 	}
-	return muts, nil
+	return muts[:n], nil
 }
 
 // deriveFK sets a left change's foreign key for step i from its values.

@@ -45,6 +45,9 @@ func (p *Pending) Set(m *Mutations) error {
 	if m == nil || m.Empty() {
 		return nil
 	}
+	if m.Steps != nil {
+		return errors.New("overlay a chain's mutations step by step")
+	}
 	if m.ClearLeft || m.ClearRight {
 		return ErrCannotOverlay
 	}

@@ -79,12 +79,36 @@ type Mutations struct {
 	// AddSubs and DelSubs are disjoint sets of subscriptions.
 	AddSubs []Subscription
 	DelSubs []Subscription
+
+	// Steps, set instead of the fields above, are a Chain's mutations of
+	// its first len(Steps) steps (ChainMutations), each step's for its own
+	// state. A state store refuses them: they are committed step by step.
+	Steps []Mutations
 }
+
+// ChainMutations wraps a Chain's per-step mutations in one Mutations.
+func ChainMutations(steps []Mutations) Mutations { return Mutations{Steps: steps} }
 
 // Empty reports whether m changes nothing.
 func (m *Mutations) Empty() bool {
+	for i := range m.Steps {
+		if !m.Steps[i].Empty() {
+			return false
+		}
+	}
 	return !m.ClearLeft && !m.ClearRight && len(m.PutLeft) == 0 && len(m.DelLeft) == 0 &&
 		len(m.PutRight) == 0 && len(m.DelRight) == 0 && len(m.AddSubs) == 0 && len(m.DelSubs) == 0
+}
+
+// Clears reports whether m (or one of its steps) clears a side: old keys
+// are then garbage to sweep.
+func (m *Mutations) Clears() bool {
+	for i := range m.Steps {
+		if m.Steps[i].Clears() {
+			return true
+		}
+	}
+	return m.ClearLeft || m.ClearRight
 }
 
 // String summarizes m's sizes, for logs (it never prints row values).

@@ -37,6 +37,9 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) error
 	if lsn == 0 {
 		return errors.New("commit redis state: LSN 0 is invalid")
 	}
+	if m.Steps != nil {
+		return errors.New("commit redis state: a join chain's mutations are committed step by step, each in its own state")
+	}
 	release, err := s.beginUnit(ctx)
 	if err != nil {
 		return fmt.Errorf("commit redis state at %s: %w", lsn, err)

@@ -66,6 +66,9 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn cdc.LSN
 	if txn == 0 {
 		return errors.New("commit partial redis state: transaction id 0 is invalid")
 	}
+	if m.Steps != nil {
+		return errors.New("commit partial redis state: a join chain's mutations are committed step by step, each in its own state")
+	}
 	release, err := s.beginUnit(ctx)
 	if err != nil {
 		return fmt.Errorf("commit partial redis state of %s: %w", txn, err)

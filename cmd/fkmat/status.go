@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -46,6 +47,13 @@ func statusCommand() *cli.Command {
 				subs := fmt.Sprint(s.Subscriptions)
 				if s.Subscriptions < 0 {
 					subs = "unknown"
+				}
+				if len(s.Edges) > 0 { // per entry of a join of more than two tables
+					var per []string
+					for _, e := range s.Edges {
+						per = append(per, fmt.Sprintf("%s=%d", e.Entry, e.Subscriptions))
+					}
+					subs += " (" + strings.Join(per, " ") + ")"
 				}
 				rows := fmt.Sprint(s.TargetRows)
 				switch {

@@ -61,6 +61,13 @@ func (d *daemon) backfill(ctx context.Context) error {
 	if err := d.cdc.EnsurePublication(ctx); err != nil {
 		return err
 	}
+	// Before the old slot goes: a fresh slot sits at its consistent point
+	// (confirmed_flush_lsn) before the targets are rebuilt, and nobody may
+	// take it for caught up meanwhile.
+	if _, err := d.target.Exec(ctx, `UPDATE fkmat.join_state SET phase = 'backfilling', updated_at = now() WHERE slot = $1`,
+		d.cfg.Slot); err != nil {
+		return fmt.Errorf("mark the joins backfilling: %w", err)
+	}
 	if err := d.dropSlot(ctx); err != nil {
 		return err
 	}

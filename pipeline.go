@@ -80,15 +80,11 @@ func (jr *joinRunner) apply(ctx context.Context, changes []join.Change, bound cd
 	}
 	muts, err := jr.chain.chain.ApplyPrefix(ctx, changes, jr.chain.prefix(bound), emit)
 	if errors.Is(err, join.ErrChainNullRight) {
-		// Nothing of the batch is committed: drop the join's state, so that
-		// the restart finds it lost and rebuilds it (or refuses, naming
-		// fkmat backfill --force, with --on-lost-state refuse).
-		for _, s := range jr.stores() {
-			if derr := s.Drop(context.WithoutCancel(ctx)); derr != nil {
-				return join.Mutations{}, fmt.Errorf("%w; dropping its state for a rebuild failed: %v", err, derr)
-			}
-		}
-		return join.Mutations{}, fmt.Errorf("join %q: %w: %w", jr.plan.Name, errStateChanged, err)
+		// Nothing of the batch is committed. Once everything has stopped,
+		// the daemon drops the join's state (rebuildChain), so that the
+		// restart finds it lost and rebuilds it (or refuses, naming fkmat
+		// backfill --force, with --on-lost-state refuse).
+		return join.Mutations{}, &chainRebuild{jr: jr, err: err}
 	}
 	if err != nil {
 		return join.Mutations{}, err
@@ -116,6 +112,19 @@ func (jr *joinRunner) overlay(older, newer *join.Mutations) error {
 	}
 	return err
 }
+
+// chainRebuild is a change a join chain cannot follow (ErrChainNullRight):
+// its state must be rebuilt.
+type chainRebuild struct {
+	jr  *joinRunner
+	err error
+}
+
+func (e *chainRebuild) Error() string {
+	return fmt.Sprintf("join %q: %v; its state is dropped and rebuilt", e.jr.plan.Name, e.err)
+}
+
+func (e *chainRebuild) Unwrap() []error { return []error{errStateChanged, e.err} }
 
 // errStateChanged means a join's Redis state vanished or was replaced while
 // the daemon ran; the pipeline restarts and the start-up checks decide

@@ -255,6 +255,19 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		return runErr
 	})
 	if err := g.Wait(); err != nil {
+		if cr, ok := errors.AsType[*chainRebuild](err); ok {
+			// Every goroutine of the pipeline has stopped: nothing writes
+			// the state while it is dropped.
+			d.log.Warn("a join of more than two tables cannot follow a change; dropping its Redis state for a rebuild",
+				"join", cr.jr.plan.Name, "reason", cr.err)
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+			defer cancel()
+			for _, s := range cr.jr.stores() {
+				if derr := s.Drop(dctx); derr != nil {
+					return fmt.Errorf("%w; dropping the state failed: %v", err, derr)
+				}
+			}
+		}
 		return err
 	}
 	d.log.Info("stopped", "batches", p.batches.Load(), "txns", p.txns.Load(), "changes", p.changes.Load())

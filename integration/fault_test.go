@@ -587,6 +587,7 @@ func TestFaultInjectionCluster(t *testing.T) {
 }
 
 func faultInjection(t *testing.T, shape string, ops int, cluster bool) {
+	t.Setenv(fkmat.ExperimentalNWayEnv, "1") // orders_chain; the CLI children inherit it
 	start := time.Now()
 	seed := faultSeed(t)
 	tc := testenv.New(t)

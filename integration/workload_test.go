@@ -67,8 +67,11 @@ func faultSeedSQL(shape string) []string {
 }
 
 // faultYAML is the fault workload's configuration: orders joined to
-// customers (type typ) with the TOASTed columns of both projected, and the
-// self-referencing join of customers to their referrer.
+// customers (type typ) with the TOASTed columns of both projected, the
+// self-referencing join of customers to their referrer, and a join of more
+// than two tables chaining the two: orders, their customer (type typ), and
+// that customer's referrer (a customers row again, through as). The last
+// needs fkmat.ExperimentalNWayEnv.
 func faultYAML(typ string) string {
 	return strings.Replace(toastJoinYAML, "type: left", "type: "+typ, 1) + `
   - name: customers_referrers
@@ -82,6 +85,23 @@ func faultYAML(typ string) string {
       columns: [name AS referrer_name, tier AS referrer_tier]
     target:
       table: public.customers_referrers
+  - name: orders_chain
+    type: left
+    left:
+      table: public.orders
+      columns: [id, customer_id, amount, note]
+    right:
+      - table: public.customers
+        type: ` + typ + `
+        foreign_key: [customer_id]
+        columns: [name AS customer_name, bio AS customer_bio]
+      - table: public.customers
+        as: referrer
+        from: customers
+        foreign_key: [referred_by]
+        columns: [name AS referrer_name, tier AS referrer_tier]
+    target:
+      table: public.orders_chain
 `
 }
 

@@ -42,7 +42,7 @@ soak: test-images
 		$(GO) test -count=1 -v -run '^(TestFault|TestContinuousVerifyPgbench$$)' -timeout 60m ./integration/
 
 ## test-race: the engine's and the pipeline's tests under the race detector (the join package, the root package, and the in-process daemon integration tests)
-RACE_TESTS := TestDaemonEndToEnd|TestKeyChangeToast|TestSelfJoin|TestPartitionedTables|TestStall|TestShutdownCommitFails|TestToastUnchanged|TestTruncate|TestJoinsShareOneSlot|TestContinuousVerify|TestDashboardMetrics|TestLagSeconds|TestPartitionTruncate
+RACE_TESTS := TestDaemonEndToEnd|TestNWaySpecExample|TestKeyChangeToast|TestSelfJoin|TestPartitionedTables|TestStall|TestShutdownCommitFails|TestToastUnchanged|TestTruncate|TestJoinsShareOneSlot|TestContinuousVerify|TestDashboardMetrics|TestLagSeconds|TestPartitionTruncate
 test-race: test-images
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./join/... .
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -run '^($(RACE_TESTS))$$' ./integration/

@@ -80,16 +80,7 @@ func TestChainOfSpecExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := func(s ...string) []join.Value {
-		out := make([]join.Value, len(s))
-		for i, x := range s {
-			out[i] = join.TextValue(x)
-			if x == "NULL" {
-				out[i] = join.NullValue()
-			}
-		}
-		return out
-	}
+	v := values
 	left := func(pk string, vals ...string) join.Change {
 		return join.Change{Table: 0, Kind: join.LeftUpsert, Left: join.LeftRow{PK: v(pk), Values: v(vals...)}}
 	}
@@ -250,16 +241,7 @@ func TestChainMapper(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	v := func(s ...string) []join.Value {
-		out := make([]join.Value, len(s))
-		for i, x := range s {
-			out[i] = join.TextValue(x)
-			if x == "TOAST" {
-				out[i] = join.ToastValue()
-			}
-		}
-		return out
-	}
+	v := values
 	want := []join.Change{
 		{Table: 0, Kind: join.LeftUpsert, Insert: true, Left: join.LeftRow{PK: v("100"), FK: []join.Value{}, Values: v("1", "10", "5", "2")}},
 		{Table: 1, Kind: join.RightKeyChange, OldKey: v("1"), Right: join.RightRow{Key: v("3"), Values: v("TOAST", "7")}},
@@ -394,16 +376,7 @@ func TestChainBackfillOnRedis(t *testing.T) {
 	}
 	_ = tx.Rollback(ctx)
 
-	v := func(s ...string) []join.Value {
-		out := make([]join.Value, len(s))
-		for i, x := range s {
-			out[i] = join.TextValue(x)
-			if x == "NULL" {
-				out[i] = join.NullValue()
-			}
-		}
-		return out
-	}
+	v := values
 	// The same changes as the chain's tables see them (carried columns:
 	// orders customer_id, product_id, amount; customers name, region_id;
 	// products title; regions name).
@@ -459,4 +432,21 @@ func TestChainBackfillOnRedis(t *testing.T) {
 	if len(want) < 400 {
 		t.Errorf("only %d rows: the data exercises too little", len(want))
 	}
+}
+
+// values returns s as join values: "NULL" is NULL, "TOAST" an unchanged
+// TOASTed value, anything else text.
+func values(s ...string) []join.Value {
+	out := make([]join.Value, len(s))
+	for i, x := range s {
+		switch x {
+		case "NULL":
+			out[i] = join.NullValue()
+		case "TOAST":
+			out[i] = join.ToastValue()
+		default:
+			out[i] = join.TextValue(x)
+		}
+	}
+	return out
 }

@@ -2,8 +2,10 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -31,6 +33,53 @@ func countedSubs(t *testing.T, s *Store) int64 {
 		}
 	}
 	return n
+}
+
+// checkSubs compares Meta.Subscriptions with the subscriptions in Redis,
+// like subsCount, but returns an error instead of failing the test, so that
+// it can run off the test's goroutine. Reads that fail (a primary failing
+// over) are retried for up to 30 s.
+func checkSubs(ctx context.Context, s *Store, when string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		m, err := s.Meta(ctx)
+		var n int64
+		if err == nil {
+			n, err = countGenSubs(ctx, s, m.LeftGen)
+		}
+		if err == nil {
+			if m.Subscriptions != n {
+				return fmt.Errorf("%s: Meta.Subscriptions = %d, %d subscriptions in Redis", when, m.Subscriptions, n)
+			}
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: count the subscriptions: %w", when, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// countGenSubs counts the subscriptions of generation gen on every primary.
+func countGenSubs(ctx context.Context, s *Store, gen uint64) (int64, error) {
+	var mu sync.Mutex
+	var n int64
+	err := s.masters(ctx, func(ctx context.Context, c redis.Cmdable) error {
+		iter := c.Scan(ctx, 0, s.keys.prefix+":s*", 1000).Iterator()
+		for iter.Next(ctx) {
+			if kind, g, ok := s.keys.parse(iter.Val()); ok && kind == kindSubs && g == gen {
+				card, err := c.ZCard(ctx, iter.Val()).Result()
+				if err != nil {
+					return err
+				}
+				mu.Lock()
+				n += card
+				mu.Unlock()
+			}
+		}
+		return iter.Err()
+	})
+	return n, err
 }
 
 // allKeys returns the keys matching pattern on every primary.

@@ -77,7 +77,7 @@ func (d *daemon) openChain(ctx context.Context, p *JoinPlan) (*joinRunner, error
 	readers := make([]join.StateReader, len(l.Steps))
 	for i := range l.Steps {
 		store, err := redisstore.Open(ctx, d.rdb, redisstore.Config{
-			Prefix: chainStepPrefix(d.cfg.Slot, p.Name, i), SubShards: d.opts.SubShards, RowShards: d.opts.RowShards,
+			Prefix: RedisStepPrefix(d.cfg.Slot, p.Name, i), SubShards: d.opts.SubShards, RowShards: d.opts.RowShards,
 			WaitReplicas: d.opts.RedisWaitReplicas,
 		})
 		if err != nil {
@@ -93,13 +93,15 @@ func (d *daemon) openChain(ctx context.Context, p *JoinPlan) (*joinRunner, error
 	if err != nil {
 		return nil, fmt.Errorf("join %q: %w", p.Name, err)
 	}
+	c.SetPageRows(d.opts.ChainPageRows)
 	cr.chain, cr.state = c, newChainState(cr.steps)
 	return &joinRunner{plan: p, state: cr.state, mapper: newChainMapper(p, l), chain: cr}, nil
 }
 
-// chainStepPrefix is the Redis key prefix of step i of a list-form join: no
-// step's prefix is a prefix of another's, nor of another join's.
-func chainStepPrefix(slot, joinName string, i int) string {
+// RedisStepPrefix is the Redis key prefix of the state of entry i (step i)
+// of a join of more than two tables: no step's prefix is a prefix of
+// another's, nor of another join's.
+func RedisStepPrefix(slot, joinName string, i int) string {
 	return fmt.Sprintf("%s~%d", RedisPrefix(slot, joinName), i)
 }
 

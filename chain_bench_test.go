@@ -46,7 +46,7 @@ func BenchmarkChainStateBytes(b *testing.B) {
 		b.Fatal(err)
 	}
 	cfg.ApplyDefaults()
-	plans, err := resolvePlans(ctx, tc.Pool, cfg)
+	plans, err := Resolve(ctx, tc.Pool, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func BenchmarkChainStateBytes(b *testing.B) {
 			b.Fatal(err)
 		}
 		for i, e := range p.Edges {
-			s, err := redisstore.Open(ctx, tc.Redis, redisstore.Config{Prefix: chainStepPrefix(tc.Slot, p.Name, i)})
+			s, err := redisstore.Open(ctx, tc.Redis, redisstore.Config{Prefix: RedisStepPrefix(tc.Slot, p.Name, i)})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -78,7 +78,7 @@ func BenchmarkChainStateBytes(b *testing.B) {
 				b.Fatal(err)
 			}
 			bytes := map[byte]float64{}
-			iter := tc.Redis.Scan(ctx, 0, chainStepPrefix(tc.Slot, p.Name, i)+":*", 1000).Iterator()
+			iter := tc.Redis.Scan(ctx, 0, RedisStepPrefix(tc.Slot, p.Name, i)+":*", 1000).Iterator()
 			var keys []string
 			for iter.Next(ctx) {
 				keys = append(keys, iter.Val())

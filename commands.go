@@ -404,7 +404,7 @@ func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, op
 	var total int64
 	for i, e := range p.Edges {
 		one := JoinStatus{RedisState: "ok"}
-		if err := statusStore(ctx, rdb, chainStepPrefix(slot, p.Name, i), opts, p, st, &one); err != nil {
+		if err := statusStore(ctx, rdb, RedisStepPrefix(slot, p.Name, i), opts, p, st, &one); err != nil {
 			return err
 		}
 		s.Problems = append(s.Problems, one.Problems...)
@@ -542,7 +542,7 @@ func Teardown(ctx context.Context, cfg *Config, dropTarget bool, opts Options) e
 	for _, j := range cfg.Joins {
 		prefixes := []string{RedisPrefix(cfg.Slot, j.Name)}
 		for i := range j.Rights {
-			prefixes = append(prefixes, chainStepPrefix(cfg.Slot, j.Name, i))
+			prefixes = append(prefixes, RedisStepPrefix(cfg.Slot, j.Name, i))
 		}
 		for _, prefix := range prefixes {
 			store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: prefix})

@@ -134,8 +134,31 @@ type unknownKeyError struct {
 }
 
 func (e *unknownKeyError) Error() string {
-	return fmt.Sprintf("line %d: %s has no key %q; use %s", e.line, e.what, e.key, strings.Join(e.allowed, ", "))
+	msg := fmt.Sprintf("line %d: %s has no key %q; use %s", e.line, e.what, e.key, strings.Join(e.allowed, ", "))
+	if hint := unsupportedKeys[strings.ToLower(e.key)]; hint != "" {
+		msg += " (" + hint + ")"
+	}
+	return msg
 }
+
+// unsupportedKeys names, for keys users write for what fkmat does not do,
+// why and what to do instead.
+var unsupportedKeys = map[string]string{
+	"on":        nonEquality,
+	"condition": nonEquality,
+	"join_on":   nonEquality,
+	"where":     nonEquality,
+	"filter":    nonEquality,
+	"group_by":  noAggregates,
+	"aggregate": noAggregates,
+	"having":    noAggregates,
+}
+
+const (
+	nonEquality = "joins are on a foreign key equal to the referenced key only: conditions other than that equality " +
+		"(non-equality joins, filters) are not supported; write foreign_key, and filter in a view over the target"
+	noAggregates = "aggregates are not supported: fkmat maintains the rows of a join; aggregate in a view over the target"
+)
 
 // checkKeys fails on the first key of mapping n not in allowed.
 func checkKeys(n *yaml.Node, what string, allowed []string) error {
@@ -279,6 +302,10 @@ func ParseColumnRef(s string) (ColumnRef, error) {
 			nameText, aliasText = s[:loc[0]], s[loc[1]:]
 			break
 		}
+	}
+	if strings.Count(s, `"`) == 0 && strings.ContainsAny(nameText, "()*+-/|") {
+		return ColumnRef{}, fmt.Errorf("column %q: expressions and aggregates (sum(x), count(*), a || b) are not supported; "+
+			"list column names, optionally \"name AS alias\", and compute in a view over the target", s)
 	}
 	name, err := oneIdentifier(nameText)
 	if err != nil {

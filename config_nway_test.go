@@ -122,6 +122,18 @@ func TestListFormErrors(t *testing.T) {
 			"    left: {table: orders, foreign_key: [customer_id]}\n    right: {table: customers, from: orders}\n",
 			[]string{"right.from belongs to the list form of right"},
 		},
+		"non-equality condition": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, foreign_key: [customer_id], on: \"orders.amount > customers.limit\"}\n",
+			[]string{`has no key "on"`, "conditions other than that equality", "not supported"},
+		},
+		"aggregate key": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, foreign_key: [customer_id]}\n    group_by: [customer_id]\n",
+			[]string{`has no key "group_by"`, "aggregates are not supported"},
+		},
+		"aggregate column": {
+			"    left: {table: orders, columns: [id, sum(amount) AS total]}\n    right:\n      - {table: customers, foreign_key: [customer_id]}\n",
+			[]string{`column "sum(amount) AS total": expressions and aggregates`, "not supported"},
+		},
 		"unknown key in left": {
 			"    left: {table: orders, typo: 1}\n    right:\n      - {table: customers, foreign_key: [customer_id]}\n",
 			[]string{`left has no key "typo"`},

@@ -50,6 +50,11 @@ type Options struct {
 	// PageSize bounds the dependents resolved per fan-out page; zero means
 	// join.DefaultPageSize.
 	PageSize int
+	// ChainPageRows is how many rows an entry of a join of more than two
+	// tables passes on to the next before they are written in pages (a
+	// fan-out through an entry before the last); zero means
+	// join.DefaultChainPageRows. It bounds the memory of such a fan-out.
+	ChainPageRows int
 	// ProgressBars, when set (a terminal), shows backfill progress bars on
 	// it; otherwise progress goes to Logger as periodic lines.
 	ProgressBars io.Writer

@@ -74,11 +74,20 @@ type joinRunner struct {
 // apply joins a batch's changes. bound says what the batch brings: a chain
 // step whose checkpoint is at least bound has it already (a replay after a
 // crash between the steps' commits), and only the steps before it run.
-func (jr *joinRunner) apply(ctx context.Context, changes []join.Change, bound cdc.LSN, emit func(context.Context, join.Output) error) (join.Mutations, error) {
+// flush, inside a large transaction, writes a chain's pages of a fan-out
+// through an entry before the last as partial state (join.Chain.ApplyPrefix);
+// without it such a fan-out beyond a page fails with join.ErrChainFanOut,
+// and the pipeline applies the batch's transactions as large ones.
+func (jr *joinRunner) apply(ctx context.Context, changes []join.Change, bound cdc.LSN, emit func(context.Context, join.Output) error,
+	flush func(context.Context, join.Mutations) error) (join.Mutations, error) {
 	if jr.chain == nil {
 		return jr.engine.Apply(ctx, changes, emit)
 	}
-	muts, err := jr.chain.chain.ApplyPrefix(ctx, changes, jr.chain.prefix(bound), emit)
+	var pages func(context.Context, []join.Mutations) error
+	if flush != nil {
+		pages = func(ctx context.Context, muts []join.Mutations) error { return flush(ctx, join.ChainMutations(muts)) }
+	}
+	muts, err := jr.chain.chain.ApplyPrefix(ctx, changes, jr.chain.prefix(bound), emit, pages)
 	if errors.Is(err, join.ErrChainNullRight) {
 		// Nothing of the batch is committed. Once everything has stopped,
 		// the daemon drops the join's state (rebuildChain), so that the
@@ -342,6 +351,15 @@ func (p *pipeline) run(ctx context.Context) (err error) {
 				_ = job.tx.Rollback(context.WithoutCancel(bctx))
 			}
 			cancel()
+			if errors.Is(err, join.ErrChainFanOut) {
+				// Nothing of the batch is written: apply its transactions
+				// one at a time as large ones, whose chain pages are
+				// written as they come.
+				if f, err = p.applyEach(ctx, b, f); err != nil {
+					return err
+				}
+				continue
+			}
 			return err
 		}
 		var prev *commitJob
@@ -533,7 +551,7 @@ func (p *pipeline) prepare(ctx context.Context, b *batch, f []*commitJob) (*comm
 			return job.tx.Apply(ctx, &jr.plan.Target, out)
 		}
 		var err error
-		if job.muts[i], err = jr.apply(ctx, perJoin[i], job.end, emit); err != nil {
+		if job.muts[i], err = jr.apply(ctx, perJoin[i], job.end, emit, nil); err != nil {
 			if job.tx != nil {
 				_ = job.tx.Rollback(context.WithoutCancel(ctx))
 			}
@@ -813,6 +831,31 @@ func (jr *joinRunner) failure(spans []txnSpan, err error) error {
 	return f
 }
 
+// applyEach applies a batch's transactions one at a time as large ones
+// (applyLarge), once the batches in flight are committed: a join chain's
+// fan-out through an entry before the last passed on more rows than a page
+// (join.ErrChainFanOut), and only a large transaction writes pages of its
+// state as it goes.
+func (p *pipeline) applyEach(ctx context.Context, b *batch, f []*commitJob) ([]*commitJob, error) {
+	if err := p.waitAll(f); err != nil {
+		return nil, err
+	}
+	for _, jr := range p.joins {
+		_ = jr.overlay(nil, nil)
+	}
+	p.log.Info("a join chain's fan-out is larger than a page; applying the batch's transactions one at a time, in pages",
+		"transactions", len(b.txns), "changes", b.changes)
+	for _, t := range b.txns {
+		if ctx.Err() != nil {
+			return nil, nil // shutdown: the rest is replayed on restart
+		}
+		if err := p.applyLarge(ctx, t); err != nil {
+			return nil, err
+		}
+	}
+	return nil, nil
+}
+
 // applyLarge applies a transaction delivered in several chunks: all chunks
 // go into one target transaction, committed at the source commit, while each
 // chunk's Redis state is written at once with an undo log (CommitPartial),
@@ -891,6 +934,9 @@ func (p *pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 					return nil
 				}
 				return tx.Apply(ctx, &jr.plan.Target, out)
+			}, func(ctx context.Context, m join.Mutations) error {
+				partial[i] = true // before the write: a write cut short is undone too
+				return jr.state.CommitPartial(ctx, m, txnID)
 			})
 			if err != nil {
 				return nil, jr.failure([]txnSpan{{txn: chunk}}, fmt.Errorf("join %q: %w", jr.plan.Name, err))

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 
@@ -90,31 +89,6 @@ type EdgePlan struct {
 // keys by default), columns (all by default), types and FK/key compatibility.
 // It reports every problem at once as a *ConfigError.
 func Resolve(ctx context.Context, db Querier, cfg *Config) ([]*JoinPlan, error) {
-	plans, err := resolvePlans(ctx, db, cfg)
-	if err != nil || os.Getenv(ExperimentalNWayEnv) == "1" {
-		return plans, err
-	}
-	var problems []string
-	for _, p := range plans {
-		if p.Edges != nil {
-			problems = append(problems, fmt.Sprintf("join %q: joins of more than two tables (right as a list) are checked but not yet maintained "+
-				"by this version of fkmat: the fault workload still finds a divergence after a rebuild (docs/nway.md); "+
-				"until then, maintain each edge as a two-table join", p.Name))
-		}
-	}
-	if len(problems) > 0 {
-		return nil, &ConfigError{Problems: problems}
-	}
-	return plans, nil
-}
-
-// ExperimentalNWayEnv, set to 1, lets Resolve accept joins of more than two
-// tables, which the daemon runs (join.Chain) but which are not finished:
-// for fkmat's own tests, not for production.
-const ExperimentalNWayEnv = "FKMAT_EXPERIMENTAL_NWAY"
-
-// resolvePlans resolves every join of cfg.
-func resolvePlans(ctx context.Context, db Querier, cfg *Config) ([]*JoinPlan, error) {
 	var problems []string
 	plans := make([]*JoinPlan, 0, len(cfg.Joins))
 	cache := map[TableName]*catalogTable{}

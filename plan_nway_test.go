@@ -293,7 +293,7 @@ func TestChainBackfillOnRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.ApplyDefaults()
-	plans, err := resolvePlans(ctx, tc.Pool, cfg)
+	plans, err := Resolve(ctx, tc.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -572,10 +572,20 @@ func (k redisKeys) encodingSummary(kind byte) string {
 
 func (d *db) redisKeys() redisKeys {
 	d.b.Helper()
+	return d.redisKeysOf(fkmat.RedisPrefix(d.Slot, "orders_enriched"))
+}
+
+// redisKeysOf is redisKeys for the state under prefix (a join's, or a step's
+// of a join of more than two tables).
+func (d *db) redisKeysOf(prefix string) redisKeys {
+	d.b.Helper()
 	ctx := context.Background()
-	store := d.store()
+	store, err := redisstore.Open(ctx, d.Redis, redisstore.Config{Prefix: prefix})
+	if err != nil {
+		d.b.Fatal(err)
+	}
 	out := redisKeys{bytes: map[byte]float64{}, encodings: map[byte]map[string]int{}}
-	iter := d.Redis.Scan(ctx, 0, fkmat.RedisPrefix(d.Slot, "orders_enriched")+":*", 1000).Iterator()
+	iter := d.Redis.Scan(ctx, 0, prefix+":*", 1000).Iterator()
 	var names []string
 	for iter.Next(ctx) {
 		names = append(names, iter.Val())

@@ -124,6 +124,7 @@ type sizes struct {
 	W3Orders, W3Customers, W3Updates       int
 	W4Orders, W4Customers                  int
 	W5Scale, W5Seconds                     int // pgbench -s and -T
+	W6Customers, W6PerCustomer, W6Rounds   int
 	Refreshes                              int
 	ProbeEvery                             int // ms between freshness markers
 }
@@ -135,6 +136,7 @@ var fullSizes = sizes{
 	W3Orders: 100_000, W3Customers: 10_000, W3Updates: 100_000,
 	W4Orders: 1_000_000, W4Customers: 50_000,
 	W5Scale: 2, W5Seconds: 20,
+	W6Customers: 1_000, W6PerCustomer: 200, W6Rounds: 3,
 	Refreshes: 3, ProbeEvery: 50,
 }
 
@@ -145,6 +147,7 @@ var smokeSizes = sizes{
 	W3Orders: 1_000, W3Customers: 100, W3Updates: 1_000,
 	W4Orders: 20_000, W4Customers: 1_000,
 	W5Scale: 1, W5Seconds: 2,
+	W6Customers: 20, W6PerCustomer: 10, W6Rounds: 1,
 	Refreshes: 1, ProbeEvery: 50,
 }
 

@@ -58,7 +58,6 @@ ALTER TABLE customers ALTER COLUMN bio SET STORAGE EXTERNAL;
 // restart, status per entry, and teardown. After every phase the target
 // equals the SPEC's SQL.
 func TestNWaySpecExample(t *testing.T) {
-	t.Setenv(fkmat.ExperimentalNWayEnv, "1") // the CLI children inherit it
 	tc := testenv.New(t)
 	sqlExec(t, tc, nwaySchema,
 		`INSERT INTO regions VALUES (1, 'north'), (2, 'south'), (3, 'east')`,
@@ -153,5 +152,57 @@ func TestNWaySpecExample(t *testing.T) {
 	defer cancel()
 	if keys, err := tc.Redis.Keys(ctx, fkmat.RedisPrefix(tc.Slot, "orders_wide")+"*").Result(); err != nil || len(keys) != 0 {
 		t.Errorf("teardown left %d keys (%v): %s", len(keys), err, strings.Join(keys[:min(len(keys), 5)], " "))
+	}
+}
+
+// TestNWayFanOutPages: a fan-out through an entry before the last (a
+// customer rename reaching its orders, with regions after customers) larger
+// than --chain-page-rows. In a batch of small transactions it cannot be
+// written in pages, so the daemon applies the batch's transactions one at a
+// time as large ones, writing each page of the fan-out's state as it goes
+// (undone whole after a crash); in a large transaction it pages at once.
+// The target equals the SPEC's SQL after each.
+func TestNWayFanOutPages(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, nwaySchema,
+		`INSERT INTO regions VALUES (1, 'north'), (2, 'south')`,
+		`INSERT INTO customers SELECT g, 'c' || g, 1 + g % 2, repeat('b', 3000) FROM generate_series(1, 10) g`,
+		`INSERT INTO products SELECT g, 'p' || g FROM generate_series(1, 5) g`,
+		`INSERT INTO orders SELECT g, CASE WHEN g <= 600 THEN 1 ELSE 2 + g % 9 END, 1 + g % 5, g, 1 + g % 10, 'n'
+			FROM generate_series(1, 900) g`)
+	cfg := daemonConfig(t, tc, nwayWideYAML)
+	logs := &syncBuffer{}
+	opts := fkmat.Options{Logger: slog.New(slog.NewTextHandler(logs, nil)), ChainPageRows: 50}
+	d := startDaemon(t, cfg, opts)
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+
+	// Small transactions, one of them reaching 600 orders through
+	// customers (and 60 through the seller entry).
+	sqlExec(t, tc,
+		`INSERT INTO orders VALUES (2000, 1, 1, 5, 2, 'x')`,
+		`UPDATE customers SET name = 'renamed' WHERE id = 1`,
+		`UPDATE orders SET amount = amount + 1 WHERE id = 2000`,
+		`UPDATE customers SET region_id = 2 WHERE id = 1`, // its orders move region
+		`UPDATE regions SET name = 'NORTH' WHERE id = 1`)
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	if !strings.Contains(logs.String(), "in pages") {
+		t.Errorf("a fan-out of 600 rows through customers, pages of 50: the batch was not applied in pages:\n%s", logs.String())
+	}
+	// One transaction: the fan-out, changes of its rows before and after
+	// it, and a key change of the customer.
+	sqlExec(t, tc, `BEGIN;
+		UPDATE orders SET amount = 0 WHERE id BETWEEN 1 AND 100;
+		UPDATE customers SET name = 'again', region_id = 1 WHERE id = 1;
+		DELETE FROM orders WHERE id BETWEEN 101 AND 150;
+		UPDATE customers SET id = 100 WHERE id = 2;
+		UPDATE orders SET customer_id = 100 WHERE id BETWEEN 151 AND 160;
+		INSERT INTO orders SELECT g, 1, 1, g, 1, 'y' FROM generate_series(3000, 3100) g;
+		COMMIT`)
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
 	}
 }

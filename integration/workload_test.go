@@ -70,8 +70,7 @@ func faultSeedSQL(shape string) []string {
 // customers (type typ) with the TOASTed columns of both projected, the
 // self-referencing join of customers to their referrer, and a join of more
 // than two tables chaining the two: orders, their customer (type typ), and
-// that customer's referrer (a customers row again, through as). The last
-// needs fkmat.ExperimentalNWayEnv.
+// that customer's referrer (a customers row again, through as).
 func faultYAML(typ string) string {
 	return strings.Replace(toastJoinYAML, "type: left", "type: "+typ, 1) + `
   - name: customers_referrers

@@ -30,6 +30,8 @@ type Chain struct {
 	steps   []ChainStep
 	engines []*Engine
 	out     []int
+	// pageRows is how many rows a step passes on before they are paged.
+	pageRows int
 	// outRight are the positions in the last step's right values of the
 	// target's right columns (Out's entries past the last step's left
 	// part).
@@ -61,7 +63,7 @@ func NewChain(steps []ChainStep, stores []StateReader, out []int) (*Chain, error
 	if len(steps) < 1 || len(stores) != len(steps) {
 		return nil, fmt.Errorf("new join chain: %d steps and %d stores", len(steps), len(stores))
 	}
-	c := &Chain{steps: slices.Clone(steps), out: slices.Clone(out)}
+	c := &Chain{steps: slices.Clone(steps), out: slices.Clone(out), pageRows: DefaultChainPageRows}
 	width := len(steps[0].Spec.PK) + steps[0].Spec.LeftValues
 	for i, s := range steps {
 		if i > 0 && (s.Spec.LeftValues != width-len(s.Spec.PK) || !slices.Equal(s.Spec.PK, steps[0].Spec.PK)) {
@@ -112,10 +114,32 @@ func (c *Chain) TargetRightFrom() int { return len(c.out) - len(c.outRight) }
 // left table's foreign keys are taken from Left.Values, so Left.FK is
 // ignored), whole source transactions in commit order, and returns each
 // step's mutations, to be persisted with the batch's checkpoint. The effect
-// on the target is passed to emit, in order, as in Engine.Apply.
+// on the target is passed to emit, in order, as in Engine.Apply. A fan-out
+// through an entry that is not the last (a customer rename reaching its
+// orders, with entries after customers) passing on more than PageRows rows
+// fails with ErrChainFanOut: see ApplyPrefix.
 func (c *Chain) Apply(ctx context.Context, changes []Change, emit func(context.Context, Output) error) ([]Mutations, error) {
-	return c.ApplyPrefix(ctx, changes, len(c.steps), emit)
+	return c.ApplyPrefix(ctx, changes, len(c.steps), emit, nil)
 }
+
+// DefaultChainPageRows is how many rows a step passes on to the next before
+// they are paged (ApplyPrefix).
+const DefaultChainPageRows = 50_000
+
+// SetPageRows sets how many rows a step passes on to the next before they
+// are paged; 0 restores DefaultChainPageRows.
+func (c *Chain) SetPageRows(n int) {
+	if n <= 0 {
+		n = DefaultChainPageRows
+	}
+	c.pageRows = n
+}
+
+// ErrChainFanOut is a batch whose fan-out through an entry before the last
+// passes on more rows than a page, applied without a flush: nothing of it
+// is returned, and the caller applies it again with one (a large
+// transaction, whose partial state is undone after a crash).
+var ErrChainFanOut = errors.New("a fan-out through a join chain's entry passes on more rows than a page")
 
 // ApplyPrefix is Apply on the first n steps only, for a replay after a
 // crash: the states are committed from the last step to the first, so the
@@ -124,60 +148,117 @@ func (c *Chain) Apply(ctx context.Context, changes []Change, emit func(context.C
 // states and inputs; what step n-1 would pass on is dropped (step n has
 // it), and emit is not called unless n is every step. It returns the
 // mutations of the first n steps.
-func (c *Chain) ApplyPrefix(ctx context.Context, changes []Change, n int, emit func(context.Context, Output) error) ([]Mutations, error) {
+//
+// Memory stays bounded by the batch and a page: when a step has PageRows
+// rows to pass on, they go through the later steps at once, as a batch of
+// their own, whose mutations (one per step, nil for the steps before) are
+// handed to flush to be written before the batch goes on. The later steps
+// read them from their states afterwards. The mutations returned are the
+// rest. With flush nil, a fan-out passing on more than PageRows rows fails
+// with ErrChainFanOut.
+func (c *Chain) ApplyPrefix(ctx context.Context, changes []Change, n int, emit func(context.Context, Output) error,
+	flush func(context.Context, []Mutations) error) ([]Mutations, error) {
 	if n < 0 || n > len(c.steps) {
 		return nil, fmt.Errorf("apply join chain: %d steps of %d", n, len(c.steps))
 	}
+	own := make([][]Change, len(c.steps)+1)
 	for _, ch := range changes {
 		left := ch.Kind == LeftUpsert || ch.Kind == LeftDelete || ch.Kind == LeftKeyChange || ch.Kind == LeftTruncate
 		if ch.Table < 0 || ch.Table > len(c.steps) || left != (ch.Table == 0) {
 			return nil, fmt.Errorf("apply join chain: a %s change of table %d; the chain has %d tables, the left one 0", ch.Kind, ch.Table, len(c.steps)+1)
 		}
+		own[ch.Table] = append(own[ch.Table], ch)
 	}
-	muts := make([]Mutations, len(c.steps))
-	// in holds the next step's left changes, derived from this step's
-	// outputs; each table's own changes keep their order, which is all the
-	// final state depends on.
-	var in []Change
-	for _, ch := range changes {
-		if ch.Table == 0 {
-			in = append(in, ch)
+	a := &chainApply{c: c, n: n, emit: emit, flush: flush}
+	muts := make([]Mutations, n)
+	// in holds step i's left changes, derived from step i-1's outputs (the
+	// left table's changes for step 0); each table's own changes keep their
+	// order, which is all the final state depends on, so a step takes its
+	// entry's changes after them.
+	in := own[0]
+	for i := range n {
+		m, next, err := a.step(ctx, i, in, own[i+1])
+		if err != nil {
+			return nil, err
 		}
+		muts[i], in = m, next
 	}
-	for i, s := range c.steps[:n] {
-		step := in
-		for k := range step {
-			if err := c.deriveFK(i, &step[k]); err != nil {
-				return nil, err
-			}
+	return muts, nil
+}
+
+// chainApply is one ApplyPrefix call.
+type chainApply struct {
+	c     *Chain
+	n     int
+	emit  func(context.Context, Output) error
+	flush func(context.Context, []Mutations) error
+	// fanOut counts the rows passed on from right updates (without flush).
+	fanOut int
+}
+
+// step applies in, then own, to step i, and returns its mutations and what
+// it passes on to step i+1 (but the pages it passed on already).
+func (a *chainApply) step(ctx context.Context, i int, in, own []Change) (Mutations, []Change, error) {
+	c := a.c
+	s := c.steps[i]
+	batch := make([]Change, 0, len(in)+len(own))
+	for _, ch := range in {
+		if err := c.deriveFK(i, &ch); err != nil {
+			return Mutations{}, nil, err
 		}
-		for _, ch := range changes {
-			if ch.Table == i+1 {
-				step = append(step, ch)
-			}
-		}
-		next := []Change{}
-		var sink func(context.Context, Output) error
-		switch {
-		case i == len(c.steps)-1:
-			sink = func(ctx context.Context, o Output) error { return emit(ctx, c.project(o)) }
-		case i == n-1:
-			sink = func(context.Context, Output) error { return nil }
-		default:
-			sink = func(_ context.Context, o Output) error {
-				d, err := derive(o, s.Spec)
-				next = append(next, d...)
+		batch = append(batch, ch)
+	}
+	batch = append(batch, own...)
+	var next []Change
+	var sink func(context.Context, Output) error
+	switch {
+	case i == len(c.steps)-1:
+		sink = func(ctx context.Context, o Output) error { return a.emit(ctx, c.project(o)) }
+	case i == a.n-1:
+		sink = func(context.Context, Output) error { return nil }
+	default:
+		sink = func(ctx context.Context, o Output) error {
+			d, fanOut, err := derive(o, s.Spec)
+			if err != nil {
 				return err
 			}
+			next = append(next, d...)
+			if a.flush == nil {
+				if a.fanOut += fanOut; a.fanOut > c.pageRows {
+					return ErrChainFanOut
+				}
+				return nil
+			}
+			if len(next) >= c.pageRows {
+				page := next
+				next = nil
+				return a.page(ctx, i+1, page)
+			}
+			return nil
 		}
-		m, err := c.engines[i].Apply(ctx, step, sink)
-		if err != nil {
-			return nil, fmt.Errorf("step %d: %w", i, err)
-		}
-		muts[i] = m
-		in = next
 	}
-	return muts[:n], nil
+	m, err := c.engines[i].Apply(ctx, batch, sink)
+	if err != nil {
+		return Mutations{}, nil, fmt.Errorf("step %d: %w", i, err)
+	}
+	return m, next, nil
+}
+
+// page runs a page of step from's left changes through it and the steps
+// after it, and flushes their mutations.
+func (a *chainApply) page(ctx context.Context, from int, in []Change) error {
+	muts := make([]Mutations, a.n)
+	for i := from; i < a.n; i++ {
+		m, next, err := a.step(ctx, i, in, nil)
+		if err != nil {
+			return err
+		}
+		muts[i], in = m, next
+	}
+	if err := a.flush(ctx, muts); err != nil {
+		return fmt.Errorf("apply join chain: flush a page of step %d: %w", from, err)
+	}
+	return nil
 }
 
 // deriveFK sets a left change's foreign key for step i from its values.
@@ -204,13 +285,12 @@ func (c *Chain) deriveFK(i int, ch *Change) error {
 // right update upserts the rows with their earlier columns unchanged (the
 // engine fills them from the next step's stored rows, as it fills
 // unchanged TOAST values).
-func derive(o Output, spec Spec) ([]Change, error) {
-	var out []Change
+func derive(o Output, spec Spec) (out []Change, fanOut int, err error) {
 	if o.Truncate {
 		out = append(out, Change{Kind: LeftTruncate})
 	}
 	if o.NullRight {
-		return nil, ErrChainNullRight
+		return nil, 0, ErrChainNullRight
 	}
 	npk := len(spec.PK)
 	for _, pk := range o.Deletes {
@@ -228,8 +308,9 @@ func derive(o Output, spec Spec) ([]Change, error) {
 			values = append(values, u.Right...)
 			out = append(out, Change{Kind: LeftUpsert, Left: LeftRow{PK: pk, Values: values}})
 		}
+		fanOut += len(u.Keys)
 	}
-	return out, nil
+	return out, fanOut, nil
 }
 
 // project maps an Output of the last step to the target's columns.

@@ -372,16 +372,21 @@ func TestChainRandomTrees(t *testing.T) {
 		seeds = 10
 	}
 	for seed := range seeds {
-		for _, hide := range []bool{false, true} {
-			t.Run(fmt.Sprintf("seed%d/hide=%v", seed, hide), func(t *testing.T) {
+		for _, mode := range []struct{ hide, paged bool }{{false, false}, {true, false}, {false, true}} {
+			t.Run(fmt.Sprintf("seed%d/hide=%v/paged=%v", seed, mode.hide, mode.paged), func(t *testing.T) {
 				t.Parallel()
-				runChain(t, uint64(seed), hide)
+				runChain(t, uint64(seed), mode.hide, mode.paged)
 			})
 		}
 	}
 }
 
-func runChain(t *testing.T, seed uint64, hide bool) {
+// runChain runs a random tree under a random workload. Paged, the steps
+// pass rows on in pages of 1 to 3 (a large transaction's fan-out through an
+// entry before the last): each page goes through the later steps and its
+// mutations are written at once (the flush), and the target must still
+// equal the SQL with no redundant write.
+func runChain(t *testing.T, seed uint64, hide, paged bool) {
 	ctx := context.Background()
 	r := rand.New(rand.NewPCG(seed, 11))
 	tr := randomTree(r)
@@ -400,7 +405,7 @@ func runChain(t *testing.T, seed uint64, hide bool) {
 	truncatable := func(tab int) bool {
 		return tab < 0 || tr.typ[tab] == join.Inner || tab == len(tr.parent)-1
 	}
-	nonEmpty, crashes := 0, 0
+	nonEmpty, crashes, pages := 0, 0, 0
 	var fanout uint64
 	for b := range 120 {
 		changes := g.batch(1+r.IntN(25), truncatable)
@@ -409,15 +414,30 @@ func runChain(t *testing.T, seed uint64, hide bool) {
 		for k := range replay {
 			replay[k] = cloneChange(replay[k])
 		}
-		muts, err := c.Apply(ctx, changes, func(_ context.Context, o join.Output) error { return tgt.apply(o) })
+		var flush func(context.Context, []join.Mutations) error
+		if paged {
+			c.SetPageRows(1 + r.IntN(3))
+			flush = func(ctx context.Context, muts []join.Mutations) error {
+				pages++
+				for i, m := range muts {
+					if err := stores[i].Apply(ctx, m); err != nil {
+						return fmt.Errorf("page of step %d: %w", i, err)
+					}
+				}
+				return nil
+			}
+		}
+		muts, err := c.ApplyPrefix(ctx, changes, len(stores), func(_ context.Context, o join.Output) error { return tgt.apply(o) }, flush)
 		if err != nil {
 			t.Fatalf("%s seed %d batch %d: %v", tr, seed, b, err)
 		}
 		// The target has the batch; the states are committed from the last
 		// step to the first. One batch in five crashes before step `from`
 		// commits, and a new process replays the batch on the steps behind.
+		// (A paged batch is a large transaction: a crash in it is undone
+		// whole, by the store.)
 		from := 0
-		if r.IntN(5) == 0 {
+		if !paged && r.IntN(5) == 0 {
 			from = 1 + r.IntN(len(muts))
 		}
 		for i := len(muts) - 1; i >= from; i-- {
@@ -436,7 +456,7 @@ func runChain(t *testing.T, seed uint64, hide bool) {
 					return nil // every step replays: the caller drops what the target has
 				}
 				return errors.New("a replay on a prefix of the steps emitted output")
-			})
+			}, nil)
 			if err != nil {
 				t.Fatalf("%s seed %d batch %d: replay on %d steps: %v", tr, seed, b, from, err)
 			}
@@ -454,10 +474,13 @@ func runChain(t *testing.T, seed uint64, hide bool) {
 		}
 	}
 	fanout += fanoutOf(c)
-	t.Logf("%s: %d of 120 batches with target rows (%d at the end), %d fan-out rows, %d redundant writes (hidden columns), %d crashes replayed",
-		tr, nonEmpty, len(tgt.rows), fanout, tgt.redundant, crashes)
+	t.Logf("%s: %d of 120 batches with target rows (%d at the end), %d fan-out rows, %d redundant writes (hidden columns), %d crashes replayed, %d pages flushed",
+		tr, nonEmpty, len(tgt.rows), fanout, tgt.redundant, crashes, pages)
 	if nonEmpty < 60 || fanout == 0 {
 		t.Errorf("the workload exercised too little: %d batches with rows, %d fan-out rows", nonEmpty, fanout)
+	}
+	if paged && len(tr.parent) > 1 && pages == 0 {
+		t.Errorf("paged, but no page was flushed")
 	}
 	if !hide && tgt.redundant != 0 {
 		t.Errorf("%d redundant writes", tgt.redundant)
@@ -485,5 +508,71 @@ func TestChainLeftTruncateMidway(t *testing.T) {
 	_, err = c.Apply(context.Background(), changes, func(context.Context, join.Output) error { return nil })
 	if !errors.Is(err, join.ErrChainNullRight) {
 		t.Fatalf("Apply = %v, want ErrChainNullRight", err)
+	}
+}
+
+// TestChainFanOutWithoutFlush: a fan-out through an entry before the last
+// that passes on more rows than a page fails with ErrChainFanOut when the
+// caller gives no flush (a batch the pipeline then applies as large
+// transactions), and is paged through the later steps with one.
+func TestChainFanOutWithoutFlush(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tr := tree{parent: []int{-1, 0}, typ: []join.JoinType{join.Left, join.Left}, children: [][]int{{0}, {1}, nil}}
+	c, stores, _, err := tr.chain(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetPageRows(2)
+	v := join.TextValue
+	customer := func(name string) join.Change {
+		return join.Change{Table: 1, Kind: join.RightUpsert, Right: join.RightRow{Key: []join.Value{v("1")},
+			Values: []join.Value{v(name), v("d"), v("9")}}}
+	}
+	load := []join.Change{customer("first")}
+	for i := range 5 {
+		load = append(load, join.Change{Kind: join.LeftUpsert, Insert: true,
+			Left: join.LeftRow{PK: []join.Value{v(strconv.Itoa(i))}, Values: []join.Value{v("a"), v("b"), v("1")}}})
+	}
+	tgt := &target{rows: map[string][]join.Value{}, rightFrom: c.TargetRightFrom(), strict: true}
+	emit := func(_ context.Context, o join.Output) error { return tgt.apply(o) }
+	commit := func(muts []join.Mutations) {
+		t.Helper()
+		for i := len(muts) - 1; i >= 0; i-- {
+			if err := stores[i].Apply(ctx, muts[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	muts, err := c.Apply(ctx, load, emit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit(muts)
+	if _, err := c.Apply(ctx, []join.Change{customer("renamed")}, func(context.Context, join.Output) error { return nil }); !errors.Is(err, join.ErrChainFanOut) {
+		t.Fatalf("a rename reaching 5 rows with pages of 2, without flush: %v, want ErrChainFanOut", err)
+	}
+	pages := 0
+	muts, err = c.ApplyPrefix(ctx, []join.Change{customer("renamed")}, 2, emit, func(ctx context.Context, muts []join.Mutations) error {
+		pages++
+		if !muts[0].Empty() {
+			t.Errorf("a page flushed step 0's mutations: %+v", muts[0])
+		}
+		return stores[1].Apply(ctx, muts[1])
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit(muts)
+	if pages != 2 {
+		t.Errorf("%d pages flushed, want 2 (5 rows in pages of 2: the last row goes with the rest)", pages)
+	}
+	for pk, row := range tgt.rows {
+		if row[4].Text != "renamed" {
+			t.Errorf("row %s = %v, want the customer renamed", pk, row)
+		}
+	}
+	if len(tgt.rows) != 5 {
+		t.Errorf("%d target rows, want 5", len(tgt.rows))
 	}
 }

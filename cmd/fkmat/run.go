@@ -6,6 +6,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/join"
 )
 
 func runCommand() *cli.Command {
@@ -23,6 +24,8 @@ func runCommand() *cli.Command {
 				Usage: "compare every target with its SQL join in the background, one throttled round per interval (e.g. 1h; off by default)"},
 			&cli.IntFlag{Name: "redis-wait-replicas", EnvVars: []string{"FKMAT_REDIS_WAIT_REPLICAS"},
 				Usage: "wait (Redis WAIT, up to 1 s) until this many replicas of every Redis primary written to have each batch's state before acknowledging it; 0: do not wait"},
+			&cli.IntFlag{Name: "chain-page-rows", Value: join.DefaultChainPageRows, EnvVars: []string{"FKMAT_CHAIN_PAGE_ROWS"},
+				Usage: "joins of more than two tables: rows an entry passes on to the next (a fan-out through an entry before the last) before they are written in pages; bounds memory"},
 			&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"FKMAT_METRICS_ADDR"},
 				Usage: "serve Prometheus /metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9187)"},
 		},
@@ -35,6 +38,9 @@ func runCommand() *cli.Command {
 			opts.MetricsAddr = c.String("metrics-addr")
 			if opts.RedisWaitReplicas = c.Int("redis-wait-replicas"); opts.RedisWaitReplicas < 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--redis-wait-replicas %d: use 0 (do not wait) or the number of replicas to wait for", opts.RedisWaitReplicas)}
+			}
+			if opts.ChainPageRows = c.Int("chain-page-rows"); opts.ChainPageRows < 1 {
+				return &exitError{code: exitUsage, err: fmt.Errorf("--chain-page-rows %d: use 1 or more", opts.ChainPageRows)}
 			}
 			if opts.VerifyInterval = c.Duration("verify-interval"); opts.VerifyInterval < 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--verify-interval %s: use a positive duration, or leave it out", opts.VerifyInterval)}

@@ -1,0 +1,150 @@
+package bench
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/redisstore"
+)
+
+// w6 (joins of more than two tables): one region with W6Customers
+// customers of W6PerCustomer orders each, maintained as the chain orders →
+// customers → regions; beside it, in the same database and the same
+// daemon, a two-table join of as many payments, all of one account.
+func w6(s sizes) *workload {
+	n := s.W6Customers * s.W6PerCustomer
+	return &workload{name: "W6", title: "n-way fan-out", orders: n, yaml: w6YAML, setup: []string{`
+CREATE TABLE regions (id int PRIMARY KEY, name text);
+CREATE TABLE customers (id bigint PRIMARY KEY, name text, region_id int);
+CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint, amount numeric(12,2));
+CREATE TABLE accounts (id bigint PRIMARY KEY, name text);
+CREATE TABLE payments (id bigint PRIMARY KEY, account_id bigint, amount numeric(12,2));
+INSERT INTO regions VALUES (1, 'north'), (2, 'south');
+INSERT INTO accounts VALUES (1, 'account');`,
+		fmt.Sprintf(`INSERT INTO customers SELECT g, 'customer ' || g, 1 FROM generate_series(1, %d) g`, s.W6Customers),
+		fmt.Sprintf(`INSERT INTO orders SELECT g, 1 + (g - 1) / %d, g %% 1000 FROM generate_series(1, %d) g`, s.W6PerCustomer, n),
+		fmt.Sprintf(`INSERT INTO payments SELECT g, 1, g %% 1000 FROM generate_series(1, %d) g`, n),
+		`VACUUM ANALYZE`}}
+}
+
+const w6YAML = `
+joins:
+  - name: orders_wide
+    type: left
+    left: {table: orders}
+    right:
+      - {table: customers, foreign_key: [customer_id], columns: [name AS customer_name]}
+      - {table: regions, from: customers, foreign_key: [region_id], columns: [name AS region_name]}
+    target: {table: orders_wide}
+  - name: payments_wide
+    type: left
+    left: {table: payments, foreign_key: [account_id]}
+    right: {table: accounts, columns: [name AS account_name]}
+    target: {table: payments_wide}
+`
+
+// The SPEC's SQL of each join, in the target's column order.
+const (
+	w6OrdersSQL = `SELECT o.id, o.customer_id, o.amount, c.name, r.name
+	FROM orders o LEFT JOIN customers c ON o.customer_id = c.id LEFT JOIN regions r ON c.region_id = r.id`
+	w6PaymentsSQL = `SELECT p.id, p.account_id, p.amount, a.name FROM payments p LEFT JOIN accounts a ON p.account_id = a.id`
+)
+
+// benchW6 measures, through the daemon in one run, a grandparent fan-out (a
+// region rename reaching every order of its customers) against a two-table
+// fan-out writing as many rows (an account rename reaching its payments),
+// alternately, W6Rounds times each; then a fan-out through the
+// intermediate entry (every customer renamed in one transaction: the
+// customers step passes all orders on to the regions step, in pages); and
+// the Redis memory of each entry's state next to the two-table join's.
+func benchW6(t *testing.T, s sizes, rep *report) {
+	w := w6(s)
+	name := w.name + " " + w.title
+	n := w.orders
+	d := newDB(t, w)
+	bf := d.backfill()
+	d.assertQuery("orders_wide", `SELECT id, customer_id, amount, customer_name, region_name FROM orders_wide`, w6OrdersSQL)
+	d.assertQuery("payments_wide", `SELECT id, account_id, amount, account_name FROM payments_wide`, w6PaymentsSQL)
+
+	// Redis memory per entry, and of the two-table join.
+	steps := []struct{ entry, prefix string }{
+		{"customers", fkmat.RedisStepPrefix(d.Slot, "orders_wide", 0)},
+		{"regions", fkmat.RedisStepPrefix(d.Slot, "orders_wide", 1)},
+		{"two-table accounts", fkmat.RedisPrefix(d.Slot, "payments_wide")},
+	}
+	rights := []float64{float64(s.W6Customers), 2, 1}
+	for i, st := range steps {
+		k := d.redisKeysOf(st.prefix)
+		// Every order has a customer and every customer a region: one
+		// subscription per order in each step.
+		rep.row(name, "Redis memory, "+st.entry+": per left row", k.bytes[redisstore.KindLeft]/float64(n), "B", k.encodingSummary(redisstore.KindLeft), false)
+		rep.row(name, "Redis memory, "+st.entry+": per subscription", k.bytes[redisstore.KindSubs]/float64(n), "B", k.encodingSummary(redisstore.KindSubs), false)
+		rep.row(name, "Redis memory, "+st.entry+": per right row", k.bytes[redisstore.KindRight]/rights[i], "B", k.encodingSummary(redisstore.KindRight), false)
+	}
+
+	p := d.run("nway")
+	d.waitCaught(p)
+	written := func() float64 {
+		return p.metric("fkmat_sink_rows_upserted_total") + p.metric("fkmat_sink_rows_deleted_total")
+	}
+	// fanOut runs sql and returns the time until the daemon has written n
+	// more target rows (committed: the counters move after the commit).
+	fanOut := func(sql string) time.Duration {
+		t.Helper()
+		before := written()
+		start := time.Now()
+		d.exec(sql)
+		deadline := start.Add(10 * time.Minute)
+		for written() < before+float64(n) {
+			select {
+			case err := <-p.done:
+				t.Fatalf("fkmat run exited: %v\n%s", err, p.out)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %.0f of %d rows written after 10 minutes\n%s", sql, written()-before, n, p.out)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return time.Since(start)
+	}
+	var chain, two []time.Duration
+	for r := range s.W6Rounds {
+		chain = append(chain, fanOut(fmt.Sprintf(`UPDATE regions SET name = 'north %d' WHERE id = 1`, r)))
+		two = append(two, fanOut(fmt.Sprintf(`UPDATE accounts SET name = 'account %d' WHERE id = 1`, r)))
+	}
+	through := fanOut(`UPDATE customers SET name = name || '*'`)
+	d.waitCaught(p)
+	u := p.stop()
+	d.assertQuery("orders_wide", `SELECT id, customer_id, amount, customer_name, region_name FROM orders_wide`, w6OrdersSQL)
+	d.assertQuery("payments_wide", `SELECT id, account_id, amount, account_name FROM payments_wide`, w6PaymentsSQL)
+	want := float64((2*s.W6Rounds + 1) * n)
+	if got := u.upserted + u.deleted; got > want {
+		t.Errorf("fkmat wrote %.0f target rows, more than the %.0f the SQL results changed by", got, want)
+	}
+
+	slices.Sort(chain)
+	slices.Sort(two)
+	med := func(ds []time.Duration) time.Duration { return ds[len(ds)/2] }
+	ratio := med(chain).Seconds() / med(two).Seconds()
+	list := func(ds []time.Duration) string {
+		out := ""
+		for _, d := range ds {
+			out += fmt.Sprintf(" %.3f", d.Seconds())
+		}
+		return out
+	}
+	rep.row(name, fmt.Sprintf("region rename → %d customers → %d orders each (median of %d)", s.W6Customers, s.W6PerCustomer, len(chain)),
+		med(chain).Seconds(), "s", fmt.Sprintf("%d target rows; runs (s):%s", n, list(chain)), true)
+	rep.row(name, fmt.Sprintf("two-table fan-out of %d rows, same daemon (median of %d)", n, len(two)),
+		med(two).Seconds(), "s", "an account rename over its payments; runs (s):"+list(two), true)
+	rep.row(name, "grandparent / two-table fan-out time", ratio, "x", "medians, measured alternately in one run", false)
+	rep.row(name, "every customer renamed in one transaction (a fan-out through the intermediate entry)", through.Seconds(), "s",
+		fmt.Sprintf("%d target rows; the customers step passes them on to the regions step in pages of %d", n, 50_000), true)
+	rep.row(name, "fkmat peak RSS", max(u.peakRSSMB, bf.peakRSSMB), "MB", "backfill and run", false)
+	rep.rss = max(rep.rss, u.peakRSSMB, bf.peakRSSMB)
+	rep.target("W6 grandparent fan-out within 2x of a two-table fan-out of as many rows", ratio, "<=", 2, "x")
+}

@@ -124,7 +124,7 @@ func (c *Chain) Apply(ctx context.Context, changes []Change, emit func(context.C
 
 // DefaultChainPageRows is how many rows a step passes on to the next before
 // they are paged (ApplyPrefix).
-const DefaultChainPageRows = 50_000
+const DefaultChainPageRows = 10_000
 
 // SetPageRows sets how many rows a step passes on to the next before they
 // are paged; 0 restores DefaultChainPageRows.

@@ -206,3 +206,83 @@ func TestNWayFanOutPages(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNWaySchemasAndTypes: a chain and a star across three schemas, keyed
+// by uuid and by a composite (text, int) key, with jsonb, array and enum
+// columns, an entry of a partitioned table, and a self-referencing entry
+// (a category's parent category): backfill, changes of every table, and
+// the target equal to the SQL after each phase.
+func TestNWaySchemasAndTypes(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, `
+CREATE SCHEMA crm; CREATE SCHEMA geo;
+CREATE TYPE crm.tier AS ENUM ('bronze', 'silver', 'gold');
+CREATE TABLE geo.cities (country text, num int, name text, PRIMARY KEY (country, num));
+CREATE TABLE crm.customers (id uuid PRIMARY KEY, name text, tier crm.tier, tags text[], prefs jsonb, country text, city_num int);
+CREATE TABLE public.categories (id int PRIMARY KEY, label text, parent_id int REFERENCES public.categories);
+CREATE TABLE public.sales (id bigint, day date, customer_id uuid, category_id int, amount numeric(10,2), PRIMARY KEY (id, day))
+	PARTITION BY RANGE (day);
+CREATE TABLE public.sales_2025 PARTITION OF public.sales FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');
+CREATE TABLE public.sales_2026 PARTITION OF public.sales FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+ALTER TABLE public.sales REPLICA IDENTITY USING INDEX sales_pkey;
+INSERT INTO geo.cities VALUES ('fr', 1, 'Paris'), ('fr', 2, 'Lyon'), ('de', 1, 'Berlin');
+INSERT INTO crm.customers SELECT md5(g::text)::uuid, 'c' || g, (ARRAY['bronze','silver','gold'])[1 + g % 3]::crm.tier,
+	ARRAY['t' || g, 'x'], jsonb_build_object('n', g), CASE WHEN g % 2 = 0 THEN 'fr' ELSE 'de' END, 1 + g % 2 FROM generate_series(1, 30) g;
+INSERT INTO public.categories VALUES (1, 'root', NULL), (2, 'books', 1), (3, 'comics', 2), (4, 'orphan', NULL);
+INSERT INTO public.sales SELECT g, DATE '2025-06-01' + (g % 400), CASE WHEN g % 11 = 0 THEN NULL ELSE md5((1 + g % 33)::text)::uuid END,
+	1 + g % 5, g FROM generate_series(1, 600) g;`)
+	yml := `joins:
+  - name: sales_wide
+    type: left
+    left:
+      table: public.sales
+    right:
+      - table: crm.customers
+        foreign_key: [customer_id]
+        columns: [name AS customer_name, tier, tags, prefs]
+      - table: geo.cities
+        from: customers
+        foreign_key: [country, city_num]
+        columns: [name AS city]
+      - table: public.categories
+        type: inner
+        foreign_key: [category_id]
+        columns: [label]
+      - table: public.categories
+        as: parent
+        from: categories
+        foreign_key: [parent_id]
+        columns: [label AS parent_label]
+    target:
+      table: public.sales_wide
+`
+	env := cliEnv(t, tc, yml)
+	if r := runCLI(t, env, "check"); r.code != 0 {
+		t.Fatalf("check: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	cfg := daemonConfig(t, tc, yml)
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	sqlExec(t, tc,
+		`UPDATE geo.cities SET name = 'PARIS' WHERE country = 'fr' AND num = 1`,
+		`UPDATE geo.cities SET num = 3 WHERE country = 'de' AND num = 1`, // a composite key change: its customers' city dangles
+		`UPDATE crm.customers SET tags = tags || ARRAY['y'], prefs = prefs || '{"vip": true}', tier = 'gold' WHERE tier = 'bronze'`,
+		`UPDATE crm.customers SET country = 'de', city_num = 3 WHERE name = 'c4'`,
+		`UPDATE crm.customers SET id = gen_random_uuid() WHERE name = 'c5'`,
+		`UPDATE public.categories SET parent_id = 3 WHERE id = 4`, // a category under another: its sales get a parent
+		`UPDATE public.categories SET label = 'BOOKS' WHERE id = 2`,
+		`DELETE FROM public.categories WHERE id = 5`, // no such row: nothing
+		`UPDATE public.sales SET day = DATE '2026-03-01' WHERE id BETWEEN 1 AND 20`, // moves partition
+		`UPDATE public.sales SET category_id = 3, amount = amount + 1 WHERE id BETWEEN 21 AND 40`,
+		`DELETE FROM public.sales WHERE id BETWEEN 41 AND 50`,
+		`INSERT INTO public.sales VALUES (9001, '2026-05-05', md5('7')::uuid, 4, 1), (9002, '2025-02-02', NULL, 9, 2)`)
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if r := runCLI(t, env, "verify"); r.code != 0 {
+		t.Fatalf("verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}

@@ -272,7 +272,7 @@ INSERT INTO public.sales SELECT g, DATE '2025-06-01' + (g % 400), CASE WHEN g % 
 		`UPDATE crm.customers SET id = gen_random_uuid() WHERE name = 'c5'`,
 		`UPDATE public.categories SET parent_id = 3 WHERE id = 4`, // a category under another: its sales get a parent
 		`UPDATE public.categories SET label = 'BOOKS' WHERE id = 2`,
-		`DELETE FROM public.categories WHERE id = 5`, // no such row: nothing
+		`DELETE FROM public.categories WHERE id = 5`,                                // no such row: nothing
 		`UPDATE public.sales SET day = DATE '2026-03-01' WHERE id BETWEEN 1 AND 20`, // moves partition
 		`UPDATE public.sales SET category_id = 3, amount = amount + 1 WHERE id BETWEEN 21 AND 40`,
 		`DELETE FROM public.sales WHERE id BETWEEN 41 AND 50`,

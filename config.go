@@ -613,6 +613,15 @@ func (j JoinConfig) ParentOf(i int) (int, error) {
 			found = append(found, k)
 		}
 	}
+	if len(found) == 0 {
+		// No name matches: a table name reaches an entry renamed by as
+		// (SPEC: from takes an as name or a table name).
+		for k, e := range j.Rights {
+			if e.As != "" && slices.Contains([]string{e.Table.Name, e.Table.String(), e.Table.Schema + "." + e.Table.Name}, r.From) {
+				found = append(found, k)
+			}
+		}
+	}
 	var earlier []string
 	earlier = append(earlier, j.Left.Table.Name)
 	for k := range i {

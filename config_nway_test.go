@@ -156,3 +156,37 @@ func TestListFormErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestFromNames: from takes an as name or a table name (SPEC); a name
+// matches first, and a table name reaches an entry renamed by as when no
+// name matches it; two such entries are ambiguous.
+func TestFromNames(t *testing.T) {
+	t.Parallel()
+	head := "source: postgres://localhost/shop\nredis: redis://localhost:6379/0\njoins:\n  - name: j\n    type: left\n    target: {table: out}\n    left: {table: orders}\n    right:\n"
+	for name, tc := range map[string]struct {
+		entries string
+		parent  int // of the last entry; -2: an error containing err
+		err     string
+	}{
+		"as name":                              {"      - {table: customers, as: buyer, foreign_key: [buyer_id]}\n      - {table: regions, from: buyer, foreign_key: [region_id]}\n", 0, ""},
+		"table name of an entry renamed by as": {"      - {table: customers, as: buyer, foreign_key: [buyer_id]}\n      - {table: regions, from: customers, foreign_key: [region_id]}\n", 0, ""},
+		"schema-qualified":                     {"      - {table: customers, as: buyer, foreign_key: [buyer_id]}\n      - {table: regions, from: public.customers, foreign_key: [region_id]}\n", 0, ""},
+		"the name wins over a renamed entry":   {"      - {table: customers, as: seller, foreign_key: [seller_id]}\n      - {table: customers, foreign_key: [customer_id]}\n      - {table: regions, from: customers, foreign_key: [region_id]}\n", 1, ""},
+		"two renamed entries":                  {"      - {table: customers, as: seller, foreign_key: [seller_id]}\n      - {table: customers, as: buyer, foreign_key: [customer_id]}\n      - {table: regions, from: customers, foreign_key: [region_id]}\n", -2, "ambiguous"},
+		"the left table":                       {"      - {table: customers, foreign_key: [customer_id]}\n      - {table: regions, from: orders, foreign_key: [region_id]}\n", -1, ""},
+	} {
+		cfg, err := ParseConfig([]byte(head + tc.entries))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		j := cfg.Joins[0]
+		last := len(j.Rights) - 1
+		parent, err := j.ParentOf(last)
+		switch {
+		case tc.parent == -2 && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: parent %d, %v; want an error saying %q", name, parent, err, tc.err)
+		case tc.parent != -2 && (err != nil || parent != tc.parent):
+			t.Errorf("%s: parent %d, %v; want %d", name, parent, err, tc.parent)
+		}
+	}
+}

@@ -395,6 +395,32 @@ func (p *daemon) metric(name string) float64 {
 	return v
 }
 
+// waitServing waits until p serves its metrics: a daemon started after
+// another finds the slot caught up and streaming before it listens.
+func (p *daemon) waitServing() {
+	b := p.d.b
+	b.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := http.Get(p.metrics)
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		select {
+		case err := <-p.done:
+			b.Fatalf("fkmat run exited: %v\n%s", err, p.out)
+		default:
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("fkmat run serves no metrics after a minute: %v\n%s", err, p.out)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // waitCaught waits until the slot's confirmed_flush_lsn covers every commit
 // so far and the join is streaming, and returns when that was seen.
 func (d *db) waitCaught(p *daemon) time.Time {

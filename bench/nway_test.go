@@ -111,6 +111,7 @@ func benchW6(t *testing.T, s sizes, rep *report) {
 		return time.Since(start)
 	}
 	p := d.run("nway")
+	p.waitServing()
 	d.waitCaught(p)
 	var chain, two []time.Duration
 	for r := range s.W6Rounds {
@@ -152,6 +153,7 @@ func benchW6(t *testing.T, s sizes, rep *report) {
 		d.env = append(slices.Clone(env), fmt.Sprintf("FKMAT_CHAIN_PAGE_ROWS=%d", rows))
 		p := d.run(fmt.Sprintf("nway-pages-%d", rows))
 		d.env = env
+		p.waitServing()
 		d.waitCaught(p)
 		took := fanOut(p, fmt.Sprintf(`UPDATE customers SET name = 'customer %d ' || id`, k))
 		d.waitCaught(p)

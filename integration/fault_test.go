@@ -19,6 +19,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/internal/testenv"
 )
@@ -264,13 +266,19 @@ func (f *faultRun) countSelfRestarts() {
 
 // waitStreaming waits until a daemon holds the slot, so that a kill lands
 // while it streams rather than while it starts.
-func (f *faultRun) waitStreaming() {
+func (f *faultRun) waitStreaming() { f.waitActive(false) }
+
+// waitActive waits until a daemon holds the slot; with joins, until every
+// join streams as well (the slot is active during a backfill too: its
+// connection holds the snapshot).
+func (f *faultRun) waitActive(joins bool) {
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		f.p.mustRun("wait for streaming")
 		var active bool
 		err := f.tc.Pool.QueryRow(context.Background(),
-			`SELECT active FROM pg_replication_slots WHERE slot_name = $1`, f.tc.Slot).Scan(&active)
+			`SELECT active AND (NOT $2 OR coalesce((SELECT bool_and(phase = 'streaming') FROM fkmat.join_state WHERE slot = $1), false))
+			FROM pg_replication_slots WHERE slot_name = $1`, f.tc.Slot, joins).Scan(&active)
 		if err == nil && active {
 			return
 		}
@@ -327,13 +335,15 @@ func (f *faultRun) waitLog(s string, n int, fail string) {
 func (f *faultRun) loseState() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	var rdb redis.UniversalClient = f.tc.Redis
+	if f.cluster != nil {
+		rdb = f.cluster.Client
+	}
 	for _, j := range f.cfg.Joins {
-		s := joinState(f.t, f.tc, j.Name)
-		if f.cluster != nil {
-			s = joinStateOn(f.t, f.cluster.Client, f.tc.Slot, j.Name)
-		}
-		if err := s.Drop(ctx); err != nil {
-			f.t.Fatal(err)
+		for _, s := range joinStates(f.t, rdb, f.tc.Slot, j) {
+			if err := s.Drop(ctx); err != nil {
+				f.t.Fatal(err)
+			}
 		}
 	}
 }
@@ -483,7 +493,9 @@ func (f *faultRun) inject(k faultKind) {
 	case faultRedisPause:
 		away(env.PauseRedis, env.UnpauseRedis, pauseFor, true)
 	case faultLostRebuild:
-		f.waitStreaming()
+		// State dropped during a backfill is found as an interrupted
+		// backfill, not as lost state: drop it while the joins stream.
+		f.waitActive(true)
 		before := strings.Count(f.p.stderr.String(), lostLog)
 		f.loseState()
 		f.w.stepAs(f.t, opFanout)

@@ -171,6 +171,26 @@ func joinState(t testing.TB, tc *testenv.Case, name string) *redisstore.Store {
 	return joinStateOn(t, tc.Redis, tc.Slot, name)
 }
 
+// joinStates opens every Redis state of join j on rdb: its one, or one per
+// entry of a join of more than two tables.
+func joinStates(t testing.TB, rdb redis.UniversalClient, slot string, j fkmat.JoinConfig) []*redisstore.Store {
+	t.Helper()
+	if !j.IsList() {
+		return []*redisstore.Store{joinStateOn(t, rdb, slot, j.Name)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []*redisstore.Store
+	for i := range j.Rights {
+		s, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: fkmat.RedisStepPrefix(slot, j.Name, i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
 // joinStateOn is joinState on another Redis (a cluster).
 func joinStateOn(t testing.TB, rdb redis.UniversalClient, slot, name string) *redisstore.Store {
 	t.Helper()

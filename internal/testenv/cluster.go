@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -220,8 +221,8 @@ func (c *Cluster) Primaries(ctx context.Context) ([]Node, error) {
 }
 
 // WaitHealthy waits until every live node reports cluster_state:ok, the
-// primaries cover all 16384 slots and every live replica's link to its
-// primary is up.
+// primaries cover all 16384 slots, every live replica's link to its
+// primary is up, and every primary has its replicas online.
 func (c *Cluster) WaitHealthy(ctx context.Context) error {
 	var why string
 	for {
@@ -236,6 +237,9 @@ func (c *Cluster) WaitHealthy(ctx context.Context) error {
 		}
 	}
 }
+
+// replicaState matches a replica's state in a primary's INFO replication.
+var replicaState = regexp.MustCompile(`(?m)^slave\d+:.*\bstate=(\w+)`)
 
 func (c *Cluster) unhealthy(ctx context.Context) string {
 	prims, err := c.Primaries(ctx)
@@ -270,6 +274,14 @@ func (c *Cluster) unhealthy(ctx context.Context) string {
 		}
 		if strings.Contains(repl, "role:slave") && !strings.Contains(repl, "master_link_status:up") {
 			return "replica " + n.addr() + " link down"
+		}
+		// A primary streams to a replica (and counts it for WAIT) only
+		// once it is online: after the full sync, on the replica's first
+		// REPLCONF ACK, which may come after the replica's link is up.
+		for _, m := range replicaState.FindAllStringSubmatch(repl, -1) {
+			if m[1] != "online" {
+				return "primary " + n.addr() + " has a replica in state " + m[1]
+			}
 		}
 	}
 	return ""

@@ -427,13 +427,26 @@ func (c *Cluster) Reshard(ctx context.Context, from, to string, slots int) error
 		return err
 	}
 	seed = prims[0].Addr
-	out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "reshard", seed,
-		"--cluster-from", from, "--cluster-to", to, "--cluster-slots", strconv.Itoa(slots),
-		"--cluster-yes", "--cluster-pipeline", "100").CombinedOutput()
-	if err != nil {
+	giveUp := time.Now().Add(time.Minute)
+	for {
+		out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "reshard", seed,
+			"--cluster-from", from, "--cluster-to", to, "--cluster-slots", strconv.Itoa(slots),
+			"--cluster-yes", "--cluster-pipeline", "100").CombinedOutput()
+		if err == nil {
+			return nil
+		}
+		// redis-cli checks the cluster before it moves a slot, and refuses
+		// while the nodes' views of it have not converged (gossip after a
+		// failover or an earlier migration): nothing moved, try again.
+		if strings.Contains(string(out), "Nodes don't agree about configuration") && ctx.Err() == nil && time.Now().Before(giveUp) {
+			select {
+			case <-ctx.Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+			continue
+		}
 		return fmt.Errorf("redis-cli --cluster reshard: %v: %s", err, lastLines(string(out), 10))
 	}
-	return nil
 }
 
 func lastLines(s string, n int) string {

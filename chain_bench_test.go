@@ -41,17 +41,7 @@ func BenchmarkChainStateBytes(b *testing.B) {
 			b.Fatalf("%s: %v", q, err)
 		}
 	}
-	cfg, err := ParseConfig([]byte(specNWay))
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.ApplyDefaults()
-	plans, err := Resolve(ctx, tc.Pool, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	p := plans[0]
-	l := chainOf(p)
+	p, l := specNWayPlan(b, ctx, tc.Pool)
 	for range b.N {
 		conn, err := tc.Pool.Acquire(ctx)
 		if err != nil {

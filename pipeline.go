@@ -90,7 +90,7 @@ func (jr *joinRunner) apply(ctx context.Context, changes []join.Change, bound cd
 	muts, err := jr.chain.chain.ApplyPrefix(ctx, changes, jr.chain.prefix(bound), emit, pages)
 	if errors.Is(err, join.ErrChainNullRight) {
 		// Nothing of the batch is committed. Once everything has stopped,
-		// the daemon drops the join's state (rebuildChain), so that the
+		// the daemon drops the join's state (daemon.stream), so that the
 		// restart finds it lost and rebuilds it (or refuses, naming fkmat
 		// backfill --force, with --on-lost-state refuse).
 		return join.Mutations{}, &chainRebuild{jr: jr, err: err}
@@ -355,7 +355,9 @@ func (p *pipeline) run(ctx context.Context) (err error) {
 				// Nothing of the batch is written: apply its transactions
 				// one at a time as large ones, whose chain pages are
 				// written as they come.
-				if f, err = p.applyEach(ctx, b, f); err != nil {
+				err := p.applyEach(ctx, b, f)
+				f = nil
+				if err != nil {
 					return err
 				}
 				continue
@@ -836,9 +838,9 @@ func (jr *joinRunner) failure(spans []txnSpan, err error) error {
 // fan-out through an entry before the last passed on more rows than a page
 // (join.ErrChainFanOut), and only a large transaction writes pages of its
 // state as it goes.
-func (p *pipeline) applyEach(ctx context.Context, b *batch, f []*commitJob) ([]*commitJob, error) {
+func (p *pipeline) applyEach(ctx context.Context, b *batch, f []*commitJob) error {
 	if err := p.waitAll(f); err != nil {
-		return nil, err
+		return err
 	}
 	for _, jr := range p.joins {
 		_ = jr.overlay(nil, nil)
@@ -847,13 +849,13 @@ func (p *pipeline) applyEach(ctx context.Context, b *batch, f []*commitJob) ([]*
 		"transactions", len(b.txns), "changes", b.changes)
 	for _, t := range b.txns {
 		if ctx.Err() != nil {
-			return nil, nil // shutdown: the rest is replayed on restart
+			return nil // shutdown: the rest is replayed on restart
 		}
 		if err := p.applyLarge(ctx, t); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return nil, nil
+	return nil
 }
 
 // applyLarge applies a transaction delivered in several chunks: all chunks

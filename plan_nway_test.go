@@ -288,17 +288,7 @@ func TestChainBackfillOnRedis(t *testing.T) {
 		`INSERT INTO customers SELECT g, 'c' || g, CASE WHEN g % 5 = 0 THEN NULL ELSE 1 + g % 3 END FROM generate_series(1, 40) g`,
 		`INSERT INTO products SELECT g, 'p' || g FROM generate_series(1, 8) g`,
 		`INSERT INTO orders SELECT g, CASE WHEN g % 17 = 0 THEN NULL ELSE 1 + g % 45 END, 1 + g % 10, g FROM generate_series(1, 600) g`)
-	cfg, err := ParseConfig([]byte(specNWay))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ApplyDefaults()
-	plans, err := Resolve(ctx, tc.Pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := plans[0]
-	l := chainOf(p)
+	p, l := specNWayPlan(t, ctx, tc.Pool)
 
 	// The exported snapshot, held open while the states load.
 	conn, err := tc.Pool.Acquire(ctx)
@@ -449,4 +439,20 @@ func values(s ...string) []join.Value {
 		}
 	}
 	return out
+}
+
+// specNWayPlan resolves the SPEC's n-way example against db and returns its
+// plan and chain layout.
+func specNWayPlan(tb testing.TB, ctx context.Context, db Querier) (*JoinPlan, chainLayout) {
+	tb.Helper()
+	cfg, err := ParseConfig([]byte(specNWay))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg.ApplyDefaults()
+	plans, err := Resolve(ctx, db, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return plans[0], chainOf(plans[0])
 }

@@ -466,9 +466,7 @@ func (s *Store) applyRound(ctx context.Context, pending []int, redirected map[in
 				wait = w.Wait(ctx, s.cfg.WaitReplicas, s.cfg.WaitTimeout)
 			}
 			_, _ = p.Exec(ctx)
-			if wait == nil || wait.Err() != nil || wait.Val() < int64(s.cfg.WaitReplicas) {
-				s.waitShort.Add(1)
-			}
+			s.waited("shards on "+node.Options().Addr, wait)
 		})
 	}
 	if len(routed) > 0 {
@@ -478,7 +476,7 @@ func (s *Store) applyRound(ctx context.Context, pending []int, redirected map[in
 		}
 		_, _ = p.Exec(ctx)
 		if s.cfg.WaitReplicas > 0 {
-			s.waitShort.Add(1)
+			s.waited(fmt.Sprintf("%d shards", len(routed)), nil)
 		}
 	}
 	wg.Wait()

@@ -464,7 +464,7 @@ func TestClusterWaitReplicas(t *testing.T) {
 	}
 	commit(b1, 10)
 	if n := s.WaitShort(); n != 0 {
-		t.Fatalf("WaitShort = %d with every replica up, want 0", n)
+		t.Fatalf("WaitShort = %d with every replica up, want 0 (last: %s)", n, s.LastWaitShort())
 	}
 	primary, err := c.PrimaryOf(ctx, s.MetaKey())
 	if err != nil {
@@ -485,7 +485,7 @@ func TestClusterWaitReplicas(t *testing.T) {
 	}()
 	commit(b2, 11)
 	if n := s.WaitShort(); n != 2 {
-		t.Errorf("WaitShort = %d after a commit with the meta primary's replica stopped, want 2", n)
+		t.Errorf("WaitShort = %d after a commit with the meta primary's replica stopped, want 2 (last: %s)", n, s.LastWaitShort())
 	}
 	if err := c.Unpause(replica); err != nil {
 		t.Fatal(err)
@@ -497,7 +497,7 @@ func TestClusterWaitReplicas(t *testing.T) {
 	before := s.WaitShort()
 	commit(b3, 12)
 	if n := s.WaitShort(); n != before {
-		t.Errorf("WaitShort went from %d to %d with the replica back", before, n)
+		t.Errorf("WaitShort went from %d to %d with the replica back (last: %s)", before, n, s.LastWaitShort())
 	}
 	if got, w := readState(t, s), readState(t, want); got != w {
 		t.Errorf("state with WAIT differs from the same batches without:\n%s\nwant\n%s", got, w)

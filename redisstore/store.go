@@ -113,7 +113,8 @@ type Store struct {
 	resumed bool
 	// waitShort counts the writes whose WAIT for Config.WaitReplicas ended
 	// with fewer replicas, or failed.
-	waitShort atomic.Int64
+	waitShort    atomic.Int64
+	waitShortWhy atomic.Pointer[string]
 
 	// unitMu serialises the writes on a cluster (see cluster.go).
 	unitMu sync.Mutex
@@ -206,10 +207,34 @@ func (s *Store) waitReplicas(ctx context.Context, c waiter) {
 	if s.cfg.WaitReplicas == 0 {
 		return
 	}
-	n, err := c.Wait(ctx, s.cfg.WaitReplicas, s.cfg.WaitTimeout).Result()
-	if err != nil || n < int64(s.cfg.WaitReplicas) {
-		s.waitShort.Add(1)
+	s.waited("meta", c.Wait(ctx, s.cfg.WaitReplicas, s.cfg.WaitTimeout))
+}
+
+// waited counts a WAIT that came short in WaitShort and keeps why in
+// LastWaitShort; wait is nil when the write could not wait at all.
+func (s *Store) waited(where string, wait *redis.IntCmd) {
+	var why string
+	switch {
+	case wait == nil:
+		why = where + ": written through a redirect, not waited for"
+	case wait.Err() != nil:
+		why = fmt.Sprintf("%s: WAIT %d %d: %v", where, s.cfg.WaitReplicas, s.cfg.WaitTimeout.Milliseconds(), wait.Err())
+	case wait.Val() < int64(s.cfg.WaitReplicas):
+		why = fmt.Sprintf("%s: %d of %d replicas confirmed within %s", where, wait.Val(), s.cfg.WaitReplicas, s.cfg.WaitTimeout)
+	default:
+		return
 	}
+	s.waitShort.Add(1)
+	s.waitShortWhy.Store(&why)
+}
+
+// LastWaitShort says why the last write counted in WaitShort came short,
+// or "" when none has.
+func (s *Store) LastWaitShort() string {
+	if why := s.waitShortWhy.Load(); why != nil {
+		return *why
+	}
+	return ""
 }
 
 // waiter is a connection, or a pipeline on one, that can send WAIT.

@@ -91,11 +91,8 @@ func (c *Cluster) start(ctx context.Context) error {
 	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
 		return fmt.Errorf("redis-cli --cluster create: %v: %s", err, out)
 	}
-	if err := c.WaitHealthy(ctx); err != nil {
-		return err
-	}
 	c.Client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRedirects: 16})
-	return nil
+	return c.WaitHealthy(ctx)
 }
 
 func (c *Cluster) startNode(n *clusterNode, i int) error {
@@ -222,7 +219,8 @@ func (c *Cluster) Primaries(ctx context.Context) ([]Node, error) {
 
 // WaitHealthy waits until every live node reports cluster_state:ok, the
 // primaries cover all 16384 slots, every live replica's link to its
-// primary is up, and every primary has its replicas online.
+// primary is up, and every primary has its replicas online and
+// acknowledging writes.
 func (c *Cluster) WaitHealthy(ctx context.Context) error {
 	var why string
 	for {
@@ -256,6 +254,7 @@ func (c *Cluster) unhealthy(ctx context.Context) string {
 	c.mu.Lock()
 	nodes := append([]*clusterNode(nil), c.nodes...)
 	c.mu.Unlock()
+	replicas := map[string]int{} // live node's address → replicas listed
 	for _, n := range nodes {
 		select {
 		case <-n.done:
@@ -278,11 +277,52 @@ func (c *Cluster) unhealthy(ctx context.Context) string {
 		// A primary streams to a replica (and counts it for WAIT) only
 		// once it is online: after the full sync, on the replica's first
 		// REPLCONF ACK, which may come after the replica's link is up.
-		for _, m := range replicaState.FindAllStringSubmatch(repl, -1) {
+		states := replicaState.FindAllStringSubmatch(repl, -1)
+		for _, m := range states {
 			if m[1] != "online" {
 				return "primary " + n.addr() + " has a replica in state " + m[1]
 			}
 		}
+		replicas[n.addr()] = len(states)
+	}
+	return c.unacked(ctx, prims, replicas)
+}
+
+// unacked writes through every primary and WAITs for its replicas (a
+// probe key, deleted in the same pipeline). A replica is "online" from the
+// end of its full sync, but its primary streams to it, and WAIT counts it,
+// only from its first REPLCONF ACK, which may come a second later: a write
+// made in between waits up to that long for it.
+func (c *Cluster) unacked(ctx context.Context, prims []Node, replicas map[string]int) string {
+	todo := map[string]bool{}
+	for _, p := range prims {
+		todo[p.Addr] = true
+	}
+	for i := 0; len(todo) > 0 && i < 10000; i++ {
+		key := fmt.Sprintf("fkmat:testenv:probe:%d", i)
+		node, err := c.Client.MasterForKey(ctx, key)
+		if err != nil {
+			return "probe: " + err.Error()
+		}
+		addr := node.Options().Addr
+		if !todo[addr] {
+			continue
+		}
+		delete(todo, addr)
+		p := node.Pipeline()
+		p.Set(ctx, key, "1", 0)
+		p.Del(ctx, key)
+		wait := p.Do(ctx, "wait", replicas[addr], 100)
+		if _, err := p.Exec(ctx); err != nil {
+			c.Client.ReloadState(ctx) // a MOVED: the client's slot map is stale
+			return "probe on " + addr + ": " + err.Error()
+		}
+		if n, _ := wait.Int(); n < replicas[addr] {
+			return fmt.Sprintf("primary %s: %d of its %d replicas acknowledge writes", addr, n, replicas[addr])
+		}
+	}
+	if len(todo) > 0 {
+		return fmt.Sprintf("probe: no key found for %d primaries", len(todo))
 	}
 	return ""
 }

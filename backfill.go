@@ -150,8 +150,8 @@ func (d *daemon) dropSlot(ctx context.Context) error {
 		return nil
 	}
 	if info.ActivePID != 0 {
-		return fmt.Errorf("%w: process %d streams from slot %q; stop it (another fkmat run?) before the backfill",
-			cdc.ErrSlotInUse, info.ActivePID, d.cfg.Slot)
+		return fmt.Errorf("%w: process %d streams from slot %q (still after %s); stop it (another fkmat run?) before the backfill",
+			cdc.ErrSlotInUse, info.ActivePID, d.cfg.Slot, d.cdc.Config().SlotBusyTimeout)
 	}
 	if _, err := d.source.Exec(ctx, "SELECT pg_drop_replication_slot($1)", d.cfg.Slot); err != nil {
 		return fmt.Errorf("drop replication slot %q: %w", d.cfg.Slot, err)

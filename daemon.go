@@ -55,6 +55,14 @@ type Options struct {
 	// fan-out through an entry before the last); zero means
 	// join.DefaultChainPageRows. It bounds the memory of such a fan-out.
 	ChainPageRows int
+	// SlotBusyTimeout is how long run waits for a replication slot that
+	// another process streams from before it stops with cdc.ErrSlotInUse;
+	// zero means cdc.DefaultSlotBusyTimeout.
+	SlotBusyTimeout time.Duration
+	// PartitionCheckInterval is how often run compares the partitions of
+	// the joined partitioned tables with the ones it knows; zero means
+	// DefaultPartitionCheckInterval.
+	PartitionCheckInterval time.Duration
 	// ProgressBars, when set (a terminal), shows backfill progress bars on
 	// it; otherwise progress goes to Logger as periodic lines.
 	ProgressBars io.Writer
@@ -172,7 +180,7 @@ func open(ctx context.Context, cfg *Config, opts Options) (_ *daemon, err error)
 	}
 	if d.cdc, err = cdc.New(cdc.Config{
 		ConnString: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication,
-		Tables: publishedTables(d.plans), Logger: d.log,
+		Tables: publishedTables(d.plans), Logger: d.log, SlotBusyTimeout: opts.SlotBusyTimeout,
 	}); err != nil {
 		return nil, err
 	}

@@ -21,9 +21,10 @@ import (
 // follow. A rebuild (fkmat backfill --force) can.
 var ErrPartitionsChanged = errors.New("partitions of a joined table changed")
 
-// partitionCheckInterval is how often the daemon compares the partitions of
-// the joined partitioned tables with the ones it knows.
-const partitionCheckInterval = 10 * time.Second
+// DefaultPartitionCheckInterval is how often the daemon compares the
+// partitions of the joined partitioned tables with the ones it knows
+// (Options.PartitionCheckInterval).
+const DefaultPartitionCheckInterval = 10 * time.Second
 
 // leaf is one leaf partition of a joined partitioned table.
 type leaf struct {
@@ -356,10 +357,14 @@ func hasOldRows(ctx context.Context, db *pgxpool.Pool, l leaf) (bool, error) {
 	return old, nil
 }
 
-// watchPartitions checks the partitions every partitionCheckInterval until
-// ctx is done or a check finds a change the join cannot follow.
+// watchPartitions checks the partitions every Options.PartitionCheckInterval
+// until ctx is done or a check finds a change the join cannot follow.
 func (d *daemon) watchPartitions(ctx context.Context, w *storageWatch) error {
-	t := time.NewTicker(partitionCheckInterval)
+	every := d.opts.PartitionCheckInterval
+	if every <= 0 {
+		every = DefaultPartitionCheckInterval
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {

@@ -482,7 +482,7 @@ func (c *Client) Teardown(ctx context.Context) error {
 	if err != nil {
 		err = c.mapErr(err)
 		if busy, ok := errors.AsType[*slotBusyError](err); ok {
-			err = busy.terminal()
+			err = busy.terminal(0)
 		}
 		return fmt.Errorf("drop replication slot %q: %w", c.cfg.Slot, err)
 	}

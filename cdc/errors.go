@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -102,9 +103,15 @@ func (e *slotBusyError) Error() string {
 
 func (e *slotBusyError) Unwrap() error { return e.err }
 
-func (e *slotBusyError) terminal() error {
-	return fmt.Errorf("%w: slot %q is used by the process with PID %d; stop the other consumer, or terminate it with SELECT pg_terminate_backend(%d): %w",
-		ErrSlotInUse, e.slot, e.pid, e.pid, e.err)
+// terminal is the error once the slot has stayed busy for waited (zero:
+// not waited for).
+func (e *slotBusyError) terminal(waited time.Duration) error {
+	still := ""
+	if waited > 0 {
+		still = fmt.Sprintf(" (still after %s)", waited)
+	}
+	return fmt.Errorf("%w: slot %q is used by the process with PID %d%s; stop the other consumer, or terminate it with SELECT pg_terminate_backend(%d): %w",
+		ErrSlotInUse, e.slot, e.pid, still, e.pid, e.err)
 }
 
 // mapError turns a Postgres error into one of the sentinels with a message

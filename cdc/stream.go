@@ -183,7 +183,7 @@ func (s *Stream) Run(ctx context.Context) (err error) {
 					s.log.Warn("terminate stale walsender failed", "pid", busy.pid, "err", terr)
 				}
 			} else if time.Since(busySince) >= s.cfg.SlotBusyTimeout {
-				err = busy.terminal()
+				err = busy.terminal(s.cfg.SlotBusyTimeout)
 				s.log.Error("replication stopped", "err", err)
 				return fmt.Errorf("stream slot %q: %w", s.cfg.Slot, err)
 			}

@@ -123,8 +123,9 @@ func TestMapError(t *testing.T) {
 		if IsTerminal(err) {
 			t.Errorf("a busy slot is retried first")
 		}
-		term := busy.terminal()
-		if !errors.Is(term, ErrSlotInUse) || !IsTerminal(term) || !strings.Contains(term.Error(), "4242") {
+		term := busy.terminal(30 * time.Second)
+		if !errors.Is(term, ErrSlotInUse) || !IsTerminal(term) || !strings.Contains(term.Error(), "4242") ||
+			!strings.Contains(term.Error(), "still after 30s") {
 			t.Errorf("terminal form %v", term)
 		}
 	})

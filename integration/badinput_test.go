@@ -202,8 +202,9 @@ func TestBadInputNoReplication(t *testing.T) {
 }
 
 // TestBadInputSlotInUse: a second fkmat run on the same configuration while
-// one runs gives up with a message naming the slot and the process that
-// holds it; the first daemon keeps working and the target stays equal to
+// one runs gives up after --slot-busy-timeout (FKMAT_SLOT_BUSY_TIMEOUT, 4 s
+// here) with a message naming the slot, the process that holds it and how
+// long it waited; the first daemon keeps working and the target stays equal to
 // the SQL join.
 func TestBadInputSlotInUse(t *testing.T) {
 	tc := testenv.New(t)
@@ -215,12 +216,15 @@ func TestBadInputSlotInUse(t *testing.T) {
 	// moment before the daemon's stream takes the slot.
 	pid := slotHolder(t, tc)
 	start := time.Now()
-	r := runCLI(t, env, "run")
+	r := runCLI(t, append(env, "FKMAT_SLOT_BUSY_TIMEOUT=4s"), "run")
 	t.Logf("second run gave up after %s: exit %d: %s", time.Since(start).Round(time.Second), r.code, tail(r.stderr, 600))
-	for _, want := range []string{"replication slot is in use", tc.Slot, fmt.Sprint(pid)} {
+	for _, want := range []string{"replication slot is in use", tc.Slot, fmt.Sprint(pid), "still after 4s"} {
 		if r.code == 0 || !strings.Contains(r.stderr, want) {
 			t.Errorf("second run: exit %d, message lacks %q:\n%s", r.code, want, tail(r.stderr, 3000))
 		}
+	}
+	if r := runCLI(t, env, "run", "--slot-busy-timeout", "0s"); r.code != 2 || !strings.Contains(r.stderr, "--slot-busy-timeout 0s: use a positive duration") {
+		t.Errorf("run --slot-busy-timeout 0s: exit %d, want 2 naming the flag:\n%s", r.code, tail(r.stderr, 3000))
 	}
 	sqlExec(t, tc, `UPDATE customers SET name = 'ANN'`, `INSERT INTO orders VALUES (2, 1, 2, 'x')`)
 	waitCaughtUp(t, tc, first.daemon)

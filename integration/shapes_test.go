@@ -67,7 +67,10 @@ func TestPartitionedTables(t *testing.T) {
 					FROM generate_series(1, 300) g`)
 			cfg := daemonConfig(t, tc, partitionedYAML)
 			cfg.Joins[0].Type = typ
-			d := startDaemon(t, cfg, fkmat.Options{})
+			// Checked every 2 s, not 10: each refused partition change
+			// below waits for a check.
+			opts := fkmat.Options{PartitionCheckInterval: 2 * time.Second}
+			d := startDaemon(t, cfg, opts)
 			waitCaughtUp(t, tc, d)
 			assertOracle(t, cfg)
 
@@ -107,7 +110,7 @@ func TestPartitionedTables(t *testing.T) {
 			sqlExec(t, tc,
 				`UPDATE orders SET created = '2025-05-05' WHERE id BETWEEN 3001 AND 3002`,
 				`UPDATE customers SET tier = 'platinum' WHERE id IN (7, 8)`)
-			d = startDaemon(t, cfg, fkmat.Options{})
+			d = startDaemon(t, cfg, opts)
 			waitCaughtUp(t, tc, d)
 			assertOracle(t, cfg)
 			if n := queryInt(t, tc, `SELECT count(*) FROM orders_enriched WHERE id IN (1001, 1002, 1003, 3001, 3002)`); n != 5 {
@@ -144,12 +147,12 @@ func TestPartitionedTables(t *testing.T) {
 			// fixes it.
 			sqlExec(t, tc, `UPDATE orders_2025 SET amount = -1`,
 				`ALTER TABLE orders ATTACH PARTITION orders_2025 FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`)
-			d = startDaemon(t, cfg, fkmat.Options{})
+			d = startDaemon(t, cfg, opts)
 			stopped("partition with rows detached, then attached back")
 			if err := fkmat.BackfillIfNeeded(context.Background(), cfg, true, fkmat.Options{}); err != nil {
 				t.Fatal(err)
 			}
-			d = startDaemon(t, cfg, fkmat.Options{})
+			d = startDaemon(t, cfg, opts)
 			waitCaughtUp(t, tc, d)
 			assertOracle(t, cfg)
 
@@ -161,7 +164,7 @@ func TestPartitionedTables(t *testing.T) {
 			if err := fkmat.BackfillIfNeeded(context.Background(), cfg, true, fkmat.Options{}); err != nil {
 				t.Fatal(err)
 			}
-			d = startDaemon(t, cfg, fkmat.Options{})
+			d = startDaemon(t, cfg, opts)
 			sqlExec(t, tc, `INSERT INTO orders VALUES (5002, '2032-03-03', 2, 1, 'post')`)
 			waitCaughtUp(t, tc, d)
 			assertOracle(t, cfg)
@@ -290,7 +293,8 @@ func TestPartitionTruncate(t *testing.T) {
 		`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 10) g`,
 		`INSERT INTO orders SELECT g, date '2025-01-01' + g % 800, g % 12, g, 'n' FROM generate_series(1, 400) g`)
 	cfg := daemonConfig(t, tc, partitionedYAML)
-	d := startDaemon(t, cfg, fkmat.Options{})
+	opts := fkmat.Options{PartitionCheckInterval: 2 * time.Second}
+	d := startDaemon(t, cfg, opts)
 	waitCaughtUp(t, tc, d)
 	assertOracle(t, cfg)
 
@@ -303,7 +307,7 @@ func TestPartitionTruncate(t *testing.T) {
 	case err := <-d.done:
 		d.cancel = nil
 		t.Fatalf("run stopped after a streamed TRUNCATE of the partitioned table and a VACUUM FULL of a partition: %v", err)
-	case <-time.After(3*10*time.Second + 5*time.Second):
+	case <-time.After(3*opts.PartitionCheckInterval + 5*time.Second):
 	}
 
 	stopped := func(what, partition string) {
@@ -321,18 +325,18 @@ func TestPartitionTruncate(t *testing.T) {
 	}
 	sqlExec(t, tc, `TRUNCATE orders_2026`)
 	stopped("a partition truncated while running", "orders_2026")
-	d = startDaemon(t, cfg, fkmat.Options{})
+	d = startDaemon(t, cfg, opts)
 	stopped("a partition truncated, then a restart", "orders_2026")
 	if err := fkmat.BackfillIfNeeded(context.Background(), cfg, true, fkmat.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	sqlExec(t, tc, `TRUNCATE orders_default`) // while the daemon is stopped
-	d = startDaemon(t, cfg, fkmat.Options{})
+	d = startDaemon(t, cfg, opts)
 	stopped("a partition truncated while stopped", "orders_default")
 	if err := fkmat.BackfillIfNeeded(context.Background(), cfg, true, fkmat.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	d = startDaemon(t, cfg, fkmat.Options{})
+	d = startDaemon(t, cfg, opts)
 	sqlExec(t, tc, refill+` ON CONFLICT DO NOTHING`, `UPDATE customers SET name = 'x' || name`)
 	waitCaughtUp(t, tc, d)
 	assertOracle(t, cfg)

@@ -171,7 +171,7 @@ END;
 
 // TestContinuousVerifyPgbench: no false positive while pgbench runs a busy
 // TPC-B-like script against the joined tables for FKMAT_VERIFY_PGBENCH
-// (default 60 s; make soak runs 5 minutes), with verification rounds back
+// (default 30 s; make soak runs 5 minutes), with verification rounds back
 // to back (interval 1 s). It needs pgbench (the Postgres 15 client).
 func TestContinuousVerifyPgbench(t *testing.T) {
 	pgbench, err := exec.LookPath("pgbench")
@@ -181,7 +181,7 @@ func TestContinuousVerifyPgbench(t *testing.T) {
 			t.Skip("pgbench not installed (Debian: postgresql-client-15)")
 		}
 	}
-	length := 60 * time.Second
+	length := 30 * time.Second
 	if s := os.Getenv("FKMAT_VERIFY_PGBENCH"); s != "" {
 		if length, err = time.ParseDuration(s); err != nil {
 			t.Fatalf("FKMAT_VERIFY_PGBENCH=%q: %v", s, err)

@@ -6,6 +6,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -26,6 +27,8 @@ func runCommand() *cli.Command {
 				Usage: "wait (Redis WAIT, up to 1 s) until this many replicas of every Redis primary written to have each batch's state before acknowledging it; 0: do not wait"},
 			&cli.IntFlag{Name: "chain-page-rows", Value: join.DefaultChainPageRows, EnvVars: []string{"FKMAT_CHAIN_PAGE_ROWS"},
 				Usage: "joins of more than two tables: rows an entry passes on to the next (a fan-out through an entry before the last) before they are written in pages; bounds memory"},
+			&cli.DurationFlag{Name: "slot-busy-timeout", Value: cdc.DefaultSlotBusyTimeout, EnvVars: []string{"FKMAT_SLOT_BUSY_TIMEOUT"},
+				Usage: "how long to wait for the replication slot while another process streams from it (a previous run's walsender the server has not yet dropped) before exiting 1 naming that process"},
 			&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"FKMAT_METRICS_ADDR"},
 				Usage: "serve Prometheus /metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9187)"},
 		},
@@ -41,6 +44,9 @@ func runCommand() *cli.Command {
 			}
 			if opts.ChainPageRows = c.Int("chain-page-rows"); opts.ChainPageRows < 1 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--chain-page-rows %d: use 1 or more", opts.ChainPageRows)}
+			}
+			if opts.SlotBusyTimeout = c.Duration("slot-busy-timeout"); opts.SlotBusyTimeout <= 0 {
+				return &exitError{code: exitUsage, err: fmt.Errorf("--slot-busy-timeout %s: use a positive duration (e.g. 30s)", opts.SlotBusyTimeout)}
 			}
 			if opts.VerifyInterval = c.Duration("verify-interval"); opts.VerifyInterval < 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--verify-interval %s: use a positive duration, or leave it out", opts.VerifyInterval)}

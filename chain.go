@@ -55,6 +55,24 @@ func (jr *joinRunner) stores() []*redisstore.Store {
 	return out
 }
 
+// waitShort sums the Redis writes that run --redis-wait-replicas could not
+// confirm, over every join's states, and says why the last of them (of
+// some state) came short.
+func (p *pipeline) waitShort() (n int64, why string) {
+	for _, jr := range p.joins {
+		if jr.store == nil && jr.chain == nil {
+			continue // a pipeline test's fake
+		}
+		for _, s := range jr.stores() {
+			if k := s.WaitShort(); k > 0 {
+				n += k
+				why = s.LastWaitShort()
+			}
+		}
+	}
+	return n, why
+}
+
 // sizes returns what each of the join's states is sized for at Init.
 func (d *daemon) sizes(ctx context.Context, p *JoinPlan) []redisstore.Size {
 	if p.Edges == nil {

@@ -254,15 +254,7 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 		gaugeOf(mBuffered, float64(st.BufferedChanges))
 		lag, last := p.lag(time.Now())
 		gaugeOf(mLagSeconds, lag)
-		var short int64
-		for _, jr := range p.joins {
-			if jr.store == nil && jr.chain == nil {
-				continue // a pipeline test's fake
-			}
-			for _, s := range jr.stores() {
-				short += s.WaitShort()
-			}
-		}
+		short, _ := p.waitShort()
 		counter(mWaitShort, float64(short))
 		if !last.IsZero() {
 			gaugeOf(mLastCommit, float64(last.UnixNano())/1e9)

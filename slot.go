@@ -42,6 +42,7 @@ func (d *daemon) watchSlot(ctx context.Context, p *pipeline) error {
 	}
 	last.at = started
 	var lagBytes int64 // at the last sample
+	var short int64    // writes not confirmed by replicas, at the last sample
 	for {
 		if info, err := d.checkSlot(ctx, warned); err != nil {
 			if ctx.Err() != nil {
@@ -59,6 +60,11 @@ func (d *daemon) watchSlot(ctx context.Context, p *pipeline) error {
 		lag, lastCommit := p.lag(time.Now())
 		if err := d.heartbeat(ctx, host, started, lag, lastCommit); err != nil && ctx.Err() == nil && warned.allow("heartbeat", time.Now()) {
 			d.log.Warn("could not report the daemon in fkmat.daemon (fkmat status reads it)", "err", err)
+		}
+		if n, why := p.waitShort(); n > short && warned.allow("wait", time.Now()) {
+			d.log.Warn("Redis writes not confirmed by --redis-wait-replicas replicas: a failover of their primary may lose them (the state is then rebuilt)",
+				"writes", n-short, "last", why)
+			short = n
 		}
 		if now := time.Now(); now.Sub(last.at) >= d.opts.SummaryInterval {
 			changes, batches := p.changes.Load(), p.batches.Load()

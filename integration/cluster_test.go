@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -125,3 +126,73 @@ func TestDaemonOnCluster(t *testing.T) {
 }
 
 func lastN(s string, n int) string { return s[max(0, len(s)-n):] }
+
+// TestDaemonWaitReplicasShort: with run --redis-wait-replicas 1 and every
+// replica stopped, the daemon goes on (each write waits up to the WAIT
+// timeout), warns that its writes are not confirmed, saying why, and counts
+// them in fkmat_redis_wait_short_total; the target stays equal to the SQL
+// join.
+func TestDaemonWaitReplicasShort(t *testing.T) {
+	cl := testenv.NewCluster(t)
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop,
+		`INSERT INTO customers SELECT g, 'c' || g, 'gold' FROM generate_series(1, 20) g`,
+		`INSERT INTO orders SELECT g, g % 25, g, 'n' FROM generate_series(1, 200) g`)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	cfg.Redis = cl.URL()
+	logs := &syncBuffer{}
+	bound := make(chan net.Addr, 1)
+	d := startDaemon(t, cfg, fkmat.Options{RedisWaitReplicas: 1, SlotCheckInterval: 200 * time.Millisecond,
+		MetricsAddr: "127.0.0.1:0", MetricsBound: func(a net.Addr) { bound <- a },
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	m := boundScraper(t, bound)
+	waitCaughtUp(t, tc, d)
+	if n, _ := metricValue(m.body(), "fkmat_redis_wait_short_total"); n != 0 || strings.Contains(logs.String(), "not confirmed") {
+		t.Fatalf("%v writes not confirmed with every replica up; log:\n%s", n, lastN(logs.String(), 3000))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	prims, err := cl.Primaries(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paused []string
+	defer func() {
+		for _, r := range paused {
+			_ = cl.Unpause(r)
+		}
+	}()
+	for _, p := range prims {
+		r, err := cl.ReplicaOf(ctx, p.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.Pause(r); err != nil {
+			t.Fatal(err)
+		}
+		paused = append(paused, r)
+	}
+	sqlExec(t, tc, `UPDATE customers SET name = 'x' || name WHERE id < 10`, `INSERT INTO orders VALUES (1000, 3, 1, 'late')`)
+	waitCaughtUp(t, tc, d)
+	waitFor(t, 30*time.Second, "a warning about unconfirmed writes", func() bool {
+		return strings.Contains(logs.String(), "not confirmed by --redis-wait-replicas")
+	})
+	out := logs.String()
+	t.Logf("%s", grepLines(out, "not confirmed"))
+	if !strings.Contains(out, "0 of 1 replicas confirmed within 1s") {
+		t.Errorf("the warning does not say why; log:\n%s", lastN(out, 3000))
+	}
+	if n, _ := metricValue(m.body(), "fkmat_redis_wait_short_total"); n < 1 {
+		t.Errorf("fkmat_redis_wait_short_total = %v after writes with every replica stopped", n)
+	}
+	for _, r := range paused {
+		if err := cl.Unpause(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	paused = nil
+	assertOracle(t, cfg)
+	if err := d.stop(t); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+}

@@ -4,9 +4,9 @@ GO      ?= go
 BIN     := bin/fkmat
 GOBIN   := $(CURDIR)/.bin
 STATICCHECK_VERSION := v0.8.2
-# The suite takes about 15 minutes here (the integration package 12-14); the
-# timeout leaves room for this machine's slow days (2-3x), so that they fail
-# no CI run by themselves.
+# make test takes about 10 minutes here (scripts/test.sh: two streams side
+# by side, each about 10 minutes); the timeout leaves room for this
+# machine's slow days (2-3x), so that they fail no CI run by themselves.
 TEST_TIMEOUT ?= 45m
 # The version embedded in builds: the nearest tag (or the commit), with
 # -dirty for uncommitted changes.
@@ -34,7 +34,7 @@ bench: test-images
 
 ## test: unit and integration tests, the whole suite (starts Docker, builds test images when missing)
 test: test-images
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	GO=$(GO) TEST_TIMEOUT=$(TEST_TIMEOUT) bash scripts/test.sh
 
 ## soak: the fault-injection tests, long (FKMAT_FAULT_OPS, default 100000 ops; FKMAT_FAULT_SEED replays a run), and 5 minutes of pgbench under continuous verification
 soak: test-images

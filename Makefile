@@ -5,7 +5,7 @@ BIN     := bin/fkmat
 GOBIN   := $(CURDIR)/.bin
 STATICCHECK_VERSION := v0.8.2
 # make test takes about 10 minutes here (scripts/test.sh: two streams side
-# by side, each about 10 minutes); the timeout leaves room for this
+# by side, each 8 to 10 minutes); the timeout leaves room for this
 # machine's slow days (2-3x), so that they fail no CI run by themselves.
 TEST_TIMEOUT ?= 45m
 # The version embedded in builds: the nearest tag (or the commit), with

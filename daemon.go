@@ -127,6 +127,9 @@ func (o *Options) setDefaults() {
 	if o.SlotCheckInterval == 0 {
 		o.SlotCheckInterval = 10 * time.Second
 	}
+	if o.PartitionCheckInterval == 0 {
+		o.PartitionCheckInterval = DefaultPartitionCheckInterval
+	}
 	o.Batch.setDefaults()
 }
 

@@ -360,11 +360,7 @@ func hasOldRows(ctx context.Context, db *pgxpool.Pool, l leaf) (bool, error) {
 // watchPartitions checks the partitions every Options.PartitionCheckInterval
 // until ctx is done or a check finds a change the join cannot follow.
 func (d *daemon) watchPartitions(ctx context.Context, w *storageWatch) error {
-	every := d.opts.PartitionCheckInterval
-	if every <= 0 {
-		every = DefaultPartitionCheckInterval
-	}
-	t := time.NewTicker(every)
+	t := time.NewTicker(d.opts.PartitionCheckInterval)
 	defer t.Stop()
 	for {
 		select {

@@ -3,7 +3,6 @@ package testenv
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -33,7 +32,8 @@ type Cluster struct {
 }
 
 type clusterNode struct {
-	port int
+	port int // clients
+	bus  int // the cluster bus
 	cmd  *exec.Cmd
 	done chan struct{}
 }
@@ -68,18 +68,9 @@ func NewCluster(t testing.TB) *Cluster {
 
 func (c *Cluster) start(ctx context.Context) error {
 	for i := range 6 {
-		port, err := freeClusterPort()
-		if err != nil {
-			return err
-		}
-		n := &clusterNode{port: port}
+		n := &clusterNode{}
 		c.nodes = append(c.nodes, n)
-		if err := c.startNode(n, i); err != nil {
-			return err
-		}
-	}
-	for _, n := range c.nodes {
-		if err := waitPing(ctx, n.addr()); err != nil {
+		if err := c.startFresh(ctx, n, i); err != nil {
 			return err
 		}
 	}
@@ -95,13 +86,59 @@ func (c *Cluster) start(ctx context.Context) error {
 	return c.WaitHealthy(ctx)
 }
 
+// startFresh starts node i on newly reserved ports and waits until it
+// answers. A node that exits first (its port taken after all) is started
+// again on other ports, up to three times.
+func (c *Cluster) startFresh(ctx context.Context, n *clusterNode, i int) error {
+	var err error
+	for range 3 {
+		if n.port, err = reservePort(); err != nil {
+			return err
+		}
+		if n.bus, err = reservePort(); err != nil {
+			return err
+		}
+		if err = c.startNode(n, i); err != nil {
+			return err
+		}
+		if err = waitNode(ctx, n); err == nil {
+			return nil
+		}
+		select {
+		case <-n.done:
+			c.t.Logf("redis cluster node %d exited on start (ports %d, %d); starting it on other ports", i, n.port, n.bus)
+		default:
+			return err
+		}
+	}
+	return err
+}
+
+// waitNode waits until the node answers PING, or has exited.
+func waitNode(ctx context.Context, n *clusterNode) error {
+	rdb := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1, DialTimeout: time.Second})
+	defer rdb.Close()
+	for {
+		if err := rdb.Ping(ctx).Err(); err == nil {
+			return nil
+		}
+		select {
+		case <-n.done:
+			return fmt.Errorf("redis-server %s exited", n.addr())
+		case <-ctx.Done():
+			return fmt.Errorf("redis-server %s does not answer: %w", n.addr(), ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 func (c *Cluster) startNode(n *clusterNode, i int) error {
 	dir := filepath.Join(c.dir, strconv.Itoa(i))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	cmd := exec.Command("redis-server",
-		"--port", strconv.Itoa(n.port), "--bind", "127.0.0.1", "--dir", dir,
+		"--port", strconv.Itoa(n.port), "--cluster-port", strconv.Itoa(n.bus), "--bind", "127.0.0.1", "--dir", dir,
 		"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 		"--cluster-node-timeout", strconv.Itoa(int(ClusterNodeTimeout/time.Millisecond)),
 		"--cluster-replica-validity-factor", "0",
@@ -414,7 +451,7 @@ func (c *Cluster) Restart(ctx context.Context, addr string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	if err := waitPing(ctx, addr); err != nil {
+	if err := waitNode(ctx, started); err != nil {
 		return err
 	}
 	return c.WaitHealthy(ctx)
@@ -519,51 +556,4 @@ func (c *Cluster) KeysPerPrimary(ctx context.Context, pattern string) (map[strin
 		return iter.Err()
 	})
 	return out, err
-}
-
-func waitPing(ctx context.Context, addr string) error {
-	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
-	defer rdb.Close()
-	for {
-		if err := rdb.Ping(ctx).Err(); err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("redis-server %s does not answer: %w", addr, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
-var (
-	portMu   sync.Mutex
-	portNext = 21000 + os.Getpid()%4000
-)
-
-// freeClusterPort returns a loopback port p such that p and its cluster bus
-// port p+10000 are both free.
-func freeClusterPort() (int, error) {
-	portMu.Lock()
-	defer portMu.Unlock()
-	for range 4000 {
-		p := portNext
-		portNext++
-		if portNext >= 25000 {
-			portNext = 21000
-		}
-		if free(p) && free(p+10000) {
-			return p, nil
-		}
-	}
-	return 0, errors.New("no free loopback port pair for a redis cluster node")
-}
-
-func free(port int) bool {
-	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
-	if err != nil {
-		return false
-	}
-	_ = l.Close()
-	return true
 }

@@ -405,7 +405,7 @@ func start(ctx context.Context) (*Env, error) {
 }
 
 func (e *Env) startPostgres(ctx context.Context, image string) error {
-	port, err := freeLoopbackPort()
+	port, err := reservePort()
 	if err != nil {
 		return err
 	}
@@ -451,7 +451,7 @@ func (e *Env) startPostgres(ctx context.Context, image string) error {
 }
 
 func (e *Env) startRedis(ctx context.Context, image string) error {
-	port, err := freeLoopbackPort()
+	port, err := reservePort()
 	if err != nil {
 		return err
 	}
@@ -591,15 +591,6 @@ func loopbackBinding(port string, hostPort int) network.PortMap {
 	return network.PortMap{
 		network.MustParsePort(port): {{HostIP: netip.MustParseAddr("127.0.0.1"), HostPort: strconv.Itoa(hostPort)}},
 	}
-}
-
-func freeLoopbackPort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // waitPostgres retries until a query succeeds: the official image runs a

@@ -745,8 +745,11 @@ func (p *pipeline) commitState(ctx context.Context, job *commitJob) error {
 	if !slices.Contains(job.touched, true) {
 		// Nothing for any join: no write is needed, and acknowledging is safe
 		// because a restart from the older checkpoint finds nothing either.
-		p.stream.Ack(end)
+		// Counted first, as below.
+		p.txns.Add(int64(len(b.txns)))
+		p.changes.Add(int64(b.changes))
 		p.applied(b.txns[len(b.txns)-1])
+		p.stream.Ack(end)
 		return nil
 	}
 	phase := stopwatch()

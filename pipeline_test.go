@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,6 +55,10 @@ type fakeWorld struct {
 	blockTarget           cdc.LSN
 	blocked, release      chan struct{}
 	violations            []string
+	// counted is the running pipeline's count of changes applied, which
+	// covers every transaction after countFrom up to what it acknowledges.
+	counted   *atomic.Int64
+	countFrom cdc.LSN
 }
 
 func newFakeWorld(t *testing.T, txns []*cdc.Txn) *fakeWorld {
@@ -98,6 +103,17 @@ func (s fakeSource) Ack(lsn cdc.LSN) {
 	}
 	if lsn > w.stateLSN || lsn > w.targetLSN && w.targetLSN != 0 {
 		w.violate("ack %s ahead of the commits (state %s, target %s)", lsn, w.stateLSN, w.targetLSN)
+	}
+	if w.counted != nil {
+		want := 0
+		for _, t := range w.txns {
+			if t.EndLSN > w.countFrom && t.EndLSN <= lsn {
+				want += len(t.Changes)
+			}
+		}
+		if got := w.counted.Load(); got < int64(want) {
+			w.violate("ack %s before its changes are counted (%d of %d): a caught-up reader would miss them in the metrics", lsn, got, want)
+		}
 	}
 	w.acked = lsn
 }
@@ -272,6 +288,7 @@ func (w *fakeWorld) pipeline(limits BatchLimits) *pipeline {
 		w.next++
 	}
 	w.acked = start
+	w.counted, w.countFrom = &p.changes, start
 	return p
 }
 

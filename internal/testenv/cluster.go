@@ -421,7 +421,10 @@ func (c *Cluster) unacked(ctx context.Context, prims []Node, replicas map[string
 		}
 	}
 	if len(todo) > 0 {
-		return fmt.Sprintf("probe: no key found for %d primaries", len(todo))
+		// The client routes keys by its slot map, which may predate a
+		// failover: reload it, or the new primary never gets a key.
+		c.Client.ReloadState(ctx)
+		return fmt.Sprintf("probe: no key found for %d primaries (the client's slot map is stale)", len(todo))
 	}
 	return ""
 }

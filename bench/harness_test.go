@@ -450,14 +450,15 @@ func (d *db) waitCaught(p *daemon) time.Time {
 	}
 }
 
+// freePort returns a loopback port for a daemon's metrics, reserved
+// against the other test processes (testenv.ReservePort).
 func freePort(b testing.TB) int {
 	b.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testenv.ReservePort()
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // useCluster makes fkmat keep the state on c (its redis+cluster:// URL),

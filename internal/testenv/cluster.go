@@ -92,10 +92,10 @@ func (c *Cluster) start(ctx context.Context) error {
 func (c *Cluster) startFresh(ctx context.Context, n *clusterNode, i int) error {
 	var err error
 	for range 3 {
-		if n.port, err = reservePort(); err != nil {
+		if n.port, err = ReservePort(); err != nil {
 			return err
 		}
-		if n.bus, err = reservePort(); err != nil {
+		if n.bus, err = ReservePort(); err != nil {
 			return err
 		}
 		if err = c.startNode(n, i); err != nil {

@@ -25,7 +25,7 @@ func (e *Env) ExtraPostgres(t testing.TB, args ...string) *Extra {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	port, err := reservePort()
+	port, err := ReservePort()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func (e *Env) ExtraRedis(t testing.TB, files map[string][]byte, args ...string) 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	port, err := reservePort()
+	port, err := ReservePort()
 	if err != nil {
 		t.Fatal(err)
 	}

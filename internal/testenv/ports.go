@@ -30,9 +30,9 @@ var (
 
 const portLockDir = "fkmat-test-ports"
 
-// reservePort returns a loopback port that is free now and that no other
+// ReservePort returns a loopback port that is free now and that no other
 // fkmat test process holds or will take while this one runs.
-func reservePort() (int, error) {
+func ReservePort() (int, error) {
 	lo, hi := portRange()
 	dir := filepath.Join(os.TempDir(), portLockDir)
 	if err := os.MkdirAll(dir, 0o777); err != nil {
@@ -62,7 +62,7 @@ func reservePort() (int, error) {
 	return 0, errors.New("no free loopback port to reserve")
 }
 
-// pickRange returns the ports reservePort picks from: the largest stretch
+// pickRange returns the ports ReservePort picks from: the largest stretch
 // of 10000-65535 outside the ephemeral range, or all of it if that leaves
 // fewer than 2000.
 func pickRange() (int, int) {

@@ -14,7 +14,7 @@ import (
 func TestReservePort(t *testing.T) {
 	seen := map[int]bool{}
 	for range 20 {
-		p, err := reservePort()
+		p, err := ReservePort()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -405,7 +405,7 @@ func start(ctx context.Context) (*Env, error) {
 }
 
 func (e *Env) startPostgres(ctx context.Context, image string) error {
-	port, err := reservePort()
+	port, err := ReservePort()
 	if err != nil {
 		return err
 	}
@@ -451,7 +451,7 @@ func (e *Env) startPostgres(ctx context.Context, image string) error {
 }
 
 func (e *Env) startRedis(ctx context.Context, image string) error {
-	port, err := reservePort()
+	port, err := ReservePort()
 	if err != nil {
 		return err
 	}

@@ -86,16 +86,25 @@ func (c *Cluster) start(ctx context.Context) error {
 	return c.WaitHealthy(ctx)
 }
 
+// clusterPort reserves a port for a cluster node (a variable, so that a
+// test can hand out a taken one).
+var clusterPort = ReservePort
+
 // startFresh starts node i on newly reserved ports and waits until it
 // answers. A node that exits first (its port taken after all) is started
 // again on other ports, up to three times.
 func (c *Cluster) startFresh(ctx context.Context, n *clusterNode, i int) error {
 	var err error
 	for range 3 {
-		if n.port, err = ReservePort(); err != nil {
+		if n.port, err = clusterPort(); err != nil {
 			return err
 		}
-		if n.bus, err = ReservePort(); err != nil {
+		if n.bus, err = clusterPort(); err != nil {
+			return err
+		}
+		// What a node that exited on start left (its nodes.conf names its
+		// old ports) must not be loaded by the next one.
+		if err := os.RemoveAll(filepath.Join(c.dir, strconv.Itoa(i))); err != nil {
 			return err
 		}
 		if err = c.startNode(n, i); err != nil {
@@ -114,9 +123,15 @@ func (c *Cluster) startFresh(ctx context.Context, n *clusterNode, i int) error {
 	return err
 }
 
+// nodeClient returns a client of the one node at addr, which retries
+// nothing and gives up dialling after a second.
+func nodeClient(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+}
+
 // waitNode waits until the node answers PING, or has exited.
 func waitNode(ctx context.Context, n *clusterNode) error {
-	rdb := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1, DialTimeout: time.Second})
+	rdb := nodeClient(n.addr())
 	defer rdb.Close()
 	for {
 		if err := rdb.Ping(ctx).Err(); err == nil {
@@ -205,7 +220,7 @@ type Node struct {
 func (c *Cluster) Nodes(ctx context.Context) ([]Node, error) {
 	var lastErr error
 	for _, addr := range c.Addrs() {
-		rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+		rdb := nodeClient(addr)
 		out, err := rdb.ClusterNodes(ctx).Result()
 		_ = rdb.Close()
 		if err != nil {
@@ -259,14 +274,14 @@ func (c *Cluster) Primaries(ctx context.Context) ([]Node, error) {
 // primary is up, and every primary has its replicas online and
 // acknowledging writes.
 func (c *Cluster) WaitHealthy(ctx context.Context) error {
-	start, bumped := time.Now(), false
+	start, repaired := time.Now(), false
 	for {
 		why, stuck := c.unhealthy(ctx)
 		if why == "" {
 			return nil
 		}
-		if stuck != "" && !bumped && time.Since(start) > stuckAfter {
-			bumped = true
+		if stuck != "" && !repaired && time.Since(start) > stuckAfter {
+			repaired = true
 			c.repairStuck(ctx, stuck, why)
 		}
 		select {
@@ -290,7 +305,7 @@ const stuckAfter = 15 * time.Second
 // its old primary restarted as its replica; its log did not say why, and
 // the seed passed when replayed.
 func (c *Cluster) repairStuck(ctx context.Context, stuck, why string) {
-	rdb := redis.NewClient(&redis.Options{Addr: stuck, MaxRetries: -1, DialTimeout: time.Second})
+	rdb := nodeClient(stuck)
 	defer rdb.Close()
 	info, _ := rdb.ClusterInfo(ctx).Result()
 	nodes, _ := rdb.ClusterNodes(ctx).Result()
@@ -304,7 +319,7 @@ func (c *Cluster) repairStuck(ctx context.Context, stuck, why string) {
 		if p.Addr == stuck {
 			continue
 		}
-		other := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1, DialTimeout: time.Second})
+		other := nodeClient(p.Addr)
 		out, err := other.Do(ctx, "CLUSTER", "BUMPEPOCH").Text()
 		_ = other.Close()
 		c.t.Logf("redis cluster: CLUSTER BUMPEPOCH on %s: %s %v", p.Addr, out, err)
@@ -349,7 +364,7 @@ func (c *Cluster) unhealthy(ctx context.Context) (why, stuck string) {
 			continue // killed
 		default:
 		}
-		rdb := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1, DialTimeout: time.Second})
+		rdb := nodeClient(n.addr())
 		info, err := rdb.ClusterInfo(ctx).Result()
 		repl, err2 := rdb.Info(ctx, "replication").Result()
 		_ = rdb.Close()

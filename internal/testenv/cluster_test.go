@@ -3,6 +3,8 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +51,38 @@ func TestClusterRepairStuckHarmless(t *testing.T) {
 		if v, err := c.Client.Get(ctx, k).Result(); err != nil || v != k {
 			t.Fatalf("get %s after the repair: %q %v", k, v, err)
 		}
+	}
+}
+
+// A cluster node whose port is taken when it starts (by another process,
+// between the reservation and the bind) exits; it is started again on
+// other ports, and the cluster comes up healthy.
+func TestClusterNodePortTaken(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	calls := 0
+	clusterPort = func() (int, error) {
+		if calls++; calls == 2 { // node 0's bus port
+			return taken.Addr().(*net.TCPAddr).Port, nil
+		}
+		return ReservePort()
+	}
+	defer func() { clusterPort = ReservePort }()
+	var logged []string
+	c := NewCluster(logTB{TB: t, logs: &logged})
+	if !slices.ContainsFunc(logged, func(l string) bool { return strings.Contains(l, "node 0 exited on start") }) {
+		t.Errorf("node 0 was not started again on other ports; logged:\n%s", strings.Join(logged, "\n"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.Client.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
 	}
 }
 

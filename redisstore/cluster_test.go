@@ -3,6 +3,8 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -501,5 +503,85 @@ func TestClusterWaitReplicas(t *testing.T) {
 	}
 	if got, w := readState(t, s), readState(t, want); got != w {
 		t.Errorf("state with WAIT differs from the same batches without:\n%s\nwant\n%s", got, w)
+	}
+}
+
+// TestClusterReadCutOff kills a primary while a read of left rows and one of
+// subscriptions wait for its reply: go-redis does not resend a cluster
+// pipeline whose reply was cut off (EOF), so the store sends such a read
+// again, and both return every row once the replica has taken over. Before
+// the resend the read failed with EOF (CI, TestClusterReshardAndFailover).
+func TestClusterReadCutOff(t *testing.T) {
+	t.Parallel()
+	c := testenv.NewCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// Written with WAIT 1: every row is on a replica before the kill.
+	s := newClusterStore(t, c, Config{SubShards: 64, RowShards: 64, WaitReplicas: 1, WaitTimeout: 5 * time.Second})
+	const rows = 300
+	b := rowsAt(t, rows, 7)
+	if err := s.Commit(ctx, b, 10); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.WaitShort(); n != 0 {
+		t.Fatalf("the commit was not confirmed by a replica (%s)", s.LastWaitShort())
+	}
+	keys := slices.Collect(maps.Keys(b.PutLeft))
+	prims, err := c.Primaries(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metaNode, err := c.PrimaryOf(ctx, s.MetaKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := prims[0].Addr
+	if victim == metaNode {
+		victim = prims[1].Addr
+	}
+	// The victim answers nothing while the reads are sent to it, then dies.
+	if err := c.Pause(victim); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		left int
+		deps int
+		err  error
+	}
+	leftDone, depsDone := make(chan result, 1), make(chan result, 1)
+	go func() {
+		got, err := s.GetLeft(ctx, keys)
+		leftDone <- result{left: len(got), err: err}
+	}()
+	go func() {
+		// 64 subscription shards: one ZRANGE per foreign key, each on the
+		// primary of its shard, and the victim holds about a third.
+		fks := make([]join.Key, 0, 64)
+		for v := range int64(64) {
+			fks = append(fks, intKey(t, v))
+		}
+		limits := slices.Repeat([]int{rows + 1}, len(fks))
+		got, err := s.DependentsMany(ctx, fks, limits)
+		n := 0
+		for _, d := range got {
+			n += len(d)
+		}
+		depsDone <- result{deps: n, err: err}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	if err := c.Kill(victim); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	l, d := <-leftDone, <-depsDone
+	t.Logf("the reads returned %v after the kill", time.Since(start).Round(time.Millisecond))
+	if err := c.WaitFailover(ctx, victim); err != nil {
+		t.Fatal(err)
+	}
+	if l.err != nil || l.left != rows {
+		t.Errorf("GetLeft across the kill: %d rows of %d, %v", l.left, rows, l.err)
+	}
+	if d.err != nil || d.deps != rows {
+		t.Errorf("DependentsMany across the kill: %d subscriptions of %d, %v", d.deps, rows, d.err)
 	}
 }

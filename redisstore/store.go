@@ -526,17 +526,24 @@ func (s *Store) hgetAll(ctx context.Context, keys []join.Key, bucket func(join.K
 	}
 	seen := make(map[join.Key]struct{}, len(keys))
 	ks := make([]join.Key, 0, len(keys))
-	cmds := make([]*redis.StringCmd, 0, len(keys))
-	p := s.rdb.Pipeline()
 	for _, k := range keys {
-		if _, dup := seen[k]; dup {
-			continue
+		if _, dup := seen[k]; !dup {
+			seen[k] = struct{}{}
+			ks = append(ks, k)
 		}
-		seen[k] = struct{}{}
-		ks = append(ks, k)
-		cmds = append(cmds, p.HGet(ctx, bucket(k), string(k)))
 	}
-	if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	cmds := make([]*redis.StringCmd, len(ks))
+	err := retryRead(ctx, s.rdb, func() error {
+		p := s.rdb.Pipeline()
+		for i, k := range ks {
+			cmds[i] = p.HGet(ctx, bucket(k), string(k))
+		}
+		if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
 		return err
 	}
 	for i, c := range cmds {
@@ -568,9 +575,13 @@ func (s *Store) Dependents(ctx context.Context, fk, after join.Key, limit int) (
 		return nil, fmt.Errorf("read dependents: %w", err)
 	}
 	lo, hi := depRange(fk, after)
-	members, err := s.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{
-		Key: s.keys.subs(m, string(fk)), Start: lo, Stop: hi, ByLex: true, Count: int64(limit),
-	}).Result()
+	var members []string
+	err = retryRead(ctx, s.rdb, func() (err error) {
+		members, err = s.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{
+			Key: s.keys.subs(m, string(fk)), Start: lo, Stop: hi, ByLex: true, Count: int64(limit),
+		}).Result()
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("read dependents: %w", err)
 	}
@@ -587,18 +598,24 @@ func (s *Store) DependentsMany(ctx context.Context, fks []join.Key, limits []int
 	if err != nil {
 		return nil, fmt.Errorf("read dependents: %w", err)
 	}
-	p := s.rdb.Pipeline()
-	cmds := make([]*redis.StringSliceCmd, len(fks))
-	for i, fk := range fks {
-		if limits[i] <= 0 {
-			return nil, fmt.Errorf("read dependents: limit %d must be positive", limits[i])
+	for _, n := range limits {
+		if n <= 0 {
+			return nil, fmt.Errorf("read dependents: limit %d must be positive", n)
 		}
-		lo, hi := depRange(fk, "")
-		cmds[i] = p.ZRangeArgs(ctx, redis.ZRangeArgs{
-			Key: s.keys.subs(m, string(fk)), Start: lo, Stop: hi, ByLex: true, Count: int64(limits[i]),
-		})
 	}
-	if _, err := p.Exec(ctx); err != nil {
+	cmds := make([]*redis.StringSliceCmd, len(fks))
+	err = retryRead(ctx, s.rdb, func() error {
+		p := s.rdb.Pipeline()
+		for i, fk := range fks {
+			lo, hi := depRange(fk, "")
+			cmds[i] = p.ZRangeArgs(ctx, redis.ZRangeArgs{
+				Key: s.keys.subs(m, string(fk)), Start: lo, Stop: hi, ByLex: true, Count: int64(limits[i]),
+			})
+		}
+		_, err := p.Exec(ctx)
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("read dependents: %w", err)
 	}
 	out := make([][]join.Key, len(fks))

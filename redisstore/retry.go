@@ -22,10 +22,11 @@ const readAttempts = 6
 const readRetryDelay = 100 * time.Millisecond
 
 // retryRead runs read, a read-only round trip, and sends it again when the
-// connection broke under it or the cluster was not ready (resendable). go-redis resends a pipeline whose connection
-// failed before it was written (a dial refused, a node marked failing), but
-// not one whose reply was cut off: a primary killed in a failover answers
-// a read in flight with EOF. A read changes nothing, so sending it again is
+// connection broke under it or the cluster was not ready (resendable).
+// go-redis resends a cluster pipeline whose connection failed before it was
+// written (a dial refused, a node marked failing), but not one whose reply
+// was cut off: a primary killed in a failover answers a read in flight with
+// EOF. A read changes nothing, so sending it again is
 // safe; writes are never retried here (a commit is made safe to resend by
 // its LSN, by the caller). On a cluster the client's slot map is reloaded
 // before each resend: go-redis keeps routing to a dead primary's address

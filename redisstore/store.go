@@ -538,8 +538,13 @@ func (s *Store) hgetAll(ctx context.Context, keys []join.Key, bucket func(join.K
 		for i, k := range ks {
 			cmds[i] = p.HGet(ctx, bucket(k), string(k))
 		}
-		if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return err
+		_, _ = p.Exec(ctx)
+		// Exec returns the first command's error, which may be a key's
+		// absence (redis.Nil) before a connection error.
+		for _, c := range cmds {
+			if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+				return err
+			}
 		}
 		return nil
 	})

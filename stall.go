@@ -4,17 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/redisstore"
 )
 
 // DefaultMaxStallRestarts is how many times the same error may recur at the
@@ -108,13 +107,14 @@ func rootCause(err error) string {
 }
 
 // transient reports whether err is a connection problem (a server down,
-// restarting, unreachable or slow): retried forever, never a stall.
+// restarting, unreachable or slow): retried forever, never a stall. Redis's
+// part (a connection cut off or refused, a cluster or node saying "not
+// now") is redisstore.Resendable, the test of the state's own resends.
 func transient(err error) bool {
 	switch {
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
-		errors.Is(err, net.ErrClosed), errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout),
-		errors.Is(err, errStateChanged), errors.Is(err, errBackfillRaced), pgconn.Timeout(err), pgconn.SafeToRetry(err):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout),
+		errors.Is(err, errStateChanged), errors.Is(err, errBackfillRaced), pgconn.Timeout(err), pgconn.SafeToRetry(err),
+		redisstore.Resendable(err):
 		return true
 	}
 	if _, ok := errors.AsType[net.Error](err); ok {
@@ -126,11 +126,6 @@ func transient(err error) bool {
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && len(pgErr.Code) >= 2 {
 		switch pgErr.Code[:2] {
 		case "08", "53", "57", "58":
-			return true
-		}
-	}
-	for _, prefix := range []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY"} {
-		if strings.HasPrefix(rootCause(err), prefix) {
 			return true
 		}
 	}

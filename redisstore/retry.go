@@ -22,7 +22,7 @@ const readAttempts = 6
 const readRetryDelay = 100 * time.Millisecond
 
 // retryRead runs read, a read-only round trip, and sends it again when the
-// connection broke under it or the cluster was not ready (resendable).
+// connection broke under it or the cluster was not ready (Resendable).
 // go-redis resends a cluster pipeline whose connection failed before it was
 // written (a dial refused, a node marked failing), but not one whose reply
 // was cut off: a primary killed in a failover answers a read in flight with
@@ -48,19 +48,21 @@ func retryRead(ctx context.Context, rdb redis.UniversalClient, read func() error
 			}
 			delay *= 2
 		}
-		if err = read(); err == nil || !resendable(err) {
+		if err = read(); err == nil || !Resendable(err) {
 			return err
 		}
 	}
 	return err
 }
 
-// resendable reports whether a read that failed with err may succeed when
-// sent again: its connection was cut off, refused or timed out, or the
-// cluster said "not now" (CLUSTERDOWN and TRYAGAIN while a failover or a
-// slot migration is under way, LOADING and MASTERDOWN while a node
-// restarts). go-redis resends single commands on these, not pipelines.
-func resendable(err error) bool {
+// Resendable reports whether a Redis round trip that failed with err may
+// succeed when sent again: its connection was cut off, refused or timed
+// out, or the server said "not now" (CLUSTERDOWN and TRYAGAIN while a
+// failover or a slot migration is under way, LOADING and MASTERDOWN while a
+// node restarts, READONLY from a primary just made a replica, BUSY while a
+// script runs). go-redis resends single commands on these, not pipelines.
+// The daemon restarts its session on these too (they are transient).
+func Resendable(err error) bool {
 	switch {
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET),
 		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EPIPE), errors.Is(err, net.ErrClosed):
@@ -71,7 +73,7 @@ func resendable(err error) bool {
 	}
 	if re, ok := errors.AsType[redis.Error](err); ok {
 		msg := re.Error()
-		for _, p := range []string{"CLUSTERDOWN ", "TRYAGAIN ", "LOADING ", "MASTERDOWN "} {
+		for _, p := range []string{"CLUSTERDOWN ", "TRYAGAIN ", "LOADING ", "MASTERDOWN ", "READONLY ", "BUSY "} {
 			if strings.HasPrefix(msg, p) {
 				return true
 			}

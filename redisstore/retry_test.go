@@ -62,8 +62,8 @@ func TestResendable(t *testing.T) {
 		{context.Canceled, false},
 		{errors.New("read dependents: member outside the range"), false},
 	} {
-		if got := resendable(c.err); got != c.want {
-			t.Errorf("resendable(%v) = %v, want %v", c.err, got, c.want)
+		if got := Resendable(c.err); got != c.want {
+			t.Errorf("Resendable(%v) = %v, want %v", c.err, got, c.want)
 		}
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fkmat/fkmat/cdc"
@@ -20,7 +22,7 @@ import (
 // target, and records the slot's consistent point as the checkpoint, so
 // streaming starts exactly where the snapshot ends. Previous state (slot,
 // Redis keys, target rows) is replaced.
-func Backfill(ctx context.Context, cfg *Config, opts Options) error {
+func Backfill(ctx context.Context, cfg *config.Config, opts Options) error {
 	d, err := open(ctx, cfg, opts)
 	if err != nil {
 		return err
@@ -32,7 +34,7 @@ func Backfill(ctx context.Context, cfg *Config, opts Options) error {
 // BackfillIfNeeded is `fkmat backfill`: it backfills when a join was never
 // backfilled, an earlier backfill was interrupted, or the Redis state is
 // lost; with force it always rebuilds. Otherwise it does nothing.
-func BackfillIfNeeded(ctx context.Context, cfg *Config, force bool, opts Options) error {
+func BackfillIfNeeded(ctx context.Context, cfg *config.Config, force bool, opts Options) error {
 	opts.Force = force
 	d, err := open(ctx, cfg, opts)
 	if err != nil {

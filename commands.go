@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -17,14 +19,14 @@ import (
 
 // Check validates the configuration against the databases and Redis and
 // returns every problem found as a *ConfigError (nil when all is well).
-func Check(ctx context.Context, cfg *Config, opts Options) error {
+func Check(ctx context.Context, cfg *config.Config, opts Options) error {
 	opts.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	var problems []string
 	add := func(err error) {
-		var ce *ConfigError
+		var ce *config.ConfigError
 		if errors.As(err, &ce) {
 			problems = append(problems, ce.Problems...)
 		} else if err != nil {
@@ -88,7 +90,7 @@ func Check(ctx context.Context, cfg *Config, opts Options) error {
 		_ = rdb.Close()
 	}
 	if len(problems) > 0 {
-		return &ConfigError{Problems: problems}
+		return &config.ConfigError{Problems: problems}
 	}
 	return nil
 }
@@ -105,7 +107,7 @@ func unjoin(err error) []error {
 
 // Migrate creates fkmat's metadata schema and the target tables (or checks
 // that existing ones have the right shape). It is idempotent.
-func Migrate(ctx context.Context, cfg *Config, opts Options) error {
+func Migrate(ctx context.Context, cfg *config.Config, opts Options) error {
 	source, err := connectPostgres(ctx, cfg.Source, "source")
 	if err != nil {
 		return err
@@ -215,7 +217,7 @@ type StallStatus struct {
 // read-only (a role with SELECT on the target and fkmat's schema, and the
 // Redis read commands, is enough) and reports, rather than fails on, a
 // missing metadata schema, a missing target or a target of the wrong shape.
-func Status(ctx context.Context, cfg *Config, opts Options) ([]JoinStatus, error) {
+func Status(ctx context.Context, cfg *config.Config, opts Options) ([]JoinStatus, error) {
 	opts.setDefaults()
 	source, err := connectPostgres(ctx, cfg.Source, "source")
 	if err != nil {
@@ -504,7 +506,7 @@ func countRows(ctx context.Context, db *pgxpool.Pool, table string) (n int64, es
 // retyped column). A target is dropped only when fkmat built it for the
 // join, or when it has exactly the join's shape: never a table that merely
 // has the configured name.
-func Teardown(ctx context.Context, cfg *Config, dropTarget bool, opts Options) error {
+func Teardown(ctx context.Context, cfg *config.Config, dropTarget bool, opts Options) error {
 	opts.setDefaults()
 	target, err := connectPostgres(ctx, cfg.Target, "target")
 	if err != nil {
@@ -577,7 +579,7 @@ func Teardown(ctx context.Context, cfg *Config, dropTarget bool, opts Options) e
 // droppableTarget returns j's target if teardown may drop it: fkmat's
 // metadata says a backfill of this join wrote it, or it does not exist, or
 // it has the shape the join produces from the current source tables.
-func droppableTarget(ctx context.Context, cfg *Config, target Querier, w *sink.Writer, j JoinConfig) (*sink.Table, error) {
+func droppableTarget(ctx context.Context, cfg *config.Config, target Querier, w *sink.Writer, j config.JoinConfig) (*sink.Table, error) {
 	t := &sink.Table{Schema: j.Target.Table.Schema, Name: j.Target.Table.Name}
 	var owned, exists bool
 	err := target.QueryRow(ctx, `
@@ -591,7 +593,7 @@ func droppableTarget(ctx context.Context, cfg *Config, target Querier, w *sink.W
 		return t, nil
 	}
 	one := *cfg
-	one.Joins = []JoinConfig{j}
+	one.Joins = []config.JoinConfig{j}
 	source, err := connectPostgres(ctx, cfg.Source, "source")
 	if err != nil {
 		return nil, err

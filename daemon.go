@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -135,7 +137,7 @@ func (o *Options) setDefaults() {
 
 // daemon holds the connections and components every command shares.
 type daemon struct {
-	cfg    *Config
+	cfg    *config.Config
 	opts   Options
 	log    *slog.Logger
 	source *pgxpool.Pool
@@ -151,7 +153,7 @@ type daemon struct {
 // open connects to the source, the target and Redis, resolves the joins
 // against the source catalog, migrates the target's metadata schema, creates
 // (or checks) the target tables and opens each join's Redis state.
-func open(ctx context.Context, cfg *Config, opts Options) (_ *daemon, err error) {
+func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err error) {
 	opts.setDefaults()
 	d := &daemon{cfg: cfg, opts: opts, log: opts.Logger}
 	// d, not the result: a failing return has already set the result to nil.
@@ -239,7 +241,7 @@ func (d *daemon) close() {
 // publishedTables lists the tables of the joins, each once: joins may share
 // tables, and a self-referencing join uses one table on both sides.
 func publishedTables(plans []*JoinPlan) []cdc.TableName {
-	tables := make([]TableName, 0, 2*len(plans))
+	tables := make([]config.TableName, 0, 2*len(plans))
 	for _, p := range plans {
 		tables = append(tables, p.tables()...)
 	}
@@ -248,16 +250,16 @@ func publishedTables(plans []*JoinPlan) []cdc.TableName {
 
 // configuredTables is publishedTables from the configuration alone, for the
 // commands that work without resolving the joins (teardown).
-func configuredTables(cfg *Config) []cdc.TableName {
-	tables := make([]TableName, 0, 2*len(cfg.Joins))
+func configuredTables(cfg *config.Config) []cdc.TableName {
+	tables := make([]config.TableName, 0, 2*len(cfg.Joins))
 	for _, j := range cfg.Joins {
 		tables = append(tables, j.Tables()...)
 	}
 	return uniqueTables(tables)
 }
 
-func uniqueTables(tables []TableName) []cdc.TableName {
-	seen := map[TableName]bool{}
+func uniqueTables(tables []config.TableName) []cdc.TableName {
+	seen := map[config.TableName]bool{}
 	var out []cdc.TableName
 	for _, t := range tables {
 		if !seen[t] {
@@ -271,7 +273,7 @@ func uniqueTables(tables []TableName) []cdc.TableName {
 func connectPostgres(ctx context.Context, url, what string) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("%s database URL %s: %s", what, RedactURL(url), redactErr(err, url))
+		return nil, fmt.Errorf("%s database URL %s: %s", what, config.RedactURL(url), redactErr(err, url))
 	}
 	pc.MaxConns = 8
 	if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
@@ -279,17 +281,17 @@ func connectPostgres(ctx context.Context, url, what string) (*pgxpool.Pool, erro
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s database %s: %s", what, RedactURL(url), redactErr(err, url))
+		return nil, fmt.Errorf("connect to %s database %s: %s", what, config.RedactURL(url), redactErr(err, url))
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "28P01" || pgErr.Code == "28000") {
-			return nil, fmt.Errorf("%w: connect to %s database %s: %s", errAuthentication, what, RedactURL(url), redactErr(err, url))
+			return nil, fmt.Errorf("%w: connect to %s database %s: %s", errAuthentication, what, config.RedactURL(url), redactErr(err, url))
 		}
 		if isCertificateError(err) {
-			return nil, fmt.Errorf("%w: connect to %s database %s: %s", errCertificate, what, RedactURL(url), redactErr(err, url))
+			return nil, fmt.Errorf("%w: connect to %s database %s: %s", errCertificate, what, config.RedactURL(url), redactErr(err, url))
 		}
-		return nil, fmt.Errorf("connect to %s database %s: %s", what, RedactURL(url), redactErr(err, url))
+		return nil, fmt.Errorf("connect to %s database %s: %s", what, config.RedactURL(url), redactErr(err, url))
 	}
 	return pool, nil
 }
@@ -327,17 +329,17 @@ func isCertificateError(err error) bool {
 func connectRedis(ctx context.Context, url string) (redis.UniversalClient, error) {
 	rdb, err := newRedisClient(url)
 	if err != nil {
-		return nil, fmt.Errorf("redis URL %s: %s", RedactURL(url), redactErr(err, url))
+		return nil, fmt.Errorf("redis URL %s: %s", config.RedactURL(url), redactErr(err, url))
 	}
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		_ = rdb.Close()
 		if msg := err.Error(); strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH") {
-			return nil, fmt.Errorf("%w: connect to redis %s: %s", errAuthentication, RedactURL(url), redactErr(err, url))
+			return nil, fmt.Errorf("%w: connect to redis %s: %s", errAuthentication, config.RedactURL(url), redactErr(err, url))
 		}
 		if isCertificateError(err) {
-			return nil, fmt.Errorf("%w: connect to redis %s: %s", errCertificate, RedactURL(url), redactErr(err, url))
+			return nil, fmt.Errorf("%w: connect to redis %s: %s", errCertificate, config.RedactURL(url), redactErr(err, url))
 		}
-		return nil, fmt.Errorf("connect to redis %s: %s", RedactURL(url), redactErr(err, url))
+		return nil, fmt.Errorf("connect to redis %s: %s", config.RedactURL(url), redactErr(err, url))
 	}
 	return rdb, nil
 }
@@ -404,7 +406,7 @@ func newRedisClient(raw string) (redis.UniversalClient, error) {
 // redactErr renders err with any password of url removed.
 func redactErr(err error, url string) string {
 	msg := err.Error()
-	if pw := passwordOf(url); pw != "" {
+	if pw := config.PasswordOf(url); pw != "" {
 		msg = strings.ReplaceAll(msg, pw, "xxxxx")
 	}
 	return msg
@@ -468,7 +470,7 @@ func (d *daemon) assess(ctx context.Context) (reason string, lost bool, err erro
 		case st.phase != "streaming":
 			return fmt.Sprintf("the backfill of join %q was interrupted; starting it again", jr.plan.Name), false, nil
 		case st.fingerprint != jr.plan.Fingerprint:
-			return "", false, &ConfigError{Problems: []string{fmt.Sprintf(
+			return "", false, &config.ConfigError{Problems: []string{fmt.Sprintf(
 				"the definition of join %q (tables, keys, columns or types) changed since its backfill; run fkmat backfill --force to rebuild it",
 				jr.plan.Name)}}
 		case !info.Exists:

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fkmat/fkmat/migrations"
@@ -16,15 +18,15 @@ import (
 // creating it takes (CREATE on the database and ownership of the tables).
 // REPLICATION is checked by cdc's Preflight. Each problem names the
 // statement that fixes it.
-func sourceGrantProblems(ctx context.Context, db Querier, cfg *Config, plans []*JoinPlan) ([]string, error) {
+func sourceGrantProblems(ctx context.Context, db Querier, cfg *config.Config, plans []*JoinPlan) ([]string, error) {
 	var p []string
 	var role, database string
 	if err := db.QueryRow(ctx, `SELECT current_user, current_database()`).Scan(&role, &database); err != nil {
 		return nil, fmt.Errorf("read current role: %w", err)
 	}
 	r := ident(role)
-	var tables []TableName
-	seen := map[TableName]bool{}
+	var tables []config.TableName
+	seen := map[config.TableName]bool{}
 	for _, pl := range plans {
 		for _, t := range pl.tables() {
 			if !seen[t] {

@@ -7,6 +7,8 @@ import (
 	"io"
 	"strings"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
@@ -70,7 +72,7 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 // estimate is pg_class.reltuples of a table, summed over its partitions
 // for a partitioned table (whose own reltuples autovacuum never sets); 0
 // when unknown (never vacuumed nor analyzed).
-func (d *daemon) estimate(ctx context.Context, t TableName) int64 {
+func (d *daemon) estimate(ctx context.Context, t config.TableName) int64 {
 	var n float64
 	err := d.source.QueryRow(ctx, `SELECT coalesce(sum(greatest(c.reltuples, 0)), 0) FROM pg_class c
 		WHERE (c.oid = to_regclass($1) AND c.relkind <> 'p')
@@ -275,7 +277,7 @@ const loadWorkers = 3
 // scanParallel streams cols of table (scanQuery) and hands its pages to
 // loadWorkers goroutines running fn, each with its own Loader of store,
 // flushed at the end; the first error stops everything.
-func scanParallel(ctx context.Context, pool *pgxpool.Pool, snapshot string, table TableName, cols []SourceColumn, store *redisstore.Store,
+func scanParallel(ctx context.Context, pool *pgxpool.Pool, snapshot string, table config.TableName, cols []SourceColumn, store *redisstore.Store,
 	fn func(context.Context, *redisstore.Loader, [][]join.Value) error) error {
 	return scanQueryParallel(ctx, pool, snapshot, selectColumns(table, cols), store, fn)
 }
@@ -325,7 +327,7 @@ func anyNull(vs []join.Value) bool {
 }
 
 // selectColumns is the query of cols of table.
-func selectColumns(table TableName, cols []SourceColumn) string {
+func selectColumns(table config.TableName, cols []SourceColumn) string {
 	names := make([]string, len(cols))
 	for i, c := range cols {
 		names[i] = ident(c.Name)

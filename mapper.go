@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 )
@@ -52,7 +54,7 @@ func newMapper(p *JoinPlan) *mapper {
 
 // sidesOf says which tables of this join rel is: left, right, both or none.
 func (m *mapper) sidesOf(rel *cdc.Relation) []side {
-	t := TableName{Schema: rel.Namespace, Name: rel.Name}
+	t := config.TableName{Schema: rel.Namespace, Name: rel.Name}
 	var out []side
 	if t == m.plan.Left.Table {
 		out = append(out, sideLeft)
@@ -151,7 +153,7 @@ func newChainMapper(p *JoinPlan, l chainLayout) *chainMapper {
 
 // tablesOf returns the chain's tables that rel is.
 func (m *chainMapper) tablesOf(rel *cdc.Relation) []int {
-	t := TableName{Schema: rel.Namespace, Name: rel.Name}
+	t := config.TableName{Schema: rel.Namespace, Name: rel.Name}
 	var out []int
 	for i, tp := range m.tables {
 		if tp.Table == t {

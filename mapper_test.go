@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 )
@@ -19,13 +21,13 @@ func testPlan() *JoinPlan {
 	return &JoinPlan{
 		Name: "oe",
 		Left: TablePlan{
-			Table:      TableName{"public", "orders"},
+			Table:      config.TableName{Schema: "public", Name: "orders"},
 			Key:        []SourceColumn{col("id", oidInt8)},
 			ForeignKey: []SourceColumn{col("customer_id", oidInt8)},
 			Values:     []OutputColumn{{Source: col("customer_id", oidInt8)}, {Source: col("note", oidText)}},
 		},
 		Right: TablePlan{
-			Table:  TableName{"public", "customers"},
+			Table:  config.TableName{Schema: "public", Name: "customers"},
 			Key:    []SourceColumn{col("id", oidInt8)},
 			Values: []OutputColumn{{Source: col("name", oidText)}},
 		},
@@ -101,7 +103,7 @@ func TestMapperChanges(t *testing.T) {
 func TestMapperSelfJoin(t *testing.T) {
 	t.Parallel()
 	col := func(n string, oid uint32) SourceColumn { return SourceColumn{Name: n, TypeOID: oid} }
-	emp := TableName{"public", "employees"}
+	emp := config.TableName{Schema: "public", Name: "employees"}
 	plan := &JoinPlan{Name: "em",
 		Left: TablePlan{Table: emp, Key: []SourceColumn{col("id", oidInt8)}, ForeignKey: []SourceColumn{col("manager_id", oidInt8)},
 			Values: []OutputColumn{{Source: col("name", oidText)}, {Source: col("manager_id", oidInt8)}}},

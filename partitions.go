@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -50,7 +52,7 @@ type querier interface {
 
 // readLeaves returns the leaf partitions of the tables, by OID; a table
 // that is not partitioned has none.
-func readLeaves(ctx context.Context, db querier, tables []TableName) (map[uint32]leaf, error) {
+func readLeaves(ctx context.Context, db querier, tables []config.TableName) (map[uint32]leaf, error) {
 	out := map[uint32]leaf{}
 	for _, t := range tables {
 		rows, err := db.Query(ctx, `
@@ -102,10 +104,10 @@ func recordLeaves(ctx context.Context, tx execer, slot string, leaves map[uint32
 }
 
 // joinedTables lists the tables of the daemon's joins, each once.
-func (d *daemon) joinedTables() []TableName {
-	var out []TableName
+func (d *daemon) joinedTables() []config.TableName {
+	var out []config.TableName
 	for _, t := range publishedTables(d.plans) {
-		out = append(out, TableName{Schema: t.Schema, Name: t.Name})
+		out = append(out, config.TableName{Schema: t.Schema, Name: t.Name})
 	}
 	return out
 }

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
@@ -1015,7 +1017,7 @@ func appendTruncations(out []truncation, t *cdc.Txn) []truncation {
 	for i := range t.Changes {
 		if c := &t.Changes[i]; c.Kind == cdc.ChangeTruncate {
 			for _, rel := range c.Truncate.Relations {
-				out = append(out, truncation{xid: t.Xid, table: TableName{Schema: rel.Namespace, Name: rel.Name}.String()})
+				out = append(out, truncation{xid: t.Xid, table: config.TableName{Schema: rel.Namespace, Name: rel.Name}.String()})
 			}
 		}
 	}
@@ -1060,7 +1062,7 @@ func (p *pipeline) checkPlaced(t *cdc.Txn) error {
 		if ok {
 			return nil
 		}
-		table := TableName{Schema: rel.Namespace, Name: rel.Name}
+		table := config.TableName{Schema: rel.Namespace, Name: rel.Name}
 		return &failure{LSN: t.CommitLSN, Table: table.String(), err: fmt.Errorf(
 			"%w: transaction %d at %s changed %s, which no join uses; "+
 				"if it is a partition of a joined table, the publication %q did not publish via the partition root: "+

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fkmat/fkmat/join"
@@ -32,7 +34,7 @@ type OutputColumn struct {
 
 // TablePlan is one resolved source table of a join.
 type TablePlan struct {
-	Table TableName
+	Table config.TableName
 	// Key is the left primary key (left) or the referenced key (right).
 	Key []SourceColumn
 	// ForeignKey are the left columns referencing the right key (left only).
@@ -63,11 +65,11 @@ type JoinPlan struct {
 
 // tables returns the join's source tables: the left one, then the right
 // one or each entry's (a table may repeat).
-func (p *JoinPlan) tables() []TableName {
+func (p *JoinPlan) tables() []config.TableName {
 	if p.Edges == nil {
-		return []TableName{p.Left.Table, p.Right.Table}
+		return []config.TableName{p.Left.Table, p.Right.Table}
 	}
-	out := []TableName{p.Left.Table}
+	out := []config.TableName{p.Left.Table}
 	for _, e := range p.Edges {
 		out = append(out, e.Table.Table)
 	}
@@ -88,11 +90,11 @@ type EdgePlan struct {
 // Resolve looks every join up in the source catalog: tables, keys (primary
 // keys by default), columns (all by default), types and FK/key compatibility.
 // It reports every problem at once as a *ConfigError.
-func Resolve(ctx context.Context, db Querier, cfg *Config) ([]*JoinPlan, error) {
+func Resolve(ctx context.Context, db Querier, cfg *config.Config) ([]*JoinPlan, error) {
 	var problems []string
 	plans := make([]*JoinPlan, 0, len(cfg.Joins))
-	cache := map[TableName]*catalogTable{}
-	lookup := func(t TableName) (*catalogTable, error) {
+	cache := map[config.TableName]*catalogTable{}
+	lookup := func(t config.TableName) (*catalogTable, error) {
 		if ct, ok := cache[t]; ok {
 			return ct, nil
 		}
@@ -121,7 +123,7 @@ func Resolve(ctx context.Context, db Querier, cfg *Config) ([]*JoinPlan, error) 
 			seen[p] = true
 			return dup
 		})
-		return nil, &ConfigError{Problems: problems}
+		return nil, &config.ConfigError{Problems: problems}
 	}
 	return plans, nil
 }
@@ -133,7 +135,7 @@ type Querier interface {
 }
 
 type catalogTable struct {
-	name    TableName
+	name    config.TableName
 	exists  bool
 	columns []SourceColumn
 	byName  map[string]SourceColumn
@@ -168,7 +170,7 @@ type replicaOf struct {
 	identity []string
 }
 
-func describeTable(ctx context.Context, db Querier, t TableName) (*catalogTable, error) {
+func describeTable(ctx context.Context, db Querier, t config.TableName) (*catalogTable, error) {
 	ct := &catalogTable{name: t, byName: map[string]SourceColumn{}}
 	var oid uint32
 	err := db.QueryRow(ctx, `
@@ -268,7 +270,7 @@ func indexColumns(ctx context.Context, db Querier, oid uint32, flag string) ([]s
 	return cols, err
 }
 
-func resolveJoin(jc JoinConfig, lookup func(TableName) (*catalogTable, error)) (*JoinPlan, []string, error) {
+func resolveJoin(jc config.JoinConfig, lookup func(config.TableName) (*catalogTable, error)) (*JoinPlan, []string, error) {
 	if jc.IsList() {
 		return resolveList(jc, lookup)
 	}
@@ -325,7 +327,7 @@ func resolveJoin(jc JoinConfig, lookup func(TableName) (*catalogTable, error)) (
 
 // resolveLeft fills the left table's output and checks its key: types,
 // replica identity, uniqueness. tp.Key is resolved already.
-func resolveLeft(ct *catalogTable, lc LeftConfig, tp *TablePlan, add func(string, ...any)) {
+func resolveLeft(ct *catalogTable, lc config.LeftConfig, tp *TablePlan, add func(string, ...any)) {
 	for _, c := range tp.Key {
 		if err := join.CheckKeyTypes(c.Type, c.Type); err != nil {
 			add("left.key %q: %v", c.Name, err)
@@ -338,7 +340,7 @@ func resolveLeft(ct *catalogTable, lc LeftConfig, tp *TablePlan, add func(string
 
 // finishPlan sets p's target and fingerprint, and reports whether the
 // target is valid.
-func finishPlan(p *JoinPlan, jc JoinConfig, add func(string, ...any)) bool {
+func finishPlan(p *JoinPlan, jc config.JoinConfig, add func(string, ...any)) bool {
 	p.Target = targetTable(jc.Target.Table, p)
 	if err := p.Target.Validate(); err != nil {
 		add("%v", err)
@@ -387,11 +389,11 @@ func suggest(ct *catalogTable, name string) string {
 
 // leftOutput returns the output names of the key columns and the other
 // projected left columns, in order.
-func leftOutput(ct *catalogTable, lc LeftConfig, key []SourceColumn, add func(string, ...any)) ([]string, []OutputColumn) {
+func leftOutput(ct *catalogTable, lc config.LeftConfig, key []SourceColumn, add func(string, ...any)) ([]string, []OutputColumn) {
 	refs := lc.Columns
 	if len(refs) == 0 {
 		for _, c := range ct.columns {
-			refs = append(refs, ColumnRef{Name: c.Name, Alias: c.Name})
+			refs = append(refs, config.ColumnRef{Name: c.Name, Alias: c.Name})
 		}
 	}
 	keyNames := make([]string, len(key))
@@ -416,7 +418,7 @@ func leftOutput(ct *catalogTable, lc LeftConfig, key []SourceColumn, add func(st
 	return keyNames, values
 }
 
-func rightOutput(ct *catalogTable, rc RightConfig, key []SourceColumn, side string, add func(string, ...any)) []OutputColumn {
+func rightOutput(ct *catalogTable, rc config.RightConfig, key []SourceColumn, side string, add func(string, ...any)) []OutputColumn {
 	refs := rc.Columns
 	if len(refs) == 0 {
 		isKey := map[string]bool{}
@@ -425,7 +427,7 @@ func rightOutput(ct *catalogTable, rc RightConfig, key []SourceColumn, side stri
 		}
 		for _, c := range ct.columns {
 			if !isKey[c.Name] {
-				refs = append(refs, ColumnRef{Name: c.Name, Alias: c.Name})
+				refs = append(refs, config.ColumnRef{Name: c.Name, Alias: c.Name})
 			}
 		}
 	}
@@ -498,7 +500,7 @@ func checkReplicaIdentity(ct *catalogTable, key []SourceColumn, side string, add
 
 // checkIdentity checks one relation's replica identity against key and
 // reports whether it is fine.
-func checkIdentity(r replicaOf, table TableName, key []SourceColumn, side string, add func(string, ...any)) bool {
+func checkIdentity(r replicaOf, table config.TableName, key []SourceColumn, side string, add func(string, ...any)) bool {
 	of := ""
 	if r.name != table.String() {
 		of = fmt.Sprintf(" (partition %s of %s)", r.name, table)
@@ -534,7 +536,7 @@ func checkIdentity(r replicaOf, table TableName, key []SourceColumn, side string
 	return true
 }
 
-func targetTable(name TableName, p *JoinPlan) sink.Table {
+func targetTable(name config.TableName, p *JoinPlan) sink.Table {
 	t := sink.Table{Schema: name.Schema, Name: name.Name, KeyCount: len(p.Left.Key)}
 	for i, k := range p.Left.Key {
 		t.Columns = append(t.Columns, sink.Column{Name: p.Left.KeyNames[i], Type: k.Type})
@@ -569,7 +571,7 @@ func families(cols []SourceColumn) []join.Family {
 
 func specOf(p *JoinPlan) join.Spec {
 	typ := join.Left
-	if p.Type == JoinInner {
+	if p.Type == config.JoinInner {
 		typ = join.Inner
 	}
 	return join.Spec{
@@ -600,7 +602,7 @@ func fingerprint(p *JoinPlan) string {
 // two tables"): every table, key, foreign key (in its `from` table),
 // FK/key types per edge, replica identities, unique keys, and output names.
 // A list form that resolves runs as a join.Chain (chainOf).
-func resolveList(jc JoinConfig, lookup func(TableName) (*catalogTable, error)) (*JoinPlan, []string, error) {
+func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTable, error)) (*JoinPlan, []string, error) {
 	var probs []string
 	add := func(format string, args ...any) {
 		probs = append(probs, fmt.Sprintf("join %q: ", jc.Name)+fmt.Sprintf(format, args...))
@@ -736,7 +738,7 @@ func chainOf(p *JoinPlan) chainLayout {
 	pk := families(p.Left.Key)
 	for i, e := range p.Edges {
 		typ := join.Left
-		if e.Type == JoinInner {
+		if e.Type == config.JoinInner {
 			typ = join.Inner
 		}
 		step := join.ChainStep{Spec: join.Spec{Name: p.Name, Type: typ, PK: pk, FK: families(e.Table.ForeignKey),

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fkmat/fkmat/cdc"
@@ -24,18 +26,18 @@ func specWidePlan() *JoinPlan {
 	col := func(name, typ string) SourceColumn { return SourceColumn{Name: name, Type: typ} }
 	out := func(c SourceColumn, as string) OutputColumn { return OutputColumn{Source: c, Name: as} }
 	id, bigint := col("id", "bigint"), col("id", "bigint")
-	p := &JoinPlan{Name: "orders_wide", Type: JoinLeft}
-	p.Left = TablePlan{Table: TableName{"public", "orders"}, Key: []SourceColumn{id}, KeyNames: []string{"id"},
+	p := &JoinPlan{Name: "orders_wide", Type: config.JoinLeft}
+	p.Left = TablePlan{Table: config.TableName{Schema: "public", Name: "orders"}, Key: []SourceColumn{id}, KeyNames: []string{"id"},
 		Values: []OutputColumn{out(col("customer_id", "bigint"), "customer_id"), out(col("product_id", "bigint"), "product_id"),
 			out(col("amount", "numeric"), "amount")}}
 	p.Edges = []EdgePlan{
-		{Alias: "customers", Parent: -1, Type: JoinLeft, Table: TablePlan{Table: TableName{"public", "customers"},
+		{Alias: "customers", Parent: -1, Type: config.JoinLeft, Table: TablePlan{Table: config.TableName{Schema: "public", Name: "customers"},
 			Key: []SourceColumn{bigint}, ForeignKey: []SourceColumn{col("customer_id", "bigint")},
 			Values: []OutputColumn{out(col("name", "text"), "customer_name")}}},
-		{Alias: "products", Parent: -1, Type: JoinInner, Table: TablePlan{Table: TableName{"public", "products"},
+		{Alias: "products", Parent: -1, Type: config.JoinInner, Table: TablePlan{Table: config.TableName{Schema: "public", Name: "products"},
 			Key: []SourceColumn{bigint}, ForeignKey: []SourceColumn{col("product_id", "bigint")},
 			Values: []OutputColumn{out(col("title", "text"), "product_title")}}},
-		{Alias: "regions", Parent: 0, Type: JoinLeft, Table: TablePlan{Table: TableName{"public", "regions"},
+		{Alias: "regions", Parent: 0, Type: config.JoinLeft, Table: TablePlan{Table: config.TableName{Schema: "public", Name: "regions"},
 			Key: []SourceColumn{col("id", "integer")}, ForeignKey: []SourceColumn{col("region_id", "integer")},
 			Values: []OutputColumn{out(col("name", "text"), "region_name")}}},
 	}
@@ -160,7 +162,7 @@ func TestOracleListSQL(t *testing.T) {
 // columns are the right part (RightUpdates), as the Chain projects them.
 func TestTargetOfListForm(t *testing.T) {
 	p := specWidePlan()
-	tt := targetTable(TableName{"public", "orders_wide"}, p)
+	tt := targetTable(config.TableName{Schema: "public", Name: "orders_wide"}, p)
 	var names []string
 	for _, c := range tt.Columns {
 		names = append(names, c.Name)
@@ -445,7 +447,7 @@ func values(s ...string) []join.Value {
 // plan and chain layout.
 func specNWayPlan(tb testing.TB, ctx context.Context, db Querier) (*JoinPlan, chainLayout) {
 	tb.Helper()
-	cfg, err := ParseConfig([]byte(specNWay))
+	cfg, err := config.LoadConfig("internal/config/testdata/nway.yaml")
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/fkmat/fkmat/internal/testenv"
 	"github.com/fkmat/fkmat/join"
 )
@@ -26,7 +28,7 @@ func resolveYAML(t *testing.T, tc *testenv.Case, yml string) ([]*JoinPlan, error
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg, err := ParseConfig([]byte(yml))
+	cfg, err := config.ParseConfig([]byte(yml))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +115,7 @@ joins:
     right: {table: customers, columns: [name]}
     target: {table: x4}
 `)
-		var ce *ConfigError
+		var ce *config.ConfigError
 		if !errors.As(err, &ce) {
 			t.Fatalf("Resolve = %v, want *ConfigError", err)
 		}

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"golang.org/x/sync/errgroup"
 
 	"github.com/fkmat/fkmat/cdc"
@@ -28,7 +30,7 @@ var ErrLostState = errors.New("redis state lost")
 // exponential, jittered backoff; configuration problems, schema changes,
 // lost state with OnLostState=refuse and terminal replication errors stop
 // Run.
-func Run(ctx context.Context, cfg *Config, opts Options) error {
+func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	opts.setDefaults()
 	var obs *observer
 	if opts.MetricsAddr != "" {
@@ -37,7 +39,7 @@ func Run(ctx context.Context, cfg *Config, opts Options) error {
 		addr, wait, err := serveMetrics(mctx, opts.MetricsAddr, obs, opts.Logger)
 		if err != nil {
 			stopMetrics()
-			return &ConfigError{Problems: []string{err.Error() + "; choose another --metrics-addr"}}
+			return &config.ConfigError{Problems: []string{err.Error() + "; choose another --metrics-addr"}}
 		}
 		defer func() {
 			stopMetrics()
@@ -87,10 +89,10 @@ func Run(ctx context.Context, cfg *Config, opts Options) error {
 			return err
 		}
 		if errors.Is(err, errAuthentication) && !connected {
-			return &ConfigError{Problems: []string{err.Error() + "; fix the user or password in the URL (or the server's pg_hba.conf / Redis ACL), then start fkmat run again"}}
+			return &config.ConfigError{Problems: []string{err.Error() + "; fix the user or password in the URL (or the server's pg_hba.conf / Redis ACL), then start fkmat run again"}}
 		}
 		if errors.Is(err, errCertificate) && !connected {
-			return &ConfigError{Problems: []string{err.Error() + "; trust the server's CA (Postgres: sslrootcert in the URL; Redis: SSL_CERT_FILE) and connect by a host name the certificate holds, then start fkmat run again"}}
+			return &config.ConfigError{Problems: []string{err.Error() + "; trust the server's CA (Postgres: sslrootcert in the URL; Redis: SSL_CERT_FILE) and connect by a host name the certificate holds, then start fkmat run again"}}
 		}
 		if time.Since(started) > time.Minute {
 			delay = time.Second
@@ -128,7 +130,7 @@ func Run(ctx context.Context, cfg *Config, opts Options) error {
 
 // terminal reports whether retrying cannot fix err.
 func terminal(err error) bool {
-	var ce *ConfigError
+	var ce *config.ConfigError
 	return errors.As(err, &ce) || errors.Is(err, ErrSchemaChanged) || errors.Is(err, ErrLostState) || errors.Is(err, ErrPartitionsChanged) ||
 		errors.Is(err, sink.ErrShapeMismatch) || errors.Is(err, sink.ErrCheckpointBackwards) || cdc.IsTerminal(err)
 }
@@ -143,7 +145,7 @@ type runState struct {
 	verify *verifyCounters
 }
 
-func runOnce(ctx context.Context, cfg *Config, opts Options, obs *observer, connected *bool, rs *runState) error {
+func runOnce(ctx context.Context, cfg *config.Config, opts Options, obs *observer, connected *bool, rs *runState) error {
 	obs.setPhase("starting")
 	d, err := open(ctx, cfg, opts)
 	if err != nil {

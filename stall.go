@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
@@ -172,7 +174,7 @@ func stallAttrs(s Stall, max int) []any {
 // recordStall writes s to fkmat.stall in the target database for fkmat
 // status (nil s: the stall is over). It is best effort: the target may be
 // what fails.
-func recordStall(ctx context.Context, cfg *Config, s *Stall) error {
+func recordStall(ctx context.Context, cfg *config.Config, s *Stall) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	db, err := connectPostgres(ctx, cfg.Target, "target")

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -32,7 +34,7 @@ func (r VerifyReport) Equal() bool { return r.Missing == 0 && r.Extra == 0 && r.
 
 // Verify evaluates each join's SQL on the source and compares it with the
 // target. The source and the target must be the same database.
-func Verify(ctx context.Context, cfg *Config, opts Options) ([]VerifyReport, error) {
+func Verify(ctx context.Context, cfg *config.Config, opts Options) ([]VerifyReport, error) {
 	opts.setDefaults()
 	source, err := connectPostgres(ctx, cfg.Source, "source")
 	if err != nil {
@@ -109,7 +111,7 @@ func OracleSQL(p *JoinPlan) string {
 		on = append(on, "l."+ident(fk.Name)+" = r."+ident(p.Right.Key[i].Name))
 	}
 	kind := "LEFT JOIN"
-	if p.Type == JoinInner {
+	if p.Type == config.JoinInner {
 		kind = "JOIN"
 	}
 	return "SELECT " + strings.Join(sel, ", ") + " FROM " + tableIdent(p.Left.Table) + " l " + kind + " " +
@@ -150,7 +152,7 @@ func listFrom(p *JoinPlan, n int, alias func(int) string) string {
 			on = append(on, alias(e.Parent)+"."+ident(fk.Name)+" = "+alias(i)+"."+ident(e.Table.Key[k].Name))
 		}
 		kind := "LEFT JOIN"
-		if e.Type == JoinInner {
+		if e.Type == config.JoinInner {
 			kind = "JOIN"
 		}
 		from += " " + kind + " " + tableIdent(e.Table.Table) + " " + alias(i) + " ON " + strings.Join(on, " AND ")
@@ -219,7 +221,7 @@ func verifySameDB(ctx context.Context, db Querier, p *JoinPlan) (VerifyReport, e
 
 func ident(s string) string { return pgx.Identifier{s}.Sanitize() }
 
-func tableIdent(t TableName) string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
+func tableIdent(t config.TableName) string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
 
 // verifyMerge compares a join evaluated on the source with a target in
 // another database: both sides are streamed in the same key order (the keys'

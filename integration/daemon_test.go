@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fkmat/fkmat"
@@ -23,9 +25,9 @@ CREATE INDEX ON orders (customer_id);
 `
 
 // daemonConfig returns a config for tc with the given joins YAML.
-func daemonConfig(t *testing.T, tc *testenv.Case, joins string) *fkmat.Config {
+func daemonConfig(t *testing.T, tc *testenv.Case, joins string) *config.Config {
 	t.Helper()
-	cfg, err := fkmat.ParseConfig([]byte(joins))
+	cfg, err := config.ParseConfig([]byte(joins))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +52,7 @@ type daemon struct {
 	done   chan error
 }
 
-func startDaemon(t *testing.T, cfg *fkmat.Config, opts fkmat.Options) *daemon {
+func startDaemon(t *testing.T, cfg *config.Config, opts fkmat.Options) *daemon {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &daemon{cancel: cancel, done: make(chan error, 1)}
@@ -131,7 +133,7 @@ func waitCaughtUpMeta(t *testing.T, tc *testenv.Case, meta *pgxpool.Pool, d *dae
 }
 
 // assertOracle compares every target with its SQL join (fkmat verify).
-func assertOracle(t *testing.T, cfg *fkmat.Config) {
+func assertOracle(t *testing.T, cfg *config.Config) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -369,7 +371,7 @@ func TestStatusRedisLayout(t *testing.T) {
 
 // runCaughtUp runs the daemon until it caught up with the source, and
 // stops it cleanly.
-func runCaughtUp(t *testing.T, tc *testenv.Case, cfg *fkmat.Config, opts fkmat.Options) {
+func runCaughtUp(t *testing.T, tc *testenv.Case, cfg *config.Config, opts fkmat.Options) {
 	t.Helper()
 	d := startDaemon(t, cfg, opts)
 	waitCaughtUp(t, tc, d)

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/redis/go-redis/v9"
@@ -213,7 +215,7 @@ type faultRun struct {
 	tc *testenv.Case
 	// cluster holds the state when set, instead of tc's Redis server.
 	cluster *testenv.Cluster
-	cfg     *fkmat.Config
+	cfg     *config.Config
 	env     []string
 	r       *rand.Rand
 	w       *workload
@@ -528,7 +530,7 @@ func (f *faultRun) check() {
 }
 
 // oracleRows is assertOracle returning the number of rows compared.
-func oracleRows(t *testing.T, cfg *fkmat.Config) int64 {
+func oracleRows(t *testing.T, cfg *config.Config) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

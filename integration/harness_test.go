@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -173,7 +175,7 @@ func joinState(t testing.TB, tc *testenv.Case, name string) *redisstore.Store {
 
 // joinStates opens every Redis state of join j on rdb: its one, or one per
 // entry of a join of more than two tables.
-func joinStates(t testing.TB, rdb redis.UniversalClient, slot string, j fkmat.JoinConfig) []*redisstore.Store {
+func joinStates(t testing.TB, rdb redis.UniversalClient, slot string, j config.JoinConfig) []*redisstore.Store {
 	t.Helper()
 	if !j.IsList() {
 		return []*redisstore.Store{joinStateOn(t, rdb, slot, j.Name)}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/testenv"
@@ -128,12 +130,12 @@ func TestJoinColumnChangedMidStream(t *testing.T) {
 		name  string
 		alter string   // the change while streaming
 		want  []string // in the error
-		fix   func(t *testing.T, tc *testenv.Case, cfg *fkmat.Config)
+		fix   func(t *testing.T, tc *testenv.Case, cfg *config.Config)
 	}{{
 		name:  "dropped",
 		alter: `ALTER TABLE orders DROP COLUMN customer_id`,
 		want:  []string{`"customer_id"`, "public.orders", "dropped", "restore it", "fkmat backfill --force"},
-		fix: func(t *testing.T, tc *testenv.Case, cfg *fkmat.Config) {
+		fix: func(t *testing.T, tc *testenv.Case, cfg *config.Config) {
 			sqlExec(t, tc, `ALTER TABLE orders ADD COLUMN customer_id bigint`, `UPDATE orders SET customer_id = 1 + id % 6`)
 			backfillForce(t, cfg)
 		},
@@ -141,7 +143,7 @@ func TestJoinColumnChangedMidStream(t *testing.T) {
 		name:  "target column retyped",
 		alter: `ALTER TABLE orders ALTER COLUMN customer_id TYPE integer`,
 		want:  []string{`"customer_id"`, "public.orders", "changed type", "fkmat teardown --drop-target", "fkmat backfill"},
-		fix: func(t *testing.T, tc *testenv.Case, cfg *fkmat.Config) {
+		fix: func(t *testing.T, tc *testenv.Case, cfg *config.Config) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			if err := fkmat.Teardown(ctx, cfg, true, fkmat.Options{}); err != nil {
@@ -153,7 +155,7 @@ func TestJoinColumnChangedMidStream(t *testing.T) {
 		name:  "right key retyped",
 		alter: `ALTER TABLE customers ALTER COLUMN id TYPE integer`,
 		want:  []string{`"id"`, "public.customers", "changed type", "fkmat backfill --force"},
-		fix: func(t *testing.T, tc *testenv.Case, cfg *fkmat.Config) {
+		fix: func(t *testing.T, tc *testenv.Case, cfg *config.Config) {
 			backfillForce(t, cfg)
 		},
 	}}
@@ -210,7 +212,7 @@ func TestJoinColumnChangedMidStream(t *testing.T) {
 	}
 }
 
-func backfillForce(t *testing.T, cfg *fkmat.Config) {
+func backfillForce(t *testing.T, cfg *config.Config) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fkmat/fkmat"
@@ -90,7 +92,7 @@ func TestSlotSafety(t *testing.T) {
 	exec(shop, `CREATE TABLE filler (id bigint, pad text)`,
 		`INSERT INTO customers SELECT g, 'c' || g, 't' FROM generate_series(1, 20) g`,
 		`INSERT INTO orders SELECT g, g % 25, g, 'n' FROM generate_series(1, 500) g`)
-	cfg, err := fkmat.ParseConfig([]byte(leftJoinYAML))
+	cfg, err := config.ParseConfig([]byte(leftJoinYAML))
 	if err != nil {
 		t.Fatal(err)
 	}

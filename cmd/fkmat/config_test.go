@@ -9,17 +9,17 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/urfave/cli/v2"
+	"github.com/fkmat/fkmat/internal/config"
 
-	"github.com/fkmat/fkmat"
+	"github.com/urfave/cli/v2"
 )
 
 // probe runs the app as run builds it (common flags before and after the
 // subcommand) with a subcommand that only loads the configuration and the
 // log settings.
-func probe(t *testing.T, args ...string) (*fkmat.Config, string, string) {
+func probe(t *testing.T, args ...string) (*config.Config, string, string) {
 	t.Helper()
-	var cfg *fkmat.Config
+	var cfg *config.Config
 	var level, format string
 	app := &cli.App{
 		Name: "fkmat", Flags: commonFlags(), Writer: io.Discard, ErrWriter: io.Discard,

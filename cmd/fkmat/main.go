@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/fkmat/fkmat/internal/config"
+
 	"github.com/redis/go-redis/v9"
 	"github.com/urfave/cli/v2"
 	"golang.org/x/term"
@@ -110,7 +112,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stderr, "fkmat:", err)
 	var ee *exitError
-	var ce *fkmat.ConfigError
+	var ce *config.ConfigError
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
@@ -171,12 +173,12 @@ func flagString(c *cli.Context, name string) string {
 
 // loadConfig reads the file and applies env and flags over it: flags beat
 // env, env beats the file.
-func loadConfig(c *cli.Context) (*fkmat.Config, error) {
+func loadConfig(c *cli.Context) (*config.Config, error) {
 	path := flagString(c, "config")
 	if path == "" {
 		return nil, &exitError{code: exitUsage, err: errors.New("no join definition: pass --config FILE or set FKMAT_CONFIG")}
 	}
-	cfg, err := fkmat.LoadConfig(path)
+	cfg, err := config.LoadConfig(path)
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +212,7 @@ func logger(c *cli.Context) (*slog.Logger, error) {
 }
 
 // setup loads the configuration and the logger of a command.
-func setup(c *cli.Context) (*fkmat.Config, fkmat.Options, error) {
+func setup(c *cli.Context) (*config.Config, fkmat.Options, error) {
 	log, err := logger(c)
 	if err != nil {
 		return nil, fkmat.Options{}, err

@@ -1,4 +1,4 @@
-package fkmat
+package config
 
 import (
 	"bytes"
@@ -756,7 +756,7 @@ func RedactURL(raw string) string {
 
 // passwordOf returns the password in a URL (user info or password=
 // parameter), or "".
-func passwordOf(raw string) string {
+func PasswordOf(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return ""

@@ -1,4 +1,4 @@
-package fkmat
+package config
 
 import (
 	"errors"
@@ -6,35 +6,10 @@ import (
 	"testing"
 )
 
-// specNWay is the SPEC's example of a join of more than two tables.
-const specNWay = `
-source: postgres://localhost/shop
-redis: redis://localhost:6379/0
-joins:
-  - name: orders_wide
-    type: left
-    left:
-      table: public.orders
-      columns: [id, customer_id, product_id, amount]
-    right:
-      - table: public.customers
-        foreign_key: [customer_id]             # orders.customer_id = customers.id
-        columns: [name AS customer_name]
-      - table: public.products
-        type: inner
-        foreign_key: [product_id]              # orders.product_id = products.id
-        columns: [title AS product_title]
-      - table: public.regions
-        from: customers                        # a chain: customers.region_id = regions.id
-        foreign_key: [region_id]
-        columns: [name AS region_name]
-    target:
-      table: public.orders_wide
-`
 
 func TestParseListForm(t *testing.T) {
 	t.Parallel()
-	cfg, err := ParseConfig([]byte(specNWay))
+	cfg, err := LoadConfig("testdata/nway.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

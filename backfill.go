@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/plan"
+
 	"github.com/fkmat/fkmat/internal/config"
 
 	"github.com/jackc/pgx/v5"
@@ -219,8 +221,8 @@ func (d *daemon) finishBackfill(ctx context.Context, consistent cdc.LSN, leaves 
 	return tx.Commit(ctx, d.cfg.Slot, consistent)
 }
 
-func outputSources(cols []OutputColumn) []SourceColumn {
-	out := make([]SourceColumn, len(cols))
+func outputSources(cols []plan.OutputColumn) []plan.SourceColumn {
+	out := make([]plan.SourceColumn, len(cols))
 	for i, c := range cols {
 		out[i] = c.Source
 	}

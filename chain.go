@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/fkmat/fkmat/internal/plan"
+
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
@@ -30,7 +32,7 @@ func (m *chainMapper) uses(rel *cdc.Relation) bool { return len(m.tablesOf(rel))
 // join.Chain and one Redis state per step (docs/nway.md).
 type chainRunner struct {
 	chain  *join.Chain
-	layout chainLayout
+	layout plan.ChainLayout
 	steps  []*chainStep
 	state  *chainState
 }
@@ -74,7 +76,7 @@ func (p *pipeline) waitShort() (n int64, why string) {
 }
 
 // sizes returns what each of the join's states is sized for at Init.
-func (d *daemon) sizes(ctx context.Context, p *JoinPlan) []redisstore.Size {
+func (d *daemon) sizes(ctx context.Context, p *plan.JoinPlan) []redisstore.Size {
 	if p.Edges == nil {
 		return []redisstore.Size{{LeftRows: d.estimate(ctx, p.Left.Table), RightRows: d.estimate(ctx, p.Right.Table)}}
 	}
@@ -89,8 +91,8 @@ func (d *daemon) sizes(ctx context.Context, p *JoinPlan) []redisstore.Size {
 // openChain opens a list-form join: a Redis state per step, each read by
 // its step's engine through two overlays (the batches whose commits are in
 // flight), and the join.Chain of the steps.
-func (d *daemon) openChain(ctx context.Context, p *JoinPlan) (*joinRunner, error) {
-	l := chainOf(p)
+func (d *daemon) openChain(ctx context.Context, p *plan.JoinPlan) (*joinRunner, error) {
+	l := plan.ChainOf(p)
 	cr := &chainRunner{layout: l}
 	readers := make([]join.StateReader, len(l.Steps))
 	for i := range l.Steps {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/plan"
+
 	"github.com/fkmat/fkmat/internal/config"
 
 	"github.com/jackc/pgx/v5"
@@ -33,13 +35,13 @@ func Check(ctx context.Context, cfg *config.Config, opts Options) error {
 			problems = append(problems, err.Error())
 		}
 	}
-	var plans []*JoinPlan
+	var plans []*plan.JoinPlan
 	source, err := connectPostgres(ctx, cfg.Source, "source")
 	if err != nil {
 		add(fmt.Errorf("%v; check the source URL and that Postgres is running", err))
 	} else {
 		defer source.Close()
-		plans, err = Resolve(ctx, source, cfg)
+		plans, err = plan.Resolve(ctx, source, cfg)
 		add(err)
 		if err == nil {
 			client, err := cdc.New(cdc.Config{ConnString: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication,
@@ -113,7 +115,7 @@ func Migrate(ctx context.Context, cfg *config.Config, opts Options) error {
 		return err
 	}
 	defer source.Close()
-	plans, err := Resolve(ctx, source, cfg)
+	plans, err := plan.Resolve(ctx, source, cfg)
 	if err != nil {
 		return err
 	}
@@ -236,7 +238,7 @@ func Status(ctx context.Context, cfg *config.Config, opts Options) ([]JoinStatus
 		return nil, err
 	}
 	defer func() { _ = rdb.Close() }()
-	plans, err := Resolve(ctx, source, cfg)
+	plans, err := plan.Resolve(ctx, source, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -399,7 +401,7 @@ type EdgeStatus struct {
 
 // statusRedis fills the Redis part of s, reading the join's meta hashes
 // only: its state's, or each step's of a join of more than two tables.
-func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, opts Options, p *JoinPlan, st joinState, s *JoinStatus) error {
+func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, opts Options, p *plan.JoinPlan, st joinState, s *JoinStatus) error {
 	if p.Edges == nil {
 		return statusStore(ctx, rdb, RedisPrefix(slot, p.Name), opts, p, st, s)
 	}
@@ -428,7 +430,7 @@ func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, op
 }
 
 // statusStore fills the Redis part of s from one state's meta hash.
-func statusStore(ctx context.Context, rdb redis.UniversalClient, prefix string, opts Options, p *JoinPlan, st joinState, s *JoinStatus) error {
+func statusStore(ctx context.Context, rdb redis.UniversalClient, prefix string, opts Options, p *plan.JoinPlan, st joinState, s *JoinStatus) error {
 	store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: prefix,
 		SubShards: opts.SubShards, RowShards: opts.RowShards})
 	if err != nil {
@@ -458,7 +460,7 @@ func statusStore(ctx context.Context, rdb redis.UniversalClient, prefix string, 
 }
 
 // statusTarget fills the target part of s without creating anything.
-func statusTarget(ctx context.Context, target *pgxpool.Pool, w *sink.Writer, p *JoinPlan, s *JoinStatus) error {
+func statusTarget(ctx context.Context, target *pgxpool.Pool, w *sink.Writer, p *plan.JoinPlan, s *JoinStatus) error {
 	var exists bool
 	if err := target.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, p.Target.Ident()).Scan(&exists); err != nil {
 		return fmt.Errorf("look up target %s: %w", p.Target.Ident(), err)
@@ -579,7 +581,7 @@ func Teardown(ctx context.Context, cfg *config.Config, dropTarget bool, opts Opt
 // droppableTarget returns j's target if teardown may drop it: fkmat's
 // metadata says a backfill of this join wrote it, or it does not exist, or
 // it has the shape the join produces from the current source tables.
-func droppableTarget(ctx context.Context, cfg *config.Config, target Querier, w *sink.Writer, j config.JoinConfig) (*sink.Table, error) {
+func droppableTarget(ctx context.Context, cfg *config.Config, target plan.Querier, w *sink.Writer, j config.JoinConfig) (*sink.Table, error) {
 	t := &sink.Table{Schema: j.Target.Table.Schema, Name: j.Target.Table.Name}
 	var owned, exists bool
 	err := target.QueryRow(ctx, `
@@ -599,7 +601,7 @@ func droppableTarget(ctx context.Context, cfg *config.Config, target Querier, w 
 		return nil, err
 	}
 	defer source.Close()
-	plans, err := Resolve(ctx, source, &one)
+	plans, err := plan.Resolve(ctx, source, &one)
 	if err == nil {
 		_, err = w.EnsureTable(ctx, &plans[0].Target)
 	}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/plan"
+
 	"github.com/fkmat/fkmat/internal/config"
 
 	"github.com/jackc/pgx/v5"
@@ -143,7 +145,7 @@ type daemon struct {
 	source *pgxpool.Pool
 	target *pgxpool.Pool
 	rdb    redis.UniversalClient
-	plans  []*JoinPlan
+	plans  []*plan.JoinPlan
 	cdc    *cdc.Client
 	writer *sink.Writer
 	joins  []*joinRunner
@@ -171,7 +173,7 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 	if d.rdb, err = connectRedis(ctx, cfg.Redis); err != nil {
 		return nil, err
 	}
-	if d.plans, err = Resolve(ctx, d.source, cfg); err != nil {
+	if d.plans, err = plan.Resolve(ctx, d.source, cfg); err != nil {
 		return nil, err
 	}
 	if err := migrate(ctx, d.target); err != nil {
@@ -199,7 +201,7 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 	return d, nil
 }
 
-func (d *daemon) openJoin(ctx context.Context, p *JoinPlan) (*joinRunner, error) {
+func (d *daemon) openJoin(ctx context.Context, p *plan.JoinPlan) (*joinRunner, error) {
 	if p.Edges != nil {
 		return d.openChain(ctx, p)
 	}
@@ -240,10 +242,10 @@ func (d *daemon) close() {
 
 // publishedTables lists the tables of the joins, each once: joins may share
 // tables, and a self-referencing join uses one table on both sides.
-func publishedTables(plans []*JoinPlan) []cdc.TableName {
+func publishedTables(plans []*plan.JoinPlan) []cdc.TableName {
 	tables := make([]config.TableName, 0, 2*len(plans))
 	for _, p := range plans {
-		tables = append(tables, p.tables()...)
+		tables = append(tables, p.Tables()...)
 	}
 	return uniqueTables(tables)
 }
@@ -519,7 +521,7 @@ func assessStore(ctx context.Context, name string, store *redisstore.Store, epoc
 // ensureTarget creates the target or checks its shape. A target fkmat built
 // for this join whose shape no longer matches is recreated under
 // Options.Force (a rebuild), and otherwise reported with that fix.
-func (d *daemon) ensureTarget(ctx context.Context, p *JoinPlan) error {
+func (d *daemon) ensureTarget(ctx context.Context, p *plan.JoinPlan) error {
 	_, err := d.writer.EnsureTable(ctx, &p.Target)
 	if !errors.Is(err, sink.ErrShapeMismatch) {
 		return err

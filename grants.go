@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/fkmat/fkmat/internal/plan"
+
 	"github.com/fkmat/fkmat/internal/config"
 
 	"github.com/jackc/pgx/v5"
@@ -18,7 +20,7 @@ import (
 // creating it takes (CREATE on the database and ownership of the tables).
 // REPLICATION is checked by cdc's Preflight. Each problem names the
 // statement that fixes it.
-func sourceGrantProblems(ctx context.Context, db Querier, cfg *config.Config, plans []*JoinPlan) ([]string, error) {
+func sourceGrantProblems(ctx context.Context, db plan.Querier, cfg *config.Config, plans []*plan.JoinPlan) ([]string, error) {
 	var p []string
 	var role, database string
 	if err := db.QueryRow(ctx, `SELECT current_user, current_database()`).Scan(&role, &database); err != nil {
@@ -28,7 +30,7 @@ func sourceGrantProblems(ctx context.Context, db Querier, cfg *config.Config, pl
 	var tables []config.TableName
 	seen := map[config.TableName]bool{}
 	for _, pl := range plans {
-		for _, t := range pl.tables() {
+		for _, t := range pl.Tables() {
 			if !seen[t] {
 				seen[t] = true
 				tables = append(tables, t)
@@ -97,7 +99,7 @@ func sourceGrantProblems(ctx context.Context, db Querier, cfg *config.Config, pl
 // the database while fkmat's metadata schema does not exist, else USAGE and
 // CREATE on it; for each target, ownership when it exists, else USAGE and
 // CREATE on its schema.
-func targetGrantProblems(ctx context.Context, db Querier, plans []*JoinPlan) ([]string, error) {
+func targetGrantProblems(ctx context.Context, db plan.Querier, plans []*plan.JoinPlan) ([]string, error) {
 	var p []string
 	var role, database string
 	if err := db.QueryRow(ctx, `SELECT current_user, current_database()`).Scan(&role, &database); err != nil {

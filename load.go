@@ -7,6 +7,8 @@ import (
 	"io"
 	"strings"
 
+	"github.com/fkmat/fkmat/internal/plan"
+
 	"github.com/fkmat/fkmat/internal/config"
 
 	"github.com/jackc/pgx/v5"
@@ -108,7 +110,7 @@ func inSnapshot(ctx context.Context, pool *pgxpool.Pool, snapshot string, fn fun
 // it pipes `COPY (<the join>) TO STDOUT` from the snapshot into `COPY target
 // FROM STDIN` on the target, in a target transaction that truncates the
 // table first (so COPY can FREEZE the rows).
-func (d *daemon) loadTarget(ctx context.Context, snapshot string, p *JoinPlan, t *task) error {
+func (d *daemon) loadTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
 	if d.cfg.Target == d.cfg.Source {
 		return d.insertTarget(ctx, snapshot, p, t)
 	}
@@ -116,7 +118,7 @@ func (d *daemon) loadTarget(ctx context.Context, snapshot string, p *JoinPlan, t
 }
 
 // insertTarget is loadTarget within one database.
-func (d *daemon) insertTarget(ctx context.Context, snapshot string, p *JoinPlan, t *task) error {
+func (d *daemon) insertTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
 	conn, err := d.source.Acquire(ctx)
 	if err != nil {
 		return err
@@ -146,7 +148,7 @@ func (d *daemon) insertTarget(ctx context.Context, snapshot string, p *JoinPlan,
 }
 
 // copyTarget is loadTarget across databases.
-func (d *daemon) copyTarget(ctx context.Context, snapshot string, p *JoinPlan, t *task) error {
+func (d *daemon) copyTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
 	cols := make([]string, len(p.Target.Columns))
 	for i, c := range p.Target.Columns {
 		cols[i] = ident(c.Name)
@@ -208,7 +210,7 @@ func (r *rowCounter) Write(b []byte) (int, error) {
 // join's Redis state.
 func (d *daemon) loadRight(ctx context.Context, snapshot string, jr *joinRunner, t *task) error {
 	p := jr.plan
-	cols := append(append([]SourceColumn{}, p.Right.Key...), outputSources(p.Right.Values)...)
+	cols := append(append([]plan.SourceColumn{}, p.Right.Key...), outputSources(p.Right.Values)...)
 	nk := len(p.Right.Key)
 	err := scanParallel(ctx, d.source, snapshot, p.Right.Table, cols, jr.store, func(ctx context.Context, l *redisstore.Loader, rows [][]join.Value) error {
 		m := join.Mutations{PutRight: make(map[join.Key]join.RightState, len(rows))}
@@ -237,7 +239,7 @@ func (d *daemon) loadRight(ctx context.Context, snapshot string, jr *joinRunner,
 // subscription for every non-NULL foreign key.
 func (d *daemon) loadLeft(ctx context.Context, snapshot string, jr *joinRunner, t *task) error {
 	p := jr.plan
-	cols := append(append(append([]SourceColumn{}, p.Left.Key...), p.Left.ForeignKey...), outputSources(p.Left.Values)...)
+	cols := append(append(append([]plan.SourceColumn{}, p.Left.Key...), p.Left.ForeignKey...), outputSources(p.Left.Values)...)
 	nk, nf := len(p.Left.Key), len(p.Left.ForeignKey)
 	err := scanParallel(ctx, d.source, snapshot, p.Left.Table, cols, jr.store, func(ctx context.Context, l *redisstore.Loader, rows [][]join.Value) error {
 		m := join.Mutations{PutLeft: make(map[join.Key]join.LeftState, len(rows))}
@@ -277,7 +279,7 @@ const loadWorkers = 3
 // scanParallel streams cols of table (scanQuery) and hands its pages to
 // loadWorkers goroutines running fn, each with its own Loader of store,
 // flushed at the end; the first error stops everything.
-func scanParallel(ctx context.Context, pool *pgxpool.Pool, snapshot string, table config.TableName, cols []SourceColumn, store *redisstore.Store,
+func scanParallel(ctx context.Context, pool *pgxpool.Pool, snapshot string, table config.TableName, cols []plan.SourceColumn, store *redisstore.Store,
 	fn func(context.Context, *redisstore.Loader, [][]join.Value) error) error {
 	return scanQueryParallel(ctx, pool, snapshot, selectColumns(table, cols), store, fn)
 }
@@ -327,7 +329,7 @@ func anyNull(vs []join.Value) bool {
 }
 
 // selectColumns is the query of cols of table.
-func selectColumns(table config.TableName, cols []SourceColumn) string {
+func selectColumns(table config.TableName, cols []plan.SourceColumn) string {
 	names := make([]string, len(cols))
 	for i, c := range cols {
 		names[i] = ident(c.Name)
@@ -373,7 +375,7 @@ func scanQuery(ctx context.Context, conn *pgx.Conn, query string, page int, fn f
 // before it (chainLeftSQL), each with its value hash and, unless NULL, a
 // subscription of its foreign key (taken from the carried columns); its
 // right rows are entry i's table, keyed, with the columns it carries.
-func loadChainStep(ctx context.Context, pool *pgxpool.Pool, snapshot string, store *redisstore.Store, p *JoinPlan, l chainLayout, i int, t *task) error {
+func loadChainStep(ctx context.Context, pool *pgxpool.Pool, snapshot string, store *redisstore.Store, p *plan.JoinPlan, l plan.ChainLayout, i int, t *task) error {
 	step, e := l.Steps[i], p.Edges[i]
 	nk := len(p.Left.Key)
 	err := scanQueryParallel(ctx, pool, snapshot, chainLeftSQL(p, l, i), store, func(ctx context.Context, ld *redisstore.Loader, rows [][]join.Value) error {
@@ -404,7 +406,7 @@ func loadChainStep(ctx context.Context, pool *pgxpool.Pool, snapshot string, sto
 	if err != nil {
 		return fmt.Errorf("load the left rows of step %d (%s) of join %q: %w", i, e.Alias, p.Name, err)
 	}
-	cols := append(append([]SourceColumn{}, e.Table.Key...), l.Carried[i+1]...)
+	cols := append(append([]plan.SourceColumn{}, e.Table.Key...), l.Carried[i+1]...)
 	nr := len(e.Table.Key)
 	err = scanParallel(ctx, pool, snapshot, e.Table.Table, cols, store, func(ctx context.Context, ld *redisstore.Loader, rows [][]join.Value) error {
 		m := join.Mutations{PutRight: make(map[join.Key]join.RightState, len(rows))}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/fkmat/fkmat/internal/plan"
+
 	"github.com/fkmat/fkmat/internal/config"
 
 	"github.com/fkmat/fkmat/cdc"
@@ -29,7 +31,7 @@ const (
 // is both the left and the right table of the join (a self-referencing join)
 // yields a left and a right change for each of its row changes.
 type mapper struct {
-	plan *JoinPlan
+	plan *plan.JoinPlan
 	// layouts caches the column positions per relation and side (a schema
 	// change yields a new *cdc.Relation).
 	layouts map[layoutKey]*layout
@@ -48,7 +50,7 @@ type layout struct {
 	values []int
 }
 
-func newMapper(p *JoinPlan) *mapper {
+func newMapper(p *plan.JoinPlan) *mapper {
 	return &mapper{plan: p, layouts: map[layoutKey]*layout{}}
 }
 
@@ -86,7 +88,7 @@ func (m *mapper) layoutOf(rel *cdc.Relation, s side) (*layout, error) {
 
 // newLayout finds the columns of tp in rel: its key, its foreign key (left
 // side), its values.
-func newLayout(rel *cdc.Relation, tp *TablePlan, s side) (*layout, error) {
+func newLayout(rel *cdc.Relation, tp *plan.TablePlan, s side) (*layout, error) {
 	l := &layout{side: s}
 	// The left key and the projected columns are target columns; the
 	// foreign key (unless projected) and the right key live only in the
@@ -97,7 +99,7 @@ func newLayout(rel *cdc.Relation, tp *TablePlan, s side) (*layout, error) {
 			inTarget[k.Name] = true
 		}
 	}
-	vals := make([]SourceColumn, len(tp.Values))
+	vals := make([]plan.SourceColumn, len(tp.Values))
 	for i, v := range tp.Values {
 		vals[i] = v.Source
 		inTarget[v.Source.Name] = true
@@ -123,10 +125,10 @@ func newLayout(rel *cdc.Relation, tp *TablePlan, s side) (*layout, error) {
 // changes). A table joined several times (`as`) yields a change for each
 // entry it is.
 type chainMapper struct {
-	plan *JoinPlan
+	plan *plan.JoinPlan
 	// tables[t] is table t as the chain sees it: key, and the carried
 	// columns as values.
-	tables  []TablePlan
+	tables  []plan.TablePlan
 	layouts map[chainLayoutKey]*layout
 }
 
@@ -135,18 +137,18 @@ type chainLayoutKey struct {
 	table int
 }
 
-func newChainMapper(p *JoinPlan, l chainLayout) *chainMapper {
-	carried := func(cols []SourceColumn) []OutputColumn {
-		out := make([]OutputColumn, len(cols))
+func newChainMapper(p *plan.JoinPlan, l plan.ChainLayout) *chainMapper {
+	carried := func(cols []plan.SourceColumn) []plan.OutputColumn {
+		out := make([]plan.OutputColumn, len(cols))
 		for i, c := range cols {
-			out[i] = OutputColumn{Source: c, Name: c.Name}
+			out[i] = plan.OutputColumn{Source: c, Name: c.Name}
 		}
 		return out
 	}
 	m := &chainMapper{plan: p, layouts: map[chainLayoutKey]*layout{}}
-	m.tables = append(m.tables, TablePlan{Table: p.Left.Table, Key: p.Left.Key, Values: carried(l.Carried[0])})
+	m.tables = append(m.tables, plan.TablePlan{Table: p.Left.Table, Key: p.Left.Key, Values: carried(l.Carried[0])})
 	for i, e := range p.Edges {
-		m.tables = append(m.tables, TablePlan{Table: e.Table.Table, Key: e.Table.Key, Values: carried(l.Carried[i+1])})
+		m.tables = append(m.tables, plan.TablePlan{Table: e.Table.Table, Key: e.Table.Key, Values: carried(l.Carried[i+1])})
 	}
 	return m
 }
@@ -228,7 +230,7 @@ func (m *chainMapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Ch
 // help them and only a rebuild gets past them. A rebuild keeps a target table
 // whose columns still fit (backfill --force); a target column of the old
 // type, or one the configuration no longer produces, must be dropped first.
-func positions(rel *cdc.Relation, cols []SourceColumn, inTarget map[string]bool) ([]int, error) {
+func positions(rel *cdc.Relation, cols []plan.SourceColumn, inTarget map[string]bool) ([]int, error) {
 	pos := make([]int, len(cols))
 	for i, c := range cols {
 		j := rel.ColumnIndex(c.Name)

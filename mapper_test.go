@@ -5,10 +5,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/internal/plan/plantest"
 
 	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/join"
+	"github.com/fkmat/fkmat/join/jointest"
 )
 
 const (
@@ -16,20 +19,20 @@ const (
 	oidText = 25
 )
 
-func testPlan() *JoinPlan {
-	col := func(n string, oid uint32) SourceColumn { return SourceColumn{Name: n, TypeOID: oid} }
-	return &JoinPlan{
+func testPlan() *plan.JoinPlan {
+	col := func(n string, oid uint32) plan.SourceColumn { return plan.SourceColumn{Name: n, TypeOID: oid} }
+	return &plan.JoinPlan{
 		Name: "oe",
-		Left: TablePlan{
+		Left: plan.TablePlan{
 			Table:      config.TableName{Schema: "public", Name: "orders"},
-			Key:        []SourceColumn{col("id", oidInt8)},
-			ForeignKey: []SourceColumn{col("customer_id", oidInt8)},
-			Values:     []OutputColumn{{Source: col("customer_id", oidInt8)}, {Source: col("note", oidText)}},
+			Key:        []plan.SourceColumn{col("id", oidInt8)},
+			ForeignKey: []plan.SourceColumn{col("customer_id", oidInt8)},
+			Values:     []plan.OutputColumn{{Source: col("customer_id", oidInt8)}, {Source: col("note", oidText)}},
 		},
-		Right: TablePlan{
+		Right: plan.TablePlan{
 			Table:  config.TableName{Schema: "public", Name: "customers"},
-			Key:    []SourceColumn{col("id", oidInt8)},
-			Values: []OutputColumn{{Source: col("name", oidText)}},
+			Key:    []plan.SourceColumn{col("id", oidInt8)},
+			Values: []plan.OutputColumn{{Source: col("name", oidText)}},
 		},
 	}
 }
@@ -102,12 +105,12 @@ func TestMapperChanges(t *testing.T) {
 // a left and a right change, a key change on both sides, a truncate both.
 func TestMapperSelfJoin(t *testing.T) {
 	t.Parallel()
-	col := func(n string, oid uint32) SourceColumn { return SourceColumn{Name: n, TypeOID: oid} }
+	col := func(n string, oid uint32) plan.SourceColumn { return plan.SourceColumn{Name: n, TypeOID: oid} }
 	emp := config.TableName{Schema: "public", Name: "employees"}
-	plan := &JoinPlan{Name: "em",
-		Left: TablePlan{Table: emp, Key: []SourceColumn{col("id", oidInt8)}, ForeignKey: []SourceColumn{col("manager_id", oidInt8)},
-			Values: []OutputColumn{{Source: col("name", oidText)}, {Source: col("manager_id", oidInt8)}}},
-		Right: TablePlan{Table: emp, Key: []SourceColumn{col("id", oidInt8)}, Values: []OutputColumn{{Source: col("name", oidText)}}},
+	jp := &plan.JoinPlan{Name: "em",
+		Left: plan.TablePlan{Table: emp, Key: []plan.SourceColumn{col("id", oidInt8)}, ForeignKey: []plan.SourceColumn{col("manager_id", oidInt8)},
+			Values: []plan.OutputColumn{{Source: col("name", oidText)}, {Source: col("manager_id", oidInt8)}}},
+		Right: plan.TablePlan{Table: emp, Key: []plan.SourceColumn{col("id", oidInt8)}, Values: []plan.OutputColumn{{Source: col("name", oidText)}}},
 	}
 	r := rel("employees", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "name", Type: oidText},
 		cdc.Column{Name: "manager_id", Type: oidInt8})
@@ -118,7 +121,7 @@ func TestMapperSelfJoin(t *testing.T) {
 		{Kind: cdc.ChangeDelete, Relation: r, OldKind: cdc.OldKey, Old: []cdc.Value{txt("3"), cNull, cNull}},
 		{Kind: cdc.ChangeTruncate, Truncate: &cdc.Truncate{Relations: []*cdc.Relation{r}}},
 	}
-	m := newMapper(plan)
+	m := newMapper(jp)
 	var got []join.Change
 	for i := range changes {
 		var err error
@@ -197,6 +200,69 @@ func TestMapperSchemaChangeFix(t *testing.T) {
 			if strings.Contains(err.Error(), w) {
 				t.Errorf("%s: %q mentions %s", tc.name, err, w)
 			}
+		}
+	}
+}
+
+// TestChainMapper maps source changes of the SPEC's example, with customers
+// joined a second time as seller, to the chain's table changes: the left
+// table's rows carry their projected columns, a customer carries its name
+// and its hidden region_id, a customers change reaches both entries, and a
+// TRUNCATE reaches the entries of its table.
+func TestChainMapper(t *testing.T) {
+	p := plantest.Wide()
+	seller := p.Edges[0]
+	seller.Alias, seller.Table.ForeignKey = "seller", []plan.SourceColumn{{Name: "seller_id", Type: "bigint", TypeOID: oidInt8}}
+	seller.Table.Values = []plan.OutputColumn{{Source: plan.SourceColumn{Name: "name", Type: "text"}, Name: "seller_name"}}
+	p.Edges = append(p.Edges, seller)
+	p.Left.Values = append(p.Left.Values, plan.OutputColumn{Source: plan.SourceColumn{Name: "seller_id", Type: "bigint"}, Name: "seller_id"})
+	for _, tp := range []*plan.TablePlan{&p.Left, &p.Edges[0].Table, &p.Edges[1].Table, &p.Edges[2].Table, &p.Edges[3].Table} {
+		for i := range tp.Key {
+			tp.Key[i].TypeOID = oidInt8
+		}
+		for i := range tp.Values {
+			tp.Values[i].Source.TypeOID = oidText
+		}
+		for i := range tp.ForeignKey {
+			tp.ForeignKey[i].TypeOID = oidText
+		}
+	}
+	l := plan.ChainOf(p)
+	m := newChainMapper(p, l)
+	orders := rel("orders", cdc.Column{Name: "id", Type: oidInt8}, cdc.Column{Name: "amount", Type: oidText},
+		cdc.Column{Name: "customer_id", Type: oidText}, cdc.Column{Name: "product_id", Type: oidText}, cdc.Column{Name: "seller_id", Type: oidText})
+	customers := rel("customers", cdc.Column{Name: "region_id", Type: oidText}, cdc.Column{Name: "id", Type: oidInt8},
+		cdc.Column{Name: "name", Type: oidText})
+	regions := rel("regions", cdc.Column{Name: "id", Type: oidInt8}, cdc.Column{Name: "name", Type: oidText})
+	var got []join.Change
+	for _, c := range []cdc.Change{
+		{Kind: cdc.ChangeInsert, Relation: orders, New: []cdc.Value{txt("100"), txt("5"), txt("1"), txt("10"), txt("2")}},
+		{Kind: cdc.ChangeUpdate, Relation: customers, OldKind: cdc.OldKey, Old: []cdc.Value{cNull, txt("1"), cNull},
+			New: []cdc.Value{txt("7"), txt("3"), cToast}},
+		{Kind: cdc.ChangeTruncate, Truncate: &cdc.Truncate{Relations: []*cdc.Relation{regions}}},
+	} {
+		var err error
+		if got, err = m.appendChanges(got, &c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := jointest.Values
+	want := []join.Change{
+		{Table: 0, Kind: join.LeftUpsert, Insert: true, Left: join.LeftRow{PK: v("100"), FK: []join.Value{}, Values: v("1", "10", "5", "2")}},
+		{Table: 1, Kind: join.RightKeyChange, OldKey: v("1"), Right: join.RightRow{Key: v("3"), Values: v("TOAST", "7")}},
+		{Table: 4, Kind: join.RightKeyChange, OldKey: v("1"), Right: join.RightRow{Key: v("3"), Values: v("TOAST")}},
+		{Table: 3, Kind: join.RightTruncate},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d changes, want %d: %+v", len(got), len(want), got)
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		if g.Table != w.Table || g.Kind != w.Kind || g.Insert != w.Insert ||
+			!join.ValuesEqual(g.OldKey, w.OldKey) || !join.ValuesEqual(g.Left.PK, w.Left.PK) ||
+			!join.ValuesEqual(g.Left.Values, w.Left.Values) || !join.ValuesEqual(g.Right.Key, w.Right.Key) ||
+			!join.ValuesEqual(g.Right.Values, w.Right.Values) {
+			t.Errorf("change %d = %+v, want %+v", i, g, w)
 		}
 	}
 }

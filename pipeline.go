@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/plan"
+
 	"github.com/fkmat/fkmat/internal/config"
 
 	"github.com/fkmat/fkmat/cdc"
@@ -55,7 +57,7 @@ func (b *BatchLimits) setDefaults() {
 
 // joinRunner is one join's engine, state and column mapping.
 type joinRunner struct {
-	plan   *JoinPlan
+	plan   *plan.JoinPlan
 	engine *join.Engine
 	// store is the join's Redis state; state is the same store as the
 	// pipeline uses it (a fake in the pipeline's unit tests).

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/plan"
+
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/join/jointest"
@@ -34,7 +36,7 @@ import (
 // invariants checked as they happen.
 type fakeWorld struct {
 	t    *testing.T
-	plan *JoinPlan
+	plan *plan.JoinPlan
 
 	mu sync.Mutex
 	// source
@@ -62,9 +64,9 @@ type fakeWorld struct {
 }
 
 func newFakeWorld(t *testing.T, txns []*cdc.Txn) *fakeWorld {
-	plan := testPlan()
-	plan.Spec = specOf(plan)
-	return &fakeWorld{t: t, plan: plan, txns: txns, target: jointest.NewTarget(plan.Spec), state: jointest.NewStore()}
+	jp := testPlan()
+	jp.Spec = plan.SpecOf(jp)
+	return &fakeWorld{t: t, plan: jp, txns: txns, target: jointest.NewTarget(jp.Spec), state: jointest.NewStore()}
 }
 
 func (w *fakeWorld) violate(format string, args ...any) {

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/fkmat/fkmat/internal/plan"
+
 	"github.com/fkmat/fkmat/internal/config"
 
 	"github.com/jackc/pgx/v5"
@@ -41,7 +43,7 @@ func Verify(ctx context.Context, cfg *config.Config, opts Options) ([]VerifyRepo
 		return nil, err
 	}
 	defer source.Close()
-	plans, err := Resolve(ctx, source, cfg)
+	plans, err := plan.Resolve(ctx, source, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +82,7 @@ func Verify(ctx context.Context, cfg *config.Config, opts Options) ([]VerifyRepo
 // checkTargets makes sure every target has the columns the comparison
 // reads: the join's definition may resolve differently since the target was
 // built (a column added to a source table under the default "all columns").
-func checkTargets(ctx context.Context, target *pgxpool.Pool, plans []*JoinPlan) error {
+func checkTargets(ctx context.Context, target *pgxpool.Pool, plans []*plan.JoinPlan) error {
 	w := sink.NewWriter(target)
 	for _, p := range plans {
 		if err := w.CheckTable(ctx, &p.Target); err != nil {
@@ -92,7 +94,7 @@ func checkTargets(ctx context.Context, target *pgxpool.Pool, plans []*JoinPlan) 
 
 // OracleSQL returns the SQL join a plan maintains, with the target's column
 // names, in the target's column order.
-func OracleSQL(p *JoinPlan) string {
+func OracleSQL(p *plan.JoinPlan) string {
 	if p.Edges != nil {
 		return oracleListSQL(p)
 	}
@@ -123,7 +125,7 @@ func OracleSQL(p *JoinPlan) string {
 // through the chain (layout.Carried) of the left table and of entries
 // 0..i-1, joined as the SPEC's SQL joins them. Step 0's are the left
 // table's rows.
-func chainLeftSQL(p *JoinPlan, l chainLayout, i int) string {
+func chainLeftSQL(p *plan.JoinPlan, l plan.ChainLayout, i int) string {
 	alias := func(t int) string {
 		if t < 0 {
 			return "l"
@@ -144,7 +146,7 @@ func chainLeftSQL(p *JoinPlan, l chainLayout, i int) string {
 
 // listFrom is the FROM clause of a list-form join's SQL with its first n
 // entries.
-func listFrom(p *JoinPlan, n int, alias func(int) string) string {
+func listFrom(p *plan.JoinPlan, n int, alias func(int) string) string {
 	from := tableIdent(p.Left.Table) + " l"
 	for i, e := range p.Edges[:n] {
 		var on []string
@@ -163,7 +165,7 @@ func listFrom(p *JoinPlan, n int, alias func(int) string) string {
 // oracleListSQL is OracleSQL of a list-form join: the SPEC's SQL, the
 // entries joined in list order (alias l for the left table, e0, e1, ... for
 // the entries).
-func oracleListSQL(p *JoinPlan) string {
+func oracleListSQL(p *plan.JoinPlan) string {
 	alias := func(t int) string {
 		if t < 0 {
 			return "l"
@@ -185,7 +187,7 @@ func oracleListSQL(p *JoinPlan) string {
 	return "SELECT " + strings.Join(sel, ", ") + " FROM " + listFrom(p, len(p.Edges), alias)
 }
 
-func verifySameDB(ctx context.Context, db Querier, p *JoinPlan) (VerifyReport, error) {
+func verifySameDB(ctx context.Context, db plan.Querier, p *plan.JoinPlan) (VerifyReport, error) {
 	r := VerifyReport{Join: p.Name, Target: p.Target.Ident()}
 	var keyE, keyT, keyJoin, restE, restT []string
 	for i, c := range p.Target.Columns {
@@ -226,7 +228,7 @@ func tableIdent(t config.TableName) string { return pgx.Identifier{t.Schema, t.N
 // verifyMerge compares a join evaluated on the source with a target in
 // another database: both sides are streamed in the same key order (the keys'
 // text forms in byte order) and merged, so memory stays bounded.
-func verifyMerge(ctx context.Context, source, target *pgxpool.Pool, p *JoinPlan) (VerifyReport, error) {
+func verifyMerge(ctx context.Context, source, target *pgxpool.Pool, p *plan.JoinPlan) (VerifyReport, error) {
 	r := VerifyReport{Join: p.Name, Target: p.Target.Ident()}
 	nk := p.Target.KeyCount
 	var cols, order []string

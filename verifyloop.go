@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/plan"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fkmat/fkmat/cdc"
@@ -94,8 +96,8 @@ const verifyMaxSuspects = 20_000
 // chunks and confirmed together (at the end, or when verifyMaxSuspects
 // have gathered), so that a round waits for the daemon's lag once, not
 // once per chunk.
-func (d *daemon) verifyJoin(ctx context.Context, p *pipeline, plan *JoinPlan, v *verifyCounters) error {
-	q := newVerifyQueries(plan)
+func (d *daemon) verifyJoin(ctx context.Context, p *pipeline, jp *plan.JoinPlan, v *verifyCounters) error {
+	q := newVerifyQueries(jp)
 	var lo []*string
 	var suspects []suspect
 	settle := func() error {
@@ -107,7 +109,7 @@ func (d *daemon) verifyJoin(ctx context.Context, p *pipeline, plan *JoinPlan, v 
 			return err
 		}
 		for _, s := range confirmed {
-			d.log.Error("the target differs from the SQL join", "join", plan.Name, "target", plan.Target.Ident(),
+			d.log.Error("the target differs from the SQL join", "join", jp.Name, "target", jp.Target.Ident(),
 				"kind", s.kind, "key", keyText(s.key))
 		}
 		v.current.Add(int64(len(confirmed)))
@@ -220,7 +222,7 @@ func waitApplied(ctx context.Context, p *pipeline, lsn cdc.LSN) error {
 
 // verifyQueries builds the background verifier's SQL for one join.
 type verifyQueries struct {
-	plan *JoinPlan
+	plan *plan.JoinPlan
 	nk   int
 	cols string // the target's columns, quoted, in order
 	// order sorts by the key's text forms, as compareKeys does.
@@ -231,7 +233,7 @@ type verifyQueries struct {
 	tgtKey   []string // t."k" for each key column
 }
 
-func newVerifyQueries(p *JoinPlan) *verifyQueries {
+func newVerifyQueries(p *plan.JoinPlan) *verifyQueries {
 	q := &verifyQueries{plan: p, nk: p.Target.KeyCount}
 	var cols, order []string
 	for i, c := range p.Target.Columns {

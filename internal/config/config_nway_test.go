@@ -6,7 +6,6 @@ import (
 	"testing"
 )
 
-
 func TestParseListForm(t *testing.T) {
 	t.Parallel()
 	cfg, err := LoadConfig("testdata/nway.yaml")

@@ -1,9 +1,8 @@
-package fkmat
+package plan
 
 import (
 	"context"
 	"errors"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,8 +12,6 @@ import (
 	"github.com/fkmat/fkmat/internal/testenv"
 	"github.com/fkmat/fkmat/join"
 )
-
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
 const shopSchema = `
 CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier varchar(10));

@@ -1,4 +1,4 @@
-package fkmat
+package plan
 
 import (
 	"context"
@@ -65,7 +65,7 @@ type JoinPlan struct {
 
 // tables returns the join's source tables: the left one, then the right
 // one or each entry's (a table may repeat).
-func (p *JoinPlan) tables() []config.TableName {
+func (p *JoinPlan) Tables() []config.TableName {
 	if p.Edges == nil {
 		return []config.TableName{p.Left.Table, p.Right.Table}
 	}
@@ -321,7 +321,7 @@ func resolveJoin(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 	if len(probs) > 0 || !finishPlan(p, jc, add) {
 		return nil, probs, nil
 	}
-	p.Spec = specOf(p)
+	p.Spec = SpecOf(p)
 	return p, nil, nil
 }
 
@@ -341,12 +341,12 @@ func resolveLeft(ct *catalogTable, lc config.LeftConfig, tp *TablePlan, add func
 // finishPlan sets p's target and fingerprint, and reports whether the
 // target is valid.
 func finishPlan(p *JoinPlan, jc config.JoinConfig, add func(string, ...any)) bool {
-	p.Target = targetTable(jc.Target.Table, p)
+	p.Target = TargetTable(jc.Target.Table, p)
 	if err := p.Target.Validate(); err != nil {
 		add("%v", err)
 		return false
 	}
-	p.Fingerprint = fingerprint(p)
+	p.Fingerprint = Fingerprint(p)
 	return true
 }
 
@@ -536,7 +536,7 @@ func checkIdentity(r replicaOf, table config.TableName, key []SourceColumn, side
 	return true
 }
 
-func targetTable(name config.TableName, p *JoinPlan) sink.Table {
+func TargetTable(name config.TableName, p *JoinPlan) sink.Table {
 	t := sink.Table{Schema: name.Schema, Name: name.Name, KeyCount: len(p.Left.Key)}
 	for i, k := range p.Left.Key {
 		t.Columns = append(t.Columns, sink.Column{Name: p.Left.KeyNames[i], Type: k.Type})
@@ -569,7 +569,7 @@ func families(cols []SourceColumn) []join.Family {
 	return f
 }
 
-func specOf(p *JoinPlan) join.Spec {
+func SpecOf(p *JoinPlan) join.Spec {
 	typ := join.Left
 	if p.Type == config.JoinInner {
 		typ = join.Inner
@@ -585,9 +585,9 @@ func specOf(p *JoinPlan) join.Spec {
 	}
 }
 
-// fingerprint hashes what the target and the state depend on: tables, keys,
+// Fingerprint hashes what the target and the state depend on: tables, keys,
 // columns and their types, join type.
-func fingerprint(p *JoinPlan) string {
+func Fingerprint(p *JoinPlan) string {
 	b, _ := json.Marshal(struct {
 		Type        string
 		Left, Right TablePlan
@@ -686,7 +686,7 @@ func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 }
 
 // chainLayout is how the tables of a list-form join feed a join.Chain.
-type chainLayout struct {
+type ChainLayout struct {
 	Steps []join.ChainStep
 	// Out are the positions, in the last step's rows, of the target's
 	// columns.
@@ -702,8 +702,8 @@ type chainLayout struct {
 
 // chainOf lays out p's chain: each step's spec and foreign-key positions,
 // and the target's projection.
-func chainOf(p *JoinPlan) chainLayout {
-	var l chainLayout
+func ChainOf(p *JoinPlan) ChainLayout {
+	var l ChainLayout
 	carry := func(values []OutputColumn, children []int) ([]SourceColumn, int) {
 		var cols []SourceColumn
 		for _, v := range values {

@@ -87,10 +87,10 @@ func (d *daemon) backfill(ctx context.Context) error {
 		return err
 	}
 	for _, jr := range d.joins {
-		sizes := d.sizes(ctx, jr.plan)
-		for i, s := range jr.stores() {
-			if err := s.Init(ctx, epoch, jr.plan.Fingerprint, sizes[i]); err != nil {
-				return fmt.Errorf("join %q: %w", jr.plan.Name, err)
+		sizes := d.sizes(ctx, jr.Plan())
+		for i, s := range jr.Stores() {
+			if err := s.Init(ctx, epoch, jr.Plan().Fingerprint, sizes[i]); err != nil {
+				return fmt.Errorf("join %q: %w", jr.Plan().Name, err)
 			}
 		}
 	}
@@ -180,7 +180,7 @@ func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc
 		return fmt.Errorf("reset stall: %w", err)
 	}
 	for _, jr := range d.joins {
-		p := jr.plan
+		p := jr.Plan()
 		err := tx.Exec(ctx, `
 			INSERT INTO fkmat.join_state AS s (slot, join_name, epoch, fingerprint, target_schema, target_table, phase, consistent_lsn)
 			VALUES ($1, $2, $3, $4, $5, $6, 'backfilling', $7::pg_lsn)
@@ -203,8 +203,13 @@ func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc
 // snapshot saw, and marks the joins streaming.
 func (d *daemon) finishBackfill(ctx context.Context, consistent cdc.LSN, leaves map[uint32]leaf) error {
 	for _, jr := range d.joins {
-		if err := jr.state.Commit(ctx, join.Mutations{}, consistent); err != nil {
-			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
+		// A chain's steps commit from the last to the first, as while
+		// streaming: the first step's checkpoint is the chain's.
+		stores := jr.Stores()
+		for i := len(stores) - 1; i >= 0; i-- {
+			if err := stores[i].Commit(ctx, join.Mutations{}, consistent); err != nil {
+				return fmt.Errorf("join %q: %w", jr.Plan().Name, err)
+			}
 		}
 	}
 	tx, err := d.writer.Begin(ctx)

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/plan"
 
 	"github.com/fkmat/fkmat/internal/config"
@@ -23,7 +24,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fkmat/fkmat/cdc"
-	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/migrations"
 	"github.com/fkmat/fkmat/redisstore"
 	"github.com/fkmat/fkmat/sink"
@@ -40,7 +40,7 @@ type Options struct {
 	// Logger receives logs; nil discards them.
 	Logger *slog.Logger
 	// Batch bounds the batches of the streaming loop.
-	Batch BatchLimits
+	Batch pipeline.BatchLimits
 	// OnLostState is LostStateRebuild (default) or LostStateRefuse.
 	OnLostState string
 	// RedisWaitReplicas, when positive, makes every Redis write that
@@ -134,7 +134,7 @@ func (o *Options) setDefaults() {
 	if o.PartitionCheckInterval == 0 {
 		o.PartitionCheckInterval = DefaultPartitionCheckInterval
 	}
-	o.Batch.setDefaults()
+	o.Batch.SetDefaults()
 }
 
 // daemon holds the connections and components every command shares.
@@ -148,7 +148,7 @@ type daemon struct {
 	plans  []*plan.JoinPlan
 	cdc    *cdc.Client
 	writer *sink.Writer
-	joins  []*joinRunner
+	joins  []pipeline.Join
 	obs    *observer // nil without --metrics-addr
 }
 
@@ -201,26 +201,64 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 	return d, nil
 }
 
-func (d *daemon) openJoin(ctx context.Context, p *plan.JoinPlan) (*joinRunner, error) {
-	if p.Edges != nil {
-		return d.openChain(ctx, p)
+// openJoin opens a join's Redis state (one per entry of a join of more
+// than two tables) and its engine.
+func (d *daemon) openJoin(ctx context.Context, p *plan.JoinPlan) (pipeline.Join, error) {
+	open := func(prefix string) (*redisstore.Store, error) {
+		return redisstore.Open(ctx, d.rdb, redisstore.Config{
+			Prefix: prefix, SubShards: d.opts.SubShards, RowShards: d.opts.RowShards, WaitReplicas: d.opts.RedisWaitReplicas,
+		})
 	}
-	store, err := redisstore.Open(ctx, d.rdb, redisstore.Config{
-		Prefix: RedisPrefix(d.cfg.Slot, p.Name), SubShards: d.opts.SubShards, RowShards: d.opts.RowShards,
-		WaitReplicas: d.opts.RedisWaitReplicas,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("join %q: %w", p.Name, err)
+	if p.Edges == nil {
+		store, err := open(RedisPrefix(d.cfg.Slot, p.Name))
+		if err != nil {
+			return nil, fmt.Errorf("join %q: %w", p.Name, err)
+		}
+		return pipeline.NewPair(p, store, d.opts.PageSize)
 	}
-	spec := p.Spec
-	spec.PageSize = d.opts.PageSize
-	older := join.NewPending(store)
-	pending := join.NewPending(older)
-	engine, err := join.NewEngine(spec, pending)
-	if err != nil {
-		return nil, err
+	stores := make([]*redisstore.Store, len(p.Edges))
+	for i := range p.Edges {
+		var err error
+		if stores[i], err = open(RedisStepPrefix(d.cfg.Slot, p.Name, i)); err != nil {
+			return nil, fmt.Errorf("join %q: step %d: %w", p.Name, i, err)
+		}
 	}
-	return &joinRunner{plan: p, engine: engine, store: store, state: store, pending: pending, older: older, mapper: newMapper(p)}, nil
+	return pipeline.NewChain(p, stores, d.opts.PageSize, d.opts.ChainPageRows)
+}
+
+// sizes returns what each of the join's states is sized for at Init.
+func (d *daemon) sizes(ctx context.Context, p *plan.JoinPlan) []redisstore.Size {
+	if p.Edges == nil {
+		return []redisstore.Size{{LeftRows: d.estimate(ctx, p.Left.Table), RightRows: d.estimate(ctx, p.Right.Table)}}
+	}
+	left := d.estimate(ctx, p.Left.Table)
+	out := make([]redisstore.Size, len(p.Edges))
+	for i, e := range p.Edges {
+		out[i] = redisstore.Size{LeftRows: left, RightRows: d.estimate(ctx, e.Table.Table)}
+	}
+	return out
+}
+
+// waitShort sums the Redis writes that run --redis-wait-replicas could not
+// confirm, over every join's states, and says why the last of them (of
+// some state) came short.
+func waitShort(joins []pipeline.Join) (n int64, why string) {
+	for _, j := range joins {
+		for _, s := range j.Stores() {
+			if k := s.WaitShort(); k > 0 {
+				n += k
+				why = s.LastWaitShort()
+			}
+		}
+	}
+	return n, why
+}
+
+// RedisStepPrefix is the Redis key prefix of the state of entry i (step i)
+// of a join of more than two tables: no step's prefix is a prefix of
+// another's, nor of another join's.
+func RedisStepPrefix(slot, joinName string, i int) string {
+	return fmt.Sprintf("%s~%d", RedisPrefix(slot, joinName), i)
 }
 
 // RedisPrefix is the key prefix of one join's state (redisstore.Config's
@@ -462,26 +500,26 @@ func (d *daemon) assess(ctx context.Context) (reason string, lost bool, err erro
 		return "", false, err
 	}
 	for _, jr := range d.joins {
-		st, err := d.loadJoinState(ctx, jr.plan.Name)
+		st, err := d.loadJoinState(ctx, jr.Plan().Name)
 		if err != nil {
 			return "", false, err
 		}
 		switch {
 		case !st.exists:
-			return fmt.Sprintf("join %q was never backfilled", jr.plan.Name), false, nil
+			return fmt.Sprintf("join %q was never backfilled", jr.Plan().Name), false, nil
 		case st.phase != "streaming":
-			return fmt.Sprintf("the backfill of join %q was interrupted; starting it again", jr.plan.Name), false, nil
-		case st.fingerprint != jr.plan.Fingerprint:
+			return fmt.Sprintf("the backfill of join %q was interrupted; starting it again", jr.Plan().Name), false, nil
+		case st.fingerprint != jr.Plan().Fingerprint:
 			return "", false, &config.ConfigError{Problems: []string{fmt.Sprintf(
 				"the definition of join %q (tables, keys, columns or types) changed since its backfill; run fkmat backfill --force to rebuild it",
-				jr.plan.Name)}}
+				jr.Plan().Name)}}
 		case !info.Exists:
 			return fmt.Sprintf("replication slot %q is gone", d.cfg.Slot), true, nil
 		}
 		// A join chain has one state per step: any of them lost is the
 		// join's state lost.
-		for _, store := range jr.stores() {
-			if why, lost, err := assessStore(ctx, jr.plan.Name, store, st.epoch, targetLSN); why != "" || err != nil {
+		for _, store := range jr.Stores() {
+			if why, lost, err := assessStore(ctx, jr.Plan().Name, store, st.epoch, targetLSN); why != "" || err != nil {
 				return why, lost, err
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/plan"
 
 	"github.com/fkmat/fkmat/internal/config"
@@ -40,21 +41,22 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 	g.SetLimit(3)
 	var targets []*task
 	for _, jr := range d.joins {
-		target := prog.add(jr.plan.Name+" target", d.estimate(ctx, jr.plan.Left.Table))
+		target := prog.add(jr.Plan().Name+" target", d.estimate(ctx, jr.Plan().Left.Table))
 		targets = append(targets, target)
-		if jr.chain != nil {
-			g.Go(func() error { return d.loadTarget(gctx, snapshot, jr.plan, target) })
-			for i, e := range jr.plan.Edges {
-				step := prog.add(fmt.Sprintf("%s step %d (%s)", jr.plan.Name, i, e.Alias), d.estimate(ctx, jr.plan.Left.Table)+d.estimate(ctx, e.Table.Table))
+		if jr.Plan().Edges != nil {
+			layout := plan.ChainOf(jr.Plan())
+			g.Go(func() error { return d.loadTarget(gctx, snapshot, jr.Plan(), target) })
+			for i, e := range jr.Plan().Edges {
+				step := prog.add(fmt.Sprintf("%s step %d (%s)", jr.Plan().Name, i, e.Alias), d.estimate(ctx, jr.Plan().Left.Table)+d.estimate(ctx, e.Table.Table))
 				g.Go(func() error {
-					return loadChainStep(gctx, d.source, snapshot, jr.chain.steps[i].store, jr.plan, jr.chain.layout, i, step)
+					return loadChainStep(gctx, d.source, snapshot, jr.Stores()[i], jr.Plan(), layout, i, step)
 				})
 			}
 			continue
 		}
-		right := prog.add(jr.plan.Name+" right "+jr.plan.Right.Table.String(), d.estimate(ctx, jr.plan.Right.Table))
-		left := prog.add(jr.plan.Name+" left "+jr.plan.Left.Table.String(), d.estimate(ctx, jr.plan.Left.Table))
-		g.Go(func() error { return d.loadTarget(gctx, snapshot, jr.plan, target) })
+		right := prog.add(jr.Plan().Name+" right "+jr.Plan().Right.Table.String(), d.estimate(ctx, jr.Plan().Right.Table))
+		left := prog.add(jr.Plan().Name+" left "+jr.Plan().Left.Table.String(), d.estimate(ctx, jr.Plan().Left.Table))
+		g.Go(func() error { return d.loadTarget(gctx, snapshot, jr.Plan(), target) })
 		g.Go(func() error { return d.loadRight(gctx, snapshot, jr, right) })
 		g.Go(func() error { return d.loadLeft(gctx, snapshot, jr, left) })
 	}
@@ -208,11 +210,11 @@ func (r *rowCounter) Write(b []byte) (int, error) {
 
 // loadRight streams the right table's key and projected columns into the
 // join's Redis state.
-func (d *daemon) loadRight(ctx context.Context, snapshot string, jr *joinRunner, t *task) error {
-	p := jr.plan
+func (d *daemon) loadRight(ctx context.Context, snapshot string, jr pipeline.Join, t *task) error {
+	p := jr.Plan()
 	cols := append(append([]plan.SourceColumn{}, p.Right.Key...), outputSources(p.Right.Values)...)
 	nk := len(p.Right.Key)
-	err := scanParallel(ctx, d.source, snapshot, p.Right.Table, cols, jr.store, func(ctx context.Context, l *redisstore.Loader, rows [][]join.Value) error {
+	err := scanParallel(ctx, d.source, snapshot, p.Right.Table, cols, jr.Stores()[0], func(ctx context.Context, l *redisstore.Loader, rows [][]join.Value) error {
 		m := join.Mutations{PutRight: make(map[join.Key]join.RightState, len(rows))}
 		for _, r := range rows {
 			k, err := join.EncodeKey(p.Spec.RightKey, r[:nk])
@@ -237,11 +239,11 @@ func (d *daemon) loadRight(ctx context.Context, snapshot string, jr *joinRunner,
 // loadLeft streams the left table's key, foreign key and projected columns
 // into the join's Redis state: left rows with their value hash, and a
 // subscription for every non-NULL foreign key.
-func (d *daemon) loadLeft(ctx context.Context, snapshot string, jr *joinRunner, t *task) error {
-	p := jr.plan
+func (d *daemon) loadLeft(ctx context.Context, snapshot string, jr pipeline.Join, t *task) error {
+	p := jr.Plan()
 	cols := append(append(append([]plan.SourceColumn{}, p.Left.Key...), p.Left.ForeignKey...), outputSources(p.Left.Values)...)
 	nk, nf := len(p.Left.Key), len(p.Left.ForeignKey)
-	err := scanParallel(ctx, d.source, snapshot, p.Left.Table, cols, jr.store, func(ctx context.Context, l *redisstore.Loader, rows [][]join.Value) error {
+	err := scanParallel(ctx, d.source, snapshot, p.Left.Table, cols, jr.Stores()[0], func(ctx context.Context, l *redisstore.Loader, rows [][]join.Value) error {
 		m := join.Mutations{PutLeft: make(map[join.Key]join.LeftState, len(rows))}
 		for _, r := range rows {
 			pk, fk, vals := r[:nk], r[nk:nk+nf], r[nk+nf:]

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/buildinfo"
+	"github.com/fkmat/fkmat/internal/pipeline"
 )
 
 // observer publishes the running daemon's counters on /metrics and its
@@ -24,7 +25,7 @@ import (
 // replaced when Run restarts it, so counters are carried across restarts.
 type observer struct {
 	mu    sync.Mutex
-	p     *pipeline
+	p     *pipeline.Pipeline
 	phase string // "starting", "backfilling", "streaming"
 	base  pipelineCounters
 	// stall is the pipeline's current stall, nil when it is not stalled.
@@ -47,19 +48,23 @@ func newObserver() *observer {
 	}, []string{"phase"})}
 }
 
+// timingHook returns observeBatch, or nil without metrics.
+func (o *observer) timingHook() func(pipeline.BatchTiming) {
+	if o == nil {
+		return nil
+	}
+	return o.observeBatch
+}
+
 // observeBatch records a committed batch's timings.
-func (o *observer) observeBatch(t batchTiming) {
+func (o *observer) observeBatch(t pipeline.BatchTiming) {
 	if o == nil {
 		return
 	}
 	total := time.Duration(0)
-	for _, ph := range []struct {
-		name string
-		d    time.Duration
-	}{{"collect", t.collect}, {"map", t.mapping}, {"join", t.join}, {"write", t.write}, {"verify", t.verify},
-		{"target_commit", t.target}, {"redis_commit", t.redis}} {
-		o.batchSeconds.WithLabelValues(ph.name).Observe(ph.d.Seconds())
-		total += ph.d
+	for _, ph := range t.Phases() {
+		o.batchSeconds.WithLabelValues(ph.Name).Observe(ph.Time.Seconds())
+		total += ph.Time
 	}
 	o.batchSeconds.WithLabelValues("total").Observe(total.Seconds())
 }
@@ -122,7 +127,7 @@ func (o *observer) setPhase(phase string) {
 
 // attach makes p the observed pipeline, folding the previous one's counters
 // into the base.
-func (o *observer) attach(p *pipeline) {
+func (o *observer) attach(p *pipeline.Pipeline) {
 	if o == nil {
 		return
 	}
@@ -140,19 +145,20 @@ func (o *observer) countersLocked() pipelineCounters {
 	if p == nil {
 		return c
 	}
-	c.batches += p.batches.Load()
-	c.txns += p.txns.Load()
-	c.changes += p.changes.Load()
-	c.upserted += p.upserted.Load()
-	c.deleted += p.deleted.Load()
-	for _, jr := range p.joins {
-		s := jr.stats()
+	pc := p.Counters()
+	c.batches += pc.Batches
+	c.txns += pc.Txns
+	c.changes += pc.Changes
+	c.upserted += pc.Upserted
+	c.deleted += pc.Deleted
+	for _, jr := range p.Joins() {
+		s := jr.Stats()
 		c.stale += s.StaleResponses
 		c.fanout += s.FanoutRows
 		c.drops += s.InnerNullFKDrops
 		c.responses += s.Responses
 	}
-	c.reconnects += p.stream.Stats().Reconnects
+	c.reconnects += p.SourceStats().Reconnects
 	return c
 }
 
@@ -244,7 +250,7 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	gaugeOf(mStalled, stalled)
 	gaugeOf(mStallCount, recurrences)
 	if p != nil {
-		st := p.stream.Stats()
+		st := p.SourceStats()
 		lag := 0.0
 		if st.ServerWALEnd > st.AckedLSN {
 			lag = float64(st.ServerWALEnd - st.AckedLSN)
@@ -252,9 +258,9 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 		gaugeOf(mLag, lag)
 		gaugeOf(mAcked, float64(st.AckedLSN))
 		gaugeOf(mBuffered, float64(st.BufferedChanges))
-		lag, last := p.lag(time.Now())
+		lag, last := p.Lag(time.Now())
 		gaugeOf(mLagSeconds, lag)
-		short, _ := p.waitShort()
+		short, _ := waitShort(p.Joins())
 		counter(mWaitShort, float64(short))
 		if !last.IsZero() {
 			gaugeOf(mLastCommit, float64(last.UnixNano())/1e9)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/pipeline"
 
 	"golang.org/x/sync/errgroup"
 
@@ -79,7 +80,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			// Shutting down: work cut short by the signal is a clean exit; a
 			// failure of what shutdown still does (the last batch's commits)
 			// is not.
-			if !errors.Is(err, errFinalBatch) {
+			if !errors.Is(err, pipeline.ErrFinalBatch) {
 				return nil
 			}
 			opts.Logger.Error("shutdown failed", "err", err)
@@ -131,7 +132,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 // terminal reports whether retrying cannot fix err.
 func terminal(err error) bool {
 	var ce *config.ConfigError
-	return errors.As(err, &ce) || errors.Is(err, ErrSchemaChanged) || errors.Is(err, ErrLostState) || errors.Is(err, ErrPartitionsChanged) ||
+	return errors.As(err, &ce) || errors.Is(err, pipeline.ErrSchemaChanged) || errors.Is(err, ErrLostState) || errors.Is(err, ErrPartitionsChanged) ||
 		errors.Is(err, sink.ErrShapeMismatch) || errors.Is(err, sink.ErrCheckpointBackwards) || cdc.IsTerminal(err)
 }
 
@@ -179,30 +180,22 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		return err
 	}
 	start := targetLSN
-	cuts := map[cdc.LSN]bool{}
+	var cuts []cdc.LSN
 	for _, jr := range d.joins {
-		meta, err := jr.state.Meta(ctx)
+		r, err := jr.Resume(ctx)
 		if err != nil {
-			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
+			return err
 		}
-		jr.epoch = meta.Epoch
-		// A crash in the middle of a large transaction left its partial
-		// Redis state behind: undo it; the transaction is replayed.
-		if undone, err := jr.state.Recover(ctx); err != nil {
-			return fmt.Errorf("join %q: %w", jr.plan.Name, err)
-		} else if undone {
-			d.log.Warn("undid a partially applied large transaction", "join", jr.plan.Name)
+		if r.Undone {
+			// A crash in the middle of a large transaction left its
+			// partial Redis state behind: it is undone and replayed.
+			d.log.Warn("undid a partially applied large transaction", "join", jr.Plan().Name)
 		}
-		c := jr.state.Checkpoint()
-		start = min(start, c)
-		if jr.chain != nil {
-			for i, s := range jr.chain.steps {
-				if cp := s.state.Checkpoint(); cp > c {
-					cuts[cp] = true
-					d.log.Warn("a join chain's steps are at different checkpoints (a crash between their commits); the steps behind catch up first",
-						"join", jr.plan.Name, "step", i, "step_lsn", cp.String(), "first_step_lsn", c.String())
-				}
-			}
+		start = min(start, r.Checkpoint)
+		for i, cp := range r.Ahead {
+			cuts = append(cuts, cp)
+			d.log.Warn("a join chain's steps are at different checkpoints (a crash between their commits); the steps behind catch up first",
+				"join", jr.Plan().Name, "step", i, "step_lsn", cp.String(), "first_step_lsn", r.Checkpoint.String())
 		}
 	}
 	if err := d.cdc.EnsurePublication(ctx); err != nil {
@@ -215,15 +208,11 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	}
 	rs.start, rs.streaming = start, true
 	stream := d.cdc.NewStream(start)
-	p := &pipeline{
-		slot: d.cfg.Slot, publication: d.cfg.Publication, joins: d.joins, writer: sinkTarget{d.writer}, stream: stream,
-		limits: d.opts.Batch, sizer: batchSizer{limits: d.opts.Batch}, log: d.log.With("component", "pipeline"),
-		progress: rs.progress, started: time.Now(), cuts: cuts,
-	}
-	if d.obs != nil {
-		p.timings = d.obs.observeBatch
-	}
-	p.targetLSN.Store(uint64(targetLSN))
+	p := pipeline.New(pipeline.Config{
+		Slot: d.cfg.Slot, Publication: d.cfg.Publication, Joins: d.joins, Source: stream, Target: pipeline.SinkTarget{W: d.writer},
+		Limits: d.opts.Batch, Log: d.log.With("component", "pipeline"), TargetCheckpoint: targetLSN, Cuts: cuts,
+		OnBatch: rs.progress, OnTiming: d.obs.timingHook(),
+	})
 	d.log.Info("streaming", "slot", d.cfg.Slot, "start_lsn", start.String(), "joins", len(d.joins))
 	d.obs.attach(p)
 	d.obs.setPhase("streaming")
@@ -243,28 +232,28 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		return err
 	})
 	g.Go(func() error {
-		d.sweep(gctx, &p.garbage)
+		d.sweep(gctx, p.Garbage())
 		return nil
 	})
 	g.Go(func() error { return d.watchPartitions(gctx, watch) })
 	g.Go(func() error { return d.watchSlot(gctx, p) })
 	g.Go(func() error { return d.verifyLoop(gctx, p, rs.verify) })
 	g.Go(func() error {
-		runErr := p.run(gctx)
+		runErr := p.Run(gctx)
 		d.obs.setPhase("stopping")
 		d.flushAck(stream)
 		stopStream()
 		return runErr
 	})
 	if err := g.Wait(); err != nil {
-		if cr, ok := errors.AsType[*chainRebuild](err); ok {
+		if re, ok := errors.AsType[*pipeline.RebuildError](err); ok {
 			// Every goroutine of the pipeline has stopped: nothing writes
 			// the state while it is dropped.
 			d.log.Warn("a join of more than two tables cannot follow a change; dropping its Redis state for a rebuild",
-				"join", cr.jr.plan.Name, "reason", cr.err)
+				"join", re.Join.Plan().Name, "reason", re.Err)
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 			defer cancel()
-			for _, s := range cr.jr.stores() {
+			for _, s := range re.Join.Stores() {
 				if derr := s.Drop(dctx); derr != nil {
 					return fmt.Errorf("%w; dropping the state failed: %v", err, derr)
 				}
@@ -272,7 +261,8 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		}
 		return err
 	}
-	d.log.Info("stopped", "batches", p.batches.Load(), "txns", p.txns.Load(), "changes", p.changes.Load())
+	c := p.Counters()
+	d.log.Info("stopped", "batches", c.Batches, "txns", c.Txns, "changes", c.Changes)
 	return nil
 }
 
@@ -309,15 +299,15 @@ func (d *daemon) sweep(ctx context.Context, garbage *atomic.Bool) {
 	for {
 		if garbage.Swap(false) {
 			for _, jr := range d.joins {
-				for _, store := range jr.stores() {
+				for _, store := range jr.Stores() {
 					n, err := store.Sweep(ctx)
 					if err != nil && ctx.Err() == nil {
-						if warned.allow(jr.plan.Name, time.Now()) {
-							d.log.Warn("sweeping old redis keys failed (repeats at most every 10 minutes)", "join", jr.plan.Name, "err", err)
+						if warned.allow(jr.Plan().Name, time.Now()) {
+							d.log.Warn("sweeping old redis keys failed (repeats at most every 10 minutes)", "join", jr.Plan().Name, "err", err)
 						}
 						garbage.Store(true) // try again next time
 					} else if n > 0 {
-						d.log.Info("swept old redis keys", "join", jr.plan.Name, "keys", n)
+						d.log.Info("swept old redis keys", "join", jr.Plan().Name, "keys", n)
 					}
 				}
 			}

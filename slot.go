@@ -8,6 +8,7 @@ import (
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/buildinfo"
+	"github.com/fkmat/fkmat/internal/pipeline"
 )
 
 // warnEvery is how often one kind of warning repeats while its cause lasts.
@@ -30,7 +31,7 @@ func (r rateLimit) allow(key string, now time.Time) bool {
 // SlotRetainedWarn or is close to being invalidated, stops run when the
 // slot is invalidated, reports the daemon in fkmat.daemon for fkmat
 // status, and logs a summary line every minute.
-func (d *daemon) watchSlot(ctx context.Context, p *pipeline) error {
+func (d *daemon) watchSlot(ctx context.Context, p *pipeline.Pipeline) error {
 	t := time.NewTicker(d.opts.SlotCheckInterval)
 	defer t.Stop()
 	host, _ := os.Hostname()
@@ -57,17 +58,18 @@ func (d *daemon) watchSlot(ctx context.Context, p *pipeline) error {
 		} else {
 			lagBytes = info.LagBytes
 		}
-		lag, lastCommit := p.lag(time.Now())
+		lag, lastCommit := p.Lag(time.Now())
 		if err := d.heartbeat(ctx, host, started, lag, lastCommit); err != nil && ctx.Err() == nil && warned.allow("heartbeat", time.Now()) {
 			d.log.Warn("could not report the daemon in fkmat.daemon (fkmat status reads it)", "err", err)
 		}
-		if n, why := p.waitShort(); n > short && warned.allow("wait", time.Now()) {
+		if n, why := waitShort(p.Joins()); n > short && warned.allow("wait", time.Now()) {
 			d.log.Warn("Redis writes not confirmed by --redis-wait-replicas replicas: a failover of their primary may lose them (the state is then rebuilt)",
 				"writes", n-short, "last", why)
 			short = n
 		}
 		if now := time.Now(); now.Sub(last.at) >= d.opts.SummaryInterval {
-			changes, batches := p.changes.Load(), p.batches.Load()
+			c := p.Counters()
+			changes, batches := c.Changes, c.Batches
 			secs := now.Sub(last.at).Seconds()
 			d.log.Info("summary", "changes_per_second", float64(changes-last.changes)/secs,
 				"batches", batches-last.batches, "lag_seconds", lag, "lag_bytes", lagBytes)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/pipeline"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
@@ -21,20 +22,6 @@ import (
 // DefaultMaxStallRestarts is how many times the same error may recur at the
 // same source position before run gives up (Options.MaxStallRestarts).
 const DefaultMaxStallRestarts = 10
-
-// failure is a pipeline error located in the source stream: the
-// transaction whose change failed, the table and its key columns (never
-// values: they may be personal data).
-type failure struct {
-	LSN        cdc.LSN // commit LSN of the failing transaction
-	Join       string
-	Table      string
-	KeyColumns []string
-	err        error
-}
-
-func (f *failure) Error() string { return f.err.Error() }
-func (f *failure) Unwrap() error { return f.err }
 
 // ErrStalled means the same error recurred at the same source position
 // Options.MaxStallRestarts times: retrying cannot help, and run stops.
@@ -77,7 +64,7 @@ func (t *stallTracker) observe(position cdc.LSN, ok bool, err error) Stall {
 	if sig != t.sig {
 		t.sig = sig
 		t.stall = Stall{Position: position, Error: err.Error(), Since: time.Now()}
-		if f, ok := errors.AsType[*failure](err); ok {
+		if f, ok := errors.AsType[*pipeline.TxnError](err); ok {
 			t.stall.LSN, t.stall.Join, t.stall.Table, t.stall.KeyColumns = f.LSN, f.Join, f.Table, f.KeyColumns
 		}
 		return t.stall
@@ -115,7 +102,7 @@ func rootCause(err error) string {
 func transient(err error) bool {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout),
-		errors.Is(err, errStateChanged), errors.Is(err, errBackfillRaced), pgconn.Timeout(err), pgconn.SafeToRetry(err),
+		errors.Is(err, pipeline.ErrStateChanged), errors.Is(err, errBackfillRaced), pgconn.Timeout(err), pgconn.SafeToRetry(err),
 		redisstore.Resendable(err):
 		return true
 	}

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/plan"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -50,7 +51,7 @@ func (v *verifyCounters) differences() int64 { return max(v.current.Load(), v.la
 // The target lags the source (and may have applied changes committed after
 // a snapshot the verifier read), so a key that differs is only a suspect:
 // see confirm.
-func (d *daemon) verifyLoop(ctx context.Context, p *pipeline, v *verifyCounters) error {
+func (d *daemon) verifyLoop(ctx context.Context, p *pipeline.Pipeline, v *verifyCounters) error {
 	if d.opts.VerifyInterval <= 0 {
 		return nil
 	}
@@ -67,13 +68,13 @@ func (d *daemon) verifyLoop(ctx context.Context, p *pipeline, v *verifyCounters)
 		v.current.Store(0)
 		complete := true
 		for _, jr := range d.joins {
-			if err := d.verifyJoin(ctx, p, jr.plan, v); err != nil {
+			if err := d.verifyJoin(ctx, p, jr.Plan(), v); err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
 				complete = false
-				if warned.allow("verify "+jr.plan.Name, time.Now()) {
-					d.log.Warn("background verification failed; trying again next round", "join", jr.plan.Name, "err", err)
+				if warned.allow("verify "+jr.Plan().Name, time.Now()) {
+					d.log.Warn("background verification failed; trying again next round", "join", jr.Plan().Name, "err", err)
 				}
 			}
 		}
@@ -96,7 +97,7 @@ const verifyMaxSuspects = 20_000
 // chunks and confirmed together (at the end, or when verifyMaxSuspects
 // have gathered), so that a round waits for the daemon's lag once, not
 // once per chunk.
-func (d *daemon) verifyJoin(ctx context.Context, p *pipeline, jp *plan.JoinPlan, v *verifyCounters) error {
+func (d *daemon) verifyJoin(ctx context.Context, p *pipeline.Pipeline, jp *plan.JoinPlan, v *verifyCounters) error {
 	q := newVerifyQueries(jp)
 	var lo []*string
 	var suspects []suspect
@@ -154,7 +155,7 @@ type suspect struct {
 // did not change between the two reads and whose target row differs from
 // them is a confirmed difference; a key the source changed meanwhile is
 // read again, up to verifyRecheckTries times, and then let go.
-func (d *daemon) confirm(ctx context.Context, p *pipeline, q *verifyQueries, suspects []suspect) ([]suspect, error) {
+func (d *daemon) confirm(ctx context.Context, p *pipeline.Pipeline, q *verifyQueries, suspects []suspect) ([]suspect, error) {
 	var confirmed []suspect
 	for try := 0; try < verifyRecheckTries && len(suspects) > 0; try++ {
 		keys := make([][]*string, len(suspects))
@@ -206,9 +207,9 @@ func sameRow(a, b []*string) bool {
 // waitApplied waits until the pipeline has applied every transaction
 // committed before lsn: its acknowledgement, or the position it reported
 // to the server (which passes WAL without changes for it), reached lsn.
-func waitApplied(ctx context.Context, p *pipeline, lsn cdc.LSN) error {
+func waitApplied(ctx context.Context, p *pipeline.Pipeline, lsn cdc.LSN) error {
 	for {
-		st := p.stream.Stats()
+		st := p.SourceStats()
 		if st.AckedLSN >= lsn || st.ReportedLSN >= lsn {
 			return nil
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
@@ -130,7 +131,7 @@ func TestGuaranteeTransactionBoundaries(t *testing.T) {
 	cfg := daemonConfig(t, tc, leftJoinYAML)
 	// Small pages and batches: a fan-out emits several outputs and batches
 	// hold varying numbers of transactions.
-	d := startDaemon(t, cfg, fkmat.Options{PageSize: 7, Batch: fkmat.BatchLimits{Changes: 40, Delay: 20 * time.Millisecond, Idle: 20 * time.Millisecond}})
+	d := startDaemon(t, cfg, fkmat.Options{PageSize: 7, Batch: pipeline.BatchLimits{Changes: 40, Delay: 20 * time.Millisecond, Idle: 20 * time.Millisecond}})
 	waitCaughtUp(t, tc, d)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
@@ -261,7 +262,7 @@ func TestTruncate(t *testing.T) {
 			cfg := daemonConfig(t, tc, leftJoinYAML)
 			cfg.Joins[0].Type = typ
 			// A long batch delay: back-to-back transactions share a batch.
-			d := startDaemon(t, cfg, fkmat.Options{Batch: fkmat.BatchLimits{Delay: 300 * time.Millisecond, Idle: 300 * time.Millisecond}})
+			d := startDaemon(t, cfg, fkmat.Options{Batch: pipeline.BatchLimits{Delay: 300 * time.Millisecond, Idle: 300 * time.Millisecond}})
 			waitCaughtUp(t, tc, d)
 			assertOracle(t, cfg)
 

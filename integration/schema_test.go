@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/pipeline"
 
 	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/cdc"
@@ -181,7 +182,7 @@ func TestJoinColumnChangedMidStream(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatalf("the daemon kept running after a join column was %s", c.name)
 			}
-			if !errors.Is(err, fkmat.ErrSchemaChanged) {
+			if !errors.Is(err, pipeline.ErrSchemaChanged) {
 				t.Errorf("error %v is not ErrSchemaChanged", err)
 			}
 			for _, w := range c.want {

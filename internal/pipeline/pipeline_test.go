@@ -1,11 +1,9 @@
-package fkmat
+package pipeline
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"slices"
@@ -26,7 +24,7 @@ import (
 )
 
 // The pipeline's unit tests: run() with in-memory fakes for its three
-// interfaces (txnSource, targetDB, stateStore) and the real mapper and
+// interfaces (Source, Target, State) and the real mapper and
 // engine, over a generated workload of orders LEFT JOIN customers. Every
 // transaction's end LSN has a snapshot of the SQL join at that point, and
 // the fake target must always equal the snapshot at its checkpoint.
@@ -73,7 +71,7 @@ func (w *fakeWorld) violate(format string, args ...any) {
 	w.violations = append(w.violations, fmt.Sprintf(format, args...))
 }
 
-// fakeSource is the world as a txnSource.
+// fakeSource is the world as a Source.
 type fakeSource struct{ w *fakeWorld }
 
 func (s fakeSource) Next(ctx context.Context) (*cdc.Txn, error) {
@@ -122,10 +120,10 @@ func (s fakeSource) Ack(lsn cdc.LSN) {
 
 func (s fakeSource) Stats() cdc.StreamStats { return cdc.StreamStats{} }
 
-// fakeTarget is the world as a targetDB.
+// fakeTarget is the world as a Target.
 type fakeTarget struct{ w *fakeWorld }
 
-func (f fakeTarget) Begin(context.Context) (targetTx, error) {
+func (f fakeTarget) Begin(context.Context) (TargetTx, error) {
 	f.w.mu.Lock()
 	defer f.w.mu.Unlock()
 	if f.w.targetOpen++; f.w.targetOpen > 1 {
@@ -193,7 +191,7 @@ func (tx *fakeTx) Rollback(context.Context) error {
 
 func (tx *fakeTx) Counts() sink.Stats { return sink.Stats{} }
 
-// fakeState is the world as the join's stateStore. Reads and commits
+// fakeState is the world as the join's State. Reads and commits
 // run on different goroutines, as on Redis.
 type fakeState struct{ w *fakeWorld }
 
@@ -264,23 +262,14 @@ func (fakeState) Recover(context.Context) (bool, error)                        {
 
 // pipeline returns a pipeline over the world, starting from its
 // checkpoints as run.go does: the source replays from the older one.
-func (w *fakeWorld) pipeline(limits BatchLimits) *pipeline {
+func (w *fakeWorld) pipeline(limits BatchLimits) *Pipeline {
 	w.t.Helper()
-	state := fakeState{w}
-	older := join.NewPending(state)
-	pending := join.NewPending(older)
-	spec := w.plan.Spec
-	spec.PageSize = 3 // several pages per fan-out
-	engine, err := join.NewEngine(spec, pending)
+	jr, err := newPair(w.plan, fakeState{w}, 3) // several pages per fan-out
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	jr := &joinRunner{plan: w.plan, engine: engine, state: state, pending: pending, older: older,
-		mapper: newMapper(w.plan), epoch: "e"}
-	limits.setDefaults()
-	p := &pipeline{slot: "s", joins: []*joinRunner{jr}, writer: fakeTarget{w}, stream: fakeSource{w},
-		limits: limits, sizer: batchSizer{limits: limits}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		started: time.Now()}
+	jr.epoch = "e"
+	p := New(Config{Slot: "s", Joins: []Join{jr}, Target: fakeTarget{w}, Source: fakeSource{w}, Limits: limits})
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	p.targetLSN.Store(uint64(w.targetLSN))
@@ -296,11 +285,11 @@ func (w *fakeWorld) pipeline(limits BatchLimits) *pipeline {
 
 // runUntil runs p until the source is drained and every transaction up to
 // the last is acknowledged, or run fails; it returns run's result.
-func (w *fakeWorld) runUntil(p *pipeline, last cdc.LSN) error {
+func (w *fakeWorld) runUntil(p *Pipeline, last cdc.LSN) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- p.run(ctx) }()
+	go func() { done <- p.Run(ctx) }()
 	deadline := time.After(30 * time.Second)
 	for {
 		select {
@@ -607,7 +596,7 @@ func TestPipelineShutdownMidBatch(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- p.run(ctx) }()
+	go func() { done <- p.Run(ctx) }()
 	select {
 	case <-w.blocked:
 	case <-time.After(30 * time.Second):

@@ -1,7 +1,6 @@
-package fkmat
+package pipeline
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/fkmat/fkmat/internal/plan"
@@ -11,11 +10,6 @@ import (
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 )
-
-// ErrSchemaChanged means a source table changed in a way the join cannot
-// follow (a join column dropped or retyped): the daemon stops without
-// acknowledging the change.
-var ErrSchemaChanged = errors.New("source schema changed")
 
 // side says which table of a join a relation is.
 type side uint8
@@ -389,3 +383,18 @@ func fillToast(vs, from []join.Value) []join.Value {
 	}
 	return out
 }
+
+// changeMapper turns cdc changes into a join's changes: the two-table
+// mapper, or the chainMapper of a join of more than two tables.
+type changeMapper interface {
+	appendChanges(dst []join.Change, c *cdc.Change) ([]join.Change, error)
+	uses(rel *cdc.Relation) bool
+}
+
+var (
+	_ changeMapper = (*mapper)(nil)
+	_ changeMapper = (*chainMapper)(nil)
+)
+
+// uses reports whether rel is a table of the chain.
+func (m *chainMapper) uses(rel *cdc.Relation) bool { return len(m.tablesOf(rel)) > 0 }

@@ -1,4 +1,4 @@
-package fkmat
+package pipeline
 
 import (
 	"context"
@@ -9,28 +9,30 @@ import (
 	"github.com/fkmat/fkmat/sink"
 )
 
-// The pipeline's stages reach the outside through these consumer-side
+// The pipeline reaches the outside through these consumer-side
 // interfaces: the replication stream it reads and acknowledges, the target
 // database its rows and checkpoints go to, and each join's Redis state. The
-// daemon passes *cdc.Stream, sinkTarget and *redisstore.Store; the unit
+// daemon passes *cdc.Stream, SinkTarget and *redisstore.Store; the unit
 // tests (pipeline_test.go) pass in-memory fakes.
 
-// txnSource is the replication stream: whole transactions (or chunks of a
+// Source is the replication stream: whole transactions (or chunks of a
 // large one) in commit order, and the acknowledgement of those applied.
-type txnSource interface {
+// Ack promises that everything up to the position is committed in the
+// target and in every join's state.
+type Source interface {
 	Next(ctx context.Context) (*cdc.Txn, error)
 	Ack(lsn cdc.LSN)
 	Stats() cdc.StreamStats
 }
 
-// targetDB opens target transactions.
-type targetDB interface {
-	Begin(ctx context.Context) (targetTx, error)
+// Target opens target transactions.
+type Target interface {
+	Begin(ctx context.Context) (TargetTx, error)
 }
 
-// targetTx is one target transaction: rows, then the checkpoint, committed
+// TargetTx is one target transaction: rows, then the checkpoint, committed
 // together.
-type targetTx interface {
+type TargetTx interface {
 	Apply(ctx context.Context, table *sink.Table, out join.Output) error
 	Exec(ctx context.Context, sql string, args ...any) error
 	Commit(ctx context.Context, slot string, lsn cdc.LSN) error
@@ -39,9 +41,12 @@ type targetTx interface {
 	Counts() sink.Stats
 }
 
-// stateStore is one join's Redis state as the pipeline reads and commits
-// it (the engine reads it through its join.Pending overlays).
-type stateStore interface {
+// State is one join's Redis state as the pipeline reads and commits it
+// (the engine reads it through its join.Pending overlays). Commit writes a
+// batch's mutations with the checkpoint lsn atomically; CommitPartial
+// writes a chunk of a large transaction with an undo log, FinishPartial
+// ends it at its commit position, and Recover undoes one a crash cut short.
+type State interface {
 	join.StateReader
 	Meta(ctx context.Context) (redisstore.Meta, error)
 	Checkpoint() cdc.LSN
@@ -52,23 +57,23 @@ type stateStore interface {
 }
 
 var (
-	_ txnSource  = (*cdc.Stream)(nil)
-	_ stateStore = (*redisstore.Store)(nil)
-	_ targetDB   = sinkTarget{}
+	_ Source = (*cdc.Stream)(nil)
+	_ State  = (*redisstore.Store)(nil)
+	_ Target = SinkTarget{}
 )
 
-// sinkTarget is the target database through a sink.Writer.
-type sinkTarget struct{ w *sink.Writer }
+// SinkTarget is the target database through a sink.Writer.
+type SinkTarget struct{ W *sink.Writer }
 
-func (s sinkTarget) Begin(ctx context.Context) (targetTx, error) {
-	tx, err := s.w.Begin(ctx)
+func (s SinkTarget) Begin(ctx context.Context) (TargetTx, error) {
+	tx, err := s.W.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
 	return sinkTx{tx}, nil
 }
 
-// sinkTx is a sink.Tx as a targetTx.
+// sinkTx is a sink.Tx as a TargetTx.
 type sinkTx struct{ *sink.Tx }
 
 func (t sinkTx) Counts() sink.Stats { return t.Stats }

@@ -1,4 +1,4 @@
-package fkmat
+package pipeline
 
 import (
 	"errors"

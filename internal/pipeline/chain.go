@@ -1,136 +1,134 @@
-package fkmat
+package pipeline
 
 import (
 	"context"
 	"errors"
 	"fmt"
 
-	"github.com/fkmat/fkmat/internal/plan"
-
 	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/plan"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
 )
 
-// changeMapper turns cdc changes into a join's changes: the two-table
-// mapper, or the chainMapper of a list-form join.
-type changeMapper interface {
-	appendChanges(dst []join.Change, c *cdc.Change) ([]join.Change, error)
-	uses(rel *cdc.Relation) bool
-}
-
-var (
-	_ changeMapper = (*mapper)(nil)
-	_ changeMapper = (*chainMapper)(nil)
-	_ stateStore   = (*chainState)(nil)
-)
-
-// uses reports whether rel is a table of the chain.
-func (m *chainMapper) uses(rel *cdc.Relation) bool { return len(m.tablesOf(rel)) > 0 }
-
-// chainRunner is what a list-form join adds to its joinRunner: the
-// join.Chain and one Redis state per step (docs/nway.md).
-type chainRunner struct {
+// Chain is a join of more than two tables: a join.Chain of steps, one per
+// entry, each with its own Redis state (docs/nway.md).
+type Chain struct {
+	joinBase
 	chain  *join.Chain
 	layout plan.ChainLayout
 	steps  []*chainStep
-	state  *chainState
 }
 
+var (
+	_ Join  = (*Chain)(nil)
+	_ State = (*chainState)(nil)
+)
+
 // chainStep is one step's Redis state and the overlays its engine reads it
-// through (as joinRunner's pending and older).
+// through (as Pair's pending and older).
 type chainStep struct {
 	store          *redisstore.Store
-	state          stateStore // store, or a fake in tests
+	state          State // store, or a fake in tests
 	pending, older *join.Pending
 }
 
-// stores returns the join's Redis states: its one, or each chain step's.
-func (jr *joinRunner) stores() []*redisstore.Store {
-	if jr.chain == nil {
-		return []*redisstore.Store{jr.store}
+// NewChain returns the join p of more than two tables over one Redis state
+// per entry (stores, in entry order); each step's engine reads pageSize
+// dependents at a time, and a fan-out through an entry before the last is
+// written in pages of pageRows rows.
+func NewChain(p *plan.JoinPlan, stores []*redisstore.Store, pageSize, pageRows int) (*Chain, error) {
+	l := plan.ChainOf(p)
+	if len(stores) != len(l.Steps) {
+		return nil, fmt.Errorf("join %q: %d states for %d entries", p.Name, len(stores), len(l.Steps))
 	}
-	out := make([]*redisstore.Store, len(jr.chain.steps))
-	for i, s := range jr.chain.steps {
+	c := &Chain{layout: l}
+	readers := make([]join.StateReader, len(l.Steps))
+	for i, store := range stores {
+		older := join.NewPending(store)
+		pending := join.NewPending(older)
+		c.steps = append(c.steps, &chainStep{store: store, state: store, pending: pending, older: older})
+		readers[i] = pending
+		l.Steps[i].Spec.PageSize = pageSize
+	}
+	jc, err := join.NewChain(l.Steps, readers, l.Out)
+	if err != nil {
+		return nil, fmt.Errorf("join %q: %w", p.Name, err)
+	}
+	jc.SetPageRows(pageRows)
+	c.chain = jc
+	c.joinBase = joinBase{plan: p, st: newChainState(c.steps), mapper: newChainMapper(p, l)}
+	return c, nil
+}
+
+func (c *Chain) Stores() []*redisstore.Store {
+	out := make([]*redisstore.Store, len(c.steps))
+	for i, s := range c.steps {
 		out[i] = s.store
 	}
 	return out
 }
 
-// waitShort sums the Redis writes that run --redis-wait-replicas could not
-// confirm, over every join's states, and says why the last of them (of
-// some state) came short.
-func (p *pipeline) waitShort() (n int64, why string) {
-	for _, jr := range p.joins {
-		if jr.store == nil && jr.chain == nil {
-			continue // a pipeline test's fake
-		}
-		for _, s := range jr.stores() {
-			if k := s.WaitShort(); k > 0 {
-				n += k
-				why = s.LastWaitShort()
-			}
-		}
+// Stats sums the steps' engine counters.
+func (c *Chain) Stats() join.Stats {
+	var s join.Stats
+	for _, e := range c.chain.Engines() {
+		st := e.Stats()
+		s.Instructions += st.Instructions
+		s.Responses += st.Responses
+		s.StaleResponses += st.StaleResponses
+		s.InnerNullFKDrops += st.InnerNullFKDrops
+		s.FanoutRows += st.FanoutRows
 	}
-	return n, why
+	return s
 }
 
-// sizes returns what each of the join's states is sized for at Init.
-func (d *daemon) sizes(ctx context.Context, p *plan.JoinPlan) []redisstore.Size {
-	if p.Edges == nil {
-		return []redisstore.Size{{LeftRows: d.estimate(ctx, p.Left.Table), RightRows: d.estimate(ctx, p.Right.Table)}}
-	}
-	left := d.estimate(ctx, p.Left.Table)
-	out := make([]redisstore.Size, len(p.Edges))
-	for i, e := range p.Edges {
-		out[i] = redisstore.Size{LeftRows: left, RightRows: d.estimate(ctx, e.Table.Table)}
-	}
-	return out
-}
-
-// openChain opens a list-form join: a Redis state per step, each read by
-// its step's engine through two overlays (the batches whose commits are in
-// flight), and the join.Chain of the steps.
-func (d *daemon) openChain(ctx context.Context, p *plan.JoinPlan) (*joinRunner, error) {
-	l := plan.ChainOf(p)
-	cr := &chainRunner{layout: l}
-	readers := make([]join.StateReader, len(l.Steps))
-	for i := range l.Steps {
-		store, err := redisstore.Open(ctx, d.rdb, redisstore.Config{
-			Prefix: RedisStepPrefix(d.cfg.Slot, p.Name, i), SubShards: d.opts.SubShards, RowShards: d.opts.RowShards,
-			WaitReplicas: d.opts.RedisWaitReplicas,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("join %q: step %d: %w", p.Name, i, err)
-		}
-		older := join.NewPending(store)
-		pending := join.NewPending(older)
-		cr.steps = append(cr.steps, &chainStep{store: store, state: store, pending: pending, older: older})
-		readers[i] = pending
-		l.Steps[i].Spec.PageSize = d.opts.PageSize
-	}
-	c, err := join.NewChain(l.Steps, readers, l.Out)
+func (c *Chain) Resume(ctx context.Context) (Resumed, error) {
+	r, err := c.resume(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("join %q: %w", p.Name, err)
+		return r, err
 	}
-	c.SetPageRows(d.opts.ChainPageRows)
-	cr.chain, cr.state = c, newChainState(cr.steps)
-	return &joinRunner{plan: p, state: cr.state, mapper: newChainMapper(p, l), chain: cr}, nil
+	for i, s := range c.steps {
+		if cp := s.state.Checkpoint(); cp > r.Checkpoint {
+			if r.Ahead == nil {
+				r.Ahead = map[int]cdc.LSN{}
+			}
+			r.Ahead[i] = cp
+		}
+	}
+	return r, nil
 }
 
-// RedisStepPrefix is the Redis key prefix of the state of entry i (step i)
-// of a join of more than two tables: no step's prefix is a prefix of
-// another's, nor of another join's.
-func RedisStepPrefix(slot, joinName string, i int) string {
-	return fmt.Sprintf("%s~%d", RedisPrefix(slot, joinName), i)
+func (c *Chain) apply(ctx context.Context, changes []join.Change, bound cdc.LSN, emit func(context.Context, join.Output) error,
+	flush func(context.Context, join.Mutations) error) (join.Mutations, error) {
+	var pages func(context.Context, []join.Mutations) error
+	if flush != nil {
+		pages = func(ctx context.Context, muts []join.Mutations) error { return flush(ctx, join.ChainMutations(muts)) }
+	}
+	muts, err := c.chain.ApplyPrefix(ctx, changes, c.prefix(bound), emit, pages)
+	if errors.Is(err, join.ErrChainNullRight) {
+		// Nothing of the batch is committed. Once everything has stopped,
+		// the daemon drops the join's state, so that the restart finds it
+		// lost and rebuilds it (or refuses, naming fkmat backfill --force,
+		// with --on-lost-state refuse).
+		return join.Mutations{}, &RebuildError{Join: c, Err: err}
+	}
+	if err != nil {
+		return join.Mutations{}, err
+	}
+	return join.ChainMutations(muts), nil
 }
+
+// located returns err as it is: a chain step's change index is its own,
+// not the batch's.
+func (c *Chain) located(_ []txnSpan, err error) error { return err }
 
 // prefix returns how many leading steps lack what a batch ending at bound
 // brings: a step has it when its checkpoint is at least bound. The states
 // commit from the last step to the first, so the steps that have it are a
 // suffix, and the pipeline's batches never straddle a step's checkpoint
-// (chainCuts).
-func (c *chainRunner) prefix(bound cdc.LSN) int {
+// (Resumed.Ahead).
+func (c *Chain) prefix(bound cdc.LSN) int {
 	n := 0
 	for n < len(c.steps) && c.steps[n].state.Checkpoint() < bound {
 		n++
@@ -138,8 +136,8 @@ func (c *chainRunner) prefix(bound cdc.LSN) int {
 	return n
 }
 
-// overlay sets each step's in-flight mutations, as joinRunner.overlay.
-func (c *chainRunner) overlay(older, newer *join.Mutations) error {
+// overlay sets each step's in-flight mutations, as Pair.overlay.
+func (c *Chain) overlay(older, newer *join.Mutations) error {
 	step := func(m *join.Mutations, i int) *join.Mutations {
 		if m == nil || i >= len(m.Steps) {
 			return nil
@@ -160,7 +158,7 @@ func (c *chainRunner) overlay(older, newer *join.Mutations) error {
 }
 
 // stats sums the steps' engine counters.
-func (c *chainRunner) stats() join.Stats {
+func (c *Chain) stats() join.Stats {
 	var s join.Stats
 	for _, e := range c.chain.Engines() {
 		st := e.Stats()

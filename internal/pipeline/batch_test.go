@@ -1,4 +1,4 @@
-package fkmat
+package pipeline
 
 import (
 	"testing"
@@ -10,7 +10,7 @@ import (
 func TestBatchSizer(t *testing.T) {
 	t.Parallel()
 	l := BatchLimits{}
-	l.setDefaults()
+	l.SetDefaults()
 	s := batchSizer{limits: l}
 	for _, c := range []struct{ work, want time.Duration }{
 		{0, 100 * time.Millisecond},
@@ -25,7 +25,7 @@ func TestBatchSizer(t *testing.T) {
 		}
 	}
 	small := BatchLimits{Changes: 40, Delay: 20 * time.Millisecond}
-	small.setDefaults()
+	small.SetDefaults()
 	if small.MaxDelay != 200*time.Millisecond || small.Idle != 20*time.Millisecond {
 		t.Fatalf("defaults for Delay 20ms = %+v", small)
 	}

@@ -1,4 +1,4 @@
-package fkmat
+package pipeline
 
 import (
 	"context"
@@ -32,7 +32,7 @@ func (l *stageLog) get() []string {
 
 // fakeJobs starts n commit jobs back to back, chained like run chains
 // them, with the given stages; a job is named by its index in job.end.
-func fakeJobs(p *pipeline, n int) []*commitJob {
+func fakeJobs(p *Pipeline, n int) []*commitJob {
 	var f []*commitJob
 	for i := range n {
 		var prev *commitJob
@@ -53,7 +53,7 @@ func TestCommitStagesOverlapInOrder(t *testing.T) {
 	t.Parallel()
 	log := &stageLog{}
 	secondTarget := make(chan struct{})
-	p := &pipeline{stages: &commitStages{
+	p := &Pipeline{stages: &commitStages{
 		target: func(_ context.Context, job *commitJob) error {
 			time.Sleep(time.Duration(3-job.end) * 5 * time.Millisecond) // later jobs are quicker
 			log.add("T%d", job.end)
@@ -112,7 +112,7 @@ func TestCommitStagesFailure(t *testing.T) {
 		t.Run(failIn, func(t *testing.T) {
 			t.Parallel()
 			log := &stageLog{}
-			p := &pipeline{stages: &commitStages{
+			p := &Pipeline{stages: &commitStages{
 				target: func(_ context.Context, job *commitJob) error {
 					if failIn == "target" && job.end == 1 {
 						return boom
@@ -165,7 +165,7 @@ func TestCommitStagesShutdown(t *testing.T) {
 	}{{2 * time.Second, true}, {20 * time.Millisecond, false}} {
 		stop, shutdown := context.WithCancel(context.Background())
 		started := make(chan struct{})
-		p := &pipeline{stages: &commitStages{
+		p := &Pipeline{stages: &commitStages{
 			target: func(ctx context.Context, _ *commitJob) error {
 				close(started)
 				select {

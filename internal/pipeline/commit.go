@@ -1,0 +1,380 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/join"
+)
+
+// commitJob is a prepared batch: joined, its target rows and Redis
+// mutations computed, its commits not yet done (or running).
+type commitJob struct {
+	b           *batch
+	end         cdc.LSN
+	writeTarget bool
+	// touched marks the joins the batch had changes for.
+	touched []bool
+	// outs are the target outputs per join, buffered until the job's turn;
+	// tx is set when they were too many and went straight into it.
+	outs [][]join.Output
+	tx   TargetTx
+	muts []join.Mutations
+	// truncations are the batch's TRUNCATEs, noted with its target write.
+	truncations []truncation
+	// targetDone is closed when the target stage is done, with its result
+	// in targetErr; finished when the job is done, with its result in err.
+	targetDone chan struct{}
+	targetErr  error
+	finished   chan struct{}
+	err        error
+}
+
+// maxBufferedRows bounds the target rows a prepared batch holds in memory;
+// past it (a big fan-out) the batch waits for the one in flight and writes
+// its rows into its own target transaction as they come.
+const maxBufferedRows = 50_000
+
+// prepare maps and joins a batch. The engines read the state through an
+// overlay of the in-flight batch's mutations; if those cannot be overlaid
+// (a TRUNCATE), or the batch's output outgrows maxBufferedRows, prepare
+// first waits for the in-flight batch, whose error it then returns.
+func (p *Pipeline) prepare(ctx context.Context, b *batch, f []*commitJob) (*commitJob, error) {
+	job := &commitJob{b: b, end: b.end(), touched: make([]bool, len(p.joins)),
+		outs: make([][]join.Output, len(p.joins)), muts: make([]join.Mutations, len(p.joins))}
+	job.writeTarget = job.end > p.targetCheckpoint()
+	phase := stopwatch()
+	for _, t := range b.txns {
+		if err := p.checkPlaced(t); err != nil {
+			return nil, err
+		}
+		if job.writeTarget {
+			job.truncations = appendTruncations(job.truncations, t)
+		}
+	}
+	perJoin := make([][]join.Change, len(p.joins))
+	spans := make([][]txnSpan, len(p.joins))
+	for i, jr := range p.joins {
+		var err error
+		if perJoin[i], spans[i], err = jr.changes(b.txns); err != nil {
+			return nil, err
+		}
+		job.touched[i] = len(perJoin[i]) > 0
+	}
+	phase(&b.timing.mapping)
+
+	settled := len(f) == 0
+	settle := func() error {
+		if settled {
+			return nil
+		}
+		settled = true
+		return p.waitAll(f)
+	}
+	for i, jr := range p.joins {
+		var older, newer *join.Mutations
+		switch len(f) {
+		case 1:
+			newer = &f[0].muts[i]
+		case 2:
+			older, newer = &f[0].muts[i], &f[1].muts[i]
+		}
+		if err := jr.overlay(older, newer); errors.Is(err, join.ErrCannotOverlay) {
+			if err := settle(); err != nil {
+				return nil, err
+			}
+			_ = jr.overlay(nil, nil)
+		}
+	}
+	buffered := 0
+	for i, jr := range p.joins {
+		if !job.touched[i] {
+			continue
+		}
+		emit := func(ctx context.Context, out join.Output) error {
+			if !job.writeTarget {
+				return nil // replaying for Redis only: the target has it
+			}
+			if job.tx == nil {
+				if buffered += out.Rows(); buffered <= maxBufferedRows {
+					job.outs[i] = append(job.outs[i], out)
+					return nil
+				}
+				// Too much to hold: write it now, in this batch's own
+				// transaction, once the batch in flight is committed.
+				if err := settle(); err != nil {
+					return err
+				}
+				if err := p.beginTarget(ctx, job); err != nil {
+					return err
+				}
+			}
+			return job.tx.Apply(ctx, &jr.Plan().Target, out)
+		}
+		var err error
+		if job.muts[i], err = jr.apply(ctx, perJoin[i], job.end, emit, nil); err != nil {
+			if job.tx != nil {
+				_ = job.tx.Rollback(context.WithoutCancel(ctx))
+			}
+			return nil, jr.located(spans[i], fmt.Errorf("join %q: %w", jr.Plan().Name, err))
+		}
+	}
+	phase(&b.timing.join)
+	return job, nil
+}
+
+// beginTarget opens the job's target transaction and writes its buffered
+// outputs into it.
+func (p *Pipeline) beginTarget(ctx context.Context, job *commitJob) error {
+	tx, err := p.target.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	job.tx = tx
+	for i, outs := range job.outs {
+		for _, out := range outs {
+			if err := tx.Apply(ctx, &p.joins[i].Plan().Target, out); err != nil {
+				return err
+			}
+		}
+		job.outs[i] = nil
+	}
+	return nil
+}
+
+// startCommit runs the job's commits in the background, after prev's
+// (nil: none in flight); wait collects the result. cancel releases the
+// job's context when it is done.
+func (p *Pipeline) startCommit(ctx context.Context, cancel context.CancelFunc, job, prev *commitJob) *commitJob {
+	target, state := p.commitTarget, p.commitState
+	if p.stages != nil {
+		target, state = p.stages.target, p.stages.state
+	}
+	job.targetDone, job.finished = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(job.finished)
+		defer cancel()
+		if prev != nil {
+			<-prev.targetDone
+		}
+		if prev != nil && prev.targetErr != nil {
+			job.targetErr = errEarlierFailed
+		} else {
+			job.targetErr = target(ctx, job)
+		}
+		if job.tx != nil {
+			_ = job.tx.Rollback(context.WithoutCancel(ctx)) // a no-op once committed
+		}
+		close(job.targetDone)
+		if job.err = job.targetErr; job.err != nil {
+			return
+		}
+		if prev != nil {
+			if <-prev.finished; prev.err != nil {
+				job.err = errEarlierFailed
+				return
+			}
+		}
+		job.err = state(ctx, job)
+	}()
+	return job
+}
+
+// commitStages are the two stages of a batch's commit; tests replace the
+// pipeline's (commitTarget and commitState) to check how startCommit
+// orders them.
+type commitStages struct {
+	target, state func(ctx context.Context, job *commitJob) error
+}
+
+// wait returns the result of the job's commits (nil for no job), waiting
+// for them.
+func (p *Pipeline) wait(job *commitJob) error {
+	if job == nil {
+		return nil
+	}
+	<-job.finished
+	return job.err
+}
+
+// waitAll waits for every job and returns the first one's error (a later
+// job of a failed one ends with errEarlierFailed).
+func (p *Pipeline) waitAll(f []*commitJob) error {
+	var first error
+	for _, job := range f {
+		if err := p.wait(job); first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// trim drops the finished jobs at the front of f, returning the first error.
+func (p *Pipeline) trim(f []*commitJob) ([]*commitJob, error) {
+	for len(f) > 0 {
+		select {
+		case <-f[0].finished:
+		default:
+			return f, nil
+		}
+		if f[0].err != nil {
+			return f, f[0].err
+		}
+		f = f[1:]
+	}
+	return f, nil
+}
+
+// nextWhile is next, but returns an in-flight job's error as soon as its
+// commits fail, instead of waiting for a transaction that may never come.
+// The last job ends when any fails: every job ends with its predecessor's
+// failure.
+func (p *Pipeline) nextWhile(ctx context.Context, f []*commitJob) (*cdc.Txn, error) {
+	if len(f) == 0 {
+		return p.next(ctx)
+	}
+	last := f[len(f)-1]
+	nctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-last.finished:
+			if last.err != nil {
+				cancel()
+			}
+		case <-nctx.Done():
+		}
+	}()
+	t, err := p.next(nctx)
+	if err != nil && ctx.Err() == nil {
+		if werr := p.waitAll(f); werr != nil {
+			return nil, werr
+		}
+	}
+	return t, err
+}
+
+// commitTarget writes the job's target rows and commits them with the
+// checkpoint. startCommit runs it once the previous batch's target commit
+// is done: target transactions never overlap (two writing the same rows
+// could deadlock).
+func (p *Pipeline) commitTarget(ctx context.Context, job *commitJob) error {
+	if !slices.Contains(job.touched, true) {
+		return nil
+	}
+	b, end := job.b, job.end
+	phase := stopwatch()
+	if job.writeTarget && job.tx == nil {
+		if err := p.beginTarget(ctx, job); err != nil {
+			return err // startCommit rolls job.tx back
+		}
+	}
+	phase(&b.timing.write)
+	// The engines' reads are done: if the state was lost or replaced since
+	// the daemon started, they may have seen it empty, and nothing may be
+	// committed.
+	for i, jr := range p.joins {
+		if job.touched[i] {
+			if err := jr.checkState(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	phase(&b.timing.verify)
+	if job.tx != nil {
+		if err := noteTruncations(ctx, job.tx, p.slot, job.truncations); err != nil {
+			return err
+		}
+		if err := job.tx.Commit(ctx, p.slot, end); err != nil {
+			return err
+		}
+		p.targetLSN.Store(uint64(end))
+		p.upserted.Add(job.tx.Counts().Upserted)
+		p.deleted.Add(job.tx.Counts().Deleted)
+	}
+	phase(&b.timing.target)
+	return nil
+}
+
+// commitState commits the Redis state of every join the job touched and
+// acknowledges the job's end. startCommit runs it once the previous batch
+// is done: state commits and acknowledgements keep the batches' order.
+func (p *Pipeline) commitState(ctx context.Context, job *commitJob) error {
+	b, end := job.b, job.end
+	if !slices.Contains(job.touched, true) {
+		// Nothing for any join: no write is needed, and acknowledging is safe
+		// because a restart from the older checkpoint finds nothing either.
+		// Counted first, as below.
+		p.txns.Add(int64(len(b.txns)))
+		p.changes.Add(int64(b.changes))
+		p.applied(b.txns[len(b.txns)-1])
+		p.source.Ack(end)
+		return nil
+	}
+	phase := stopwatch()
+	for i, jr := range p.joins {
+		if !job.touched[i] && jr.state().Checkpoint() >= end {
+			continue
+		}
+		if err := jr.state().Commit(ctx, job.muts[i], end); err != nil {
+			return fmt.Errorf("join %q: %w", jr.Plan().Name, err)
+		}
+		if job.muts[i].Clears() {
+			p.garbage.Store(true)
+		}
+	}
+	phase(&b.timing.redis)
+	t := &b.timing
+	p.sizer.worked(t.mapping + t.join + t.write + t.verify + t.target + t.redis)
+	// Counted before the acknowledgement: whoever sees the slot past end
+	// (a caught-up check) sees the batch in the metrics too.
+	p.batches.Add(1)
+	p.txns.Add(int64(len(b.txns)))
+	p.changes.Add(int64(b.changes))
+	p.applied(b.txns[len(b.txns)-1])
+	p.source.Ack(end)
+	if p.onBatch != nil {
+		p.onBatch()
+	}
+	if p.onTiming != nil {
+		p.onTiming(b.timing)
+	}
+	p.log.Debug("batch applied", append([]any{"txns", len(b.txns), "changes", b.changes, "end_lsn", end.String(), "target_written", job.writeTarget}, b.timing.attrs()...)...)
+	return nil
+}
+
+// truncation is a streamed TRUNCATE of a joined table.
+type truncation struct {
+	xid   uint32
+	table string
+}
+
+// appendTruncations appends t's TRUNCATEs to out.
+func appendTruncations(out []truncation, t *cdc.Txn) []truncation {
+	for i := range t.Changes {
+		if c := &t.Changes[i]; c.Kind == cdc.ChangeTruncate {
+			for _, rel := range c.Truncate.Relations {
+				out = append(out, truncation{xid: t.Xid, table: config.TableName{Schema: rel.Namespace, Name: rel.Name}.String()})
+			}
+		}
+	}
+	return out
+}
+
+// noteTruncations records, with the target write that applies them, the
+// source transactions whose TRUNCATE of a partitioned table gave its
+// partitions new storage: the partition check tells them from a TRUNCATE of
+// one partition, which Postgres does not publish (see checkPartitions).
+func noteTruncations(ctx context.Context, tx TargetTx, slot string, ts []truncation) error {
+	for _, t := range ts {
+		if err := tx.Exec(ctx, `UPDATE fkmat.partitions SET truncated_xid = $3 WHERE slot = $1 AND parent = $2`,
+			slot, t.table, int64(t.xid)); err != nil {
+			return fmt.Errorf("note the TRUNCATE of %s: %w", t.table, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,176 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/join"
+)
+
+// applyEach applies a batch's transactions one at a time as large ones
+// (applyLarge), once the batches in flight are committed: a join chain's
+// fan-out through an entry before the last passed on more rows than a page
+// (join.ErrChainFanOut), and only a large transaction writes pages of its
+// state as it goes.
+func (p *Pipeline) applyEach(ctx context.Context, b *batch, f []*commitJob) error {
+	if err := p.waitAll(f); err != nil {
+		return err
+	}
+	for _, jr := range p.joins {
+		_ = jr.overlay(nil, nil)
+	}
+	p.log.Info("a join chain's fan-out is larger than a page; applying the batch's transactions one at a time, in pages",
+		"transactions", len(b.txns), "changes", b.changes)
+	for _, t := range b.txns {
+		if ctx.Err() != nil {
+			return nil // shutdown: the rest is replayed on restart
+		}
+		if err := p.applyLarge(ctx, t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// applyLarge applies a transaction delivered in several chunks: all chunks
+// go into one target transaction, committed at the source commit, while each
+// chunk's Redis state is written at once with an undo log (CommitPartial),
+// so that later chunks see it and a crash midway is rolled back (Recover).
+// If the stream restarts the transaction from chunk 0 (a reconnect), the
+// work so far is undone and the transaction starts over.
+func (p *Pipeline) applyLarge(ctx context.Context, first *cdc.Txn) error {
+	p.inLarge.Store(true)
+	defer p.inLarge.Store(false)
+	for {
+		restart, err := p.tryLarge(ctx, first)
+		if err != nil && ctx.Err() != nil {
+			// Shutdown: the attempt was undone; the transaction is replayed
+			// on the next start.
+			p.log.Info("shutdown in the middle of a large transaction; it will be applied on restart", "xid", first.Xid)
+			return nil
+		}
+		if err != nil || restart == nil {
+			return err
+		}
+		p.log.Info("transaction restarted by the stream; undoing its partial work", "xid", first.Xid)
+		first = restart
+	}
+}
+
+// tryLarge applies one attempt of a chunked transaction. It returns the
+// chunk 0 that restarts it, if the stream sent one.
+func (p *Pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.Txn, err error) {
+	txnID := first.CommitLSN
+	// Transactions are ordered by commit position: one that commits before
+	// the target checkpoint is already in the target.
+	writeTarget := first.CommitLSN >= p.targetCheckpoint()
+	var tx TargetTx
+	if writeTarget {
+		if tx, err = p.target.Begin(ctx); err != nil {
+			return nil, err
+		}
+	}
+	partial := make([]bool, len(p.joins))
+	done := false
+	defer func() {
+		if done {
+			return
+		}
+		// Abandon the attempt: nothing of it may remain.
+		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if tx != nil {
+			_ = tx.Rollback(bg)
+		}
+		for i, jr := range p.joins {
+			if partial[i] {
+				if _, rerr := jr.state().Recover(bg); rerr != nil && err == nil {
+					err = fmt.Errorf("join %q: undo partial transaction: %w", jr.Plan().Name, rerr)
+				}
+			}
+		}
+	}()
+	chunk, changes := first, 0
+	var truncations []truncation
+	for {
+		if err := p.checkPlaced(chunk); err != nil {
+			return nil, err
+		}
+		truncations = appendTruncations(truncations, chunk)
+		for i, jr := range p.joins {
+			if jr.state().Checkpoint() > chunk.CommitLSN {
+				continue // this join's state has the whole transaction
+			}
+			jc, err := jr.mapChunk(chunk)
+			if err != nil {
+				return nil, err
+			}
+			m, err := jr.apply(ctx, jc, chunk.CommitLSN+1, func(ctx context.Context, out join.Output) error {
+				if tx == nil {
+					return nil
+				}
+				return tx.Apply(ctx, &jr.Plan().Target, out)
+			}, func(ctx context.Context, m join.Mutations) error {
+				partial[i] = true // before the write: a write cut short is undone too
+				return jr.state().CommitPartial(ctx, m, txnID)
+			})
+			if err != nil {
+				return nil, jr.located([]txnSpan{{txn: chunk}}, fmt.Errorf("join %q: %w", jr.Plan().Name, err))
+			}
+			if err := jr.state().CommitPartial(ctx, m, txnID); err != nil {
+				return nil, fmt.Errorf("join %q: %w", jr.Plan().Name, err)
+			}
+			if m.Clears() {
+				p.garbage.Store(true)
+			}
+			partial[i] = true
+		}
+		changes += len(chunk.Changes)
+		if chunk.Final {
+			break
+		}
+		next, err := p.source.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, nil // shutdown: undone by the deferred rollback, replayed on restart
+			}
+			return nil, err
+		}
+		if next.Chunk == 0 {
+			return next, nil
+		}
+		chunk = next
+	}
+	end := chunk.EndLSN
+	if tx != nil {
+		if err := noteTruncations(ctx, tx, p.slot, truncations); err != nil {
+			return nil, err
+		}
+		if err := tx.Commit(ctx, p.slot, end); err != nil {
+			return nil, err
+		}
+		p.targetLSN.Store(uint64(end))
+		p.upserted.Add(tx.Counts().Upserted)
+		p.deleted.Add(tx.Counts().Deleted)
+	}
+	done = true
+	for i, jr := range p.joins {
+		if partial[i] {
+			if err := jr.state().FinishPartial(ctx, end); err != nil {
+				return nil, fmt.Errorf("join %q: %w", jr.Plan().Name, err)
+			}
+		}
+	}
+	p.batches.Add(1) // before the acknowledgement, as in commitState
+	p.txns.Add(1)
+	p.changes.Add(int64(changes))
+	p.applied(first)
+	p.source.Ack(end)
+	if p.onBatch != nil {
+		p.onBatch()
+	}
+	p.log.Info("large transaction applied", "xid", first.Xid, "changes", changes, "chunks", chunk.Chunk+1, "end_lsn", end.String())
+	return nil, nil
+}

@@ -1,0 +1,335 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/join"
+)
+
+// Config is what a Pipeline runs on.
+type Config struct {
+	// Slot and Publication name the replication slot and publication, for
+	// the target's checkpoint and for error messages.
+	Slot, Publication string
+	Joins             []Join
+	Source            Source
+	Target            Target
+	Limits            BatchLimits
+	Log               *slog.Logger
+	// TargetCheckpoint is the slot's checkpoint in the target database at
+	// the start: every transaction ending at or before it is already there.
+	TargetCheckpoint cdc.LSN
+	// Cuts are the checkpoints of chain steps ahead of their chain's first
+	// step (Resumed.Ahead): a batch ends at a transaction ending there, so
+	// that no batch straddles a step's checkpoint.
+	Cuts []cdc.LSN
+	// OnBatch, when set, is called after every acknowledged batch.
+	OnBatch func()
+	// OnTiming, when set, receives each committed batch's timings.
+	OnTiming func(BatchTiming)
+}
+
+// Pipeline is the batch loop: cdc → join → sink → redisstore → ack.
+type Pipeline struct {
+	slot        string
+	publication string
+	joins       []Join
+	target      Target
+	source      Source
+	limits      BatchLimits
+	sizer       batchSizer
+	// stages, when set (by tests), replace commitTarget and commitState.
+	stages *commitStages
+	log    *slog.Logger
+
+	// targetLSN is the slot's checkpoint in the target database: every
+	// transaction with EndLSN <= targetLSN is already in the target.
+	targetLSN atomic.Uint64
+	// held is a chunk received while collecting that belongs to the next
+	// batch.
+	held *cdc.Txn
+	// garbage is set when a batch dropped a generation of Redis keys
+	// (TRUNCATE); the sweeper deletes them.
+	garbage atomic.Bool
+	onBatch func()
+	// placed caches, per relation, whether a join uses it.
+	placed map[*cdc.Relation]bool
+	// counters, read by the metrics handler (Counters)
+	batches, txns, changes, upserted, deleted atomic.Int64
+	// lastCommit is the source commit time (Unix ns) of the last applied
+	// transaction; firstSeen that of the first one received; started is
+	// when the pipeline started.
+	lastCommit, firstSeen atomic.Int64
+	started               time.Time
+	onTiming              func(BatchTiming)
+	// inLarge is set while a large transaction is applied chunk by chunk
+	// (its end is not received yet).
+	inLarge atomic.Bool
+	// cuts are Config.Cuts.
+	cuts map[cdc.LSN]bool
+}
+
+// New returns a pipeline; Run runs it.
+func New(cfg Config) *Pipeline {
+	cfg.Limits.SetDefaults()
+	p := &Pipeline{
+		slot: cfg.Slot, publication: cfg.Publication, joins: cfg.Joins, target: cfg.Target, source: cfg.Source,
+		limits: cfg.Limits, sizer: batchSizer{limits: cfg.Limits}, log: cfg.Log,
+		onBatch: cfg.OnBatch, onTiming: cfg.OnTiming, started: time.Now(), cuts: map[cdc.LSN]bool{},
+	}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	for _, c := range cfg.Cuts {
+		p.cuts[c] = true
+	}
+	p.targetLSN.Store(uint64(cfg.TargetCheckpoint))
+	return p
+}
+
+// Counters are what a pipeline has applied since it started.
+type Counters struct {
+	Batches, Txns, Changes, Upserted, Deleted int64
+}
+
+// Counters returns what the pipeline has applied so far. A batch is
+// counted before it is acknowledged: whoever sees the slot past a batch
+// sees it here too.
+func (p *Pipeline) Counters() Counters {
+	return Counters{Batches: p.batches.Load(), Txns: p.txns.Load(), Changes: p.changes.Load(),
+		Upserted: p.upserted.Load(), Deleted: p.deleted.Load()}
+}
+
+// Joins returns the joins the pipeline runs.
+func (p *Pipeline) Joins() []Join { return p.joins }
+
+// SourceStats returns the replication stream's counters.
+func (p *Pipeline) SourceStats() cdc.StreamStats { return p.source.Stats() }
+
+// Garbage is set when a batch dropped a generation of Redis keys (a
+// TRUNCATE): the sweeper clears it and deletes them.
+func (p *Pipeline) Garbage() *atomic.Bool { return &p.garbage }
+
+// applied records the source commit time of the last transaction applied.
+func (p *Pipeline) applied(t *cdc.Txn) {
+	if !t.CommitTime.IsZero() {
+		p.lastCommit.Store(t.CommitTime.UnixNano())
+	}
+}
+
+// Lag is how far the pipeline is behind the source at now: while it has a
+// backlog (transactions received and not applied, or changes waiting), the
+// time since the source commit of the last transaction it applied (before
+// the first, of the first it received; before that, since it started); 0
+// without a backlog. It overstates the lag of the oldest waiting change by
+// at most the time between two source commits. last is the commit time of
+// the last transaction applied (zero before the first).
+func (p *Pipeline) Lag(now time.Time) (seconds float64, last time.Time) {
+	if ns := p.lastCommit.Load(); ns != 0 {
+		last = time.Unix(0, ns)
+	}
+	st := p.source.Stats()
+	if st.ReceivedLSN <= st.AckedLSN && st.BufferedChanges == 0 && !p.inLarge.Load() {
+		return 0, last
+	}
+	since := last
+	if since.IsZero() {
+		if ns := p.firstSeen.Load(); ns != 0 {
+			since = time.Unix(0, ns)
+		} else {
+			since = p.started
+		}
+	}
+	return max(0, now.Sub(since).Seconds()), last
+}
+
+// targetCheckpoint is the slot's checkpoint in the target database.
+func (p *Pipeline) targetCheckpoint() cdc.LSN { return cdc.LSN(p.targetLSN.Load()) }
+
+// Run applies batches until ctx is done; then it finishes the batches in
+// hand and returns nil (a clean shutdown) or the first error.
+//
+// Batches overlap in three stages: while batch N's Redis state commit runs,
+// batch N+1's target rows are written and committed, and batch N+2 is
+// collected, mapped and joined, reading the Redis state through overlays of
+// N's and N+1's mutations (join.Pending), which are the state their commits
+// produce. Each batch's target commit follows the previous batch's target
+// commit, and its state commit and acknowledgement follow the previous
+// batch's state commit, so checkpoints and acknowledgements keep their
+// order; an error in a batch discards every later one before it commits
+// anything more (a target already committed ahead of the state is replayed
+// for Redis only on the next start).
+func (p *Pipeline) Run(ctx context.Context) (err error) {
+	var f []*commitJob // in flight, oldest first
+	defer func() {
+		if werr := p.waitAll(f); err == nil {
+			err = werr
+		}
+		if err != nil && ctx.Err() != nil {
+			err = fmt.Errorf("%w: %w", ErrFinalBatch, err)
+		}
+	}()
+	for {
+		if f, err = p.trim(f); err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			// Shutdown: the stream still returns what it has queued, but
+			// only the batches in hand are finished.
+			return nil
+		}
+		first, err := p.nextWhile(ctx, f)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if !first.Final {
+			err := p.waitAll(f)
+			f = nil
+			if err != nil {
+				return err
+			}
+			// Chunks commit their state as they go: nothing may be overlaid.
+			for _, jr := range p.joins {
+				_ = jr.overlay(nil, nil)
+			}
+			if err := p.applyLarge(ctx, first); err != nil {
+				return err
+			}
+			continue
+		}
+		start := time.Now()
+		b := p.collect(ctx, first)
+		b.timing.collect = time.Since(start)
+		// At most two batches in flight while the next is joined: one in
+		// its state commit, one in its target commit.
+		for len(f) > 2 {
+			if err := p.wait(f[0]); err != nil {
+				return err
+			}
+			f = f[1:]
+		}
+		// The batch in hand is finished even during shutdown, within a
+		// grace period. A batch is never timed out while the daemon runs:
+		// a right row with a million dependents takes as long as it takes,
+		// and a deadline would fail it again on every restart.
+		bctx, cancel := afterGrace(ctx, shutdownGrace)
+		job, err := p.prepare(bctx, b, f)
+		if err == nil {
+			f, err = p.trim(f)
+		}
+		if err != nil {
+			if job != nil && job.tx != nil {
+				_ = job.tx.Rollback(context.WithoutCancel(bctx))
+			}
+			cancel()
+			if errors.Is(err, join.ErrChainFanOut) {
+				// Nothing of the batch is written: apply its transactions
+				// one at a time as large ones, whose chain pages are
+				// written as they come.
+				err := p.applyEach(ctx, b, f)
+				f = nil
+				if err != nil {
+					return err
+				}
+				continue
+			}
+			return err
+		}
+		var prev *commitJob
+		if len(f) > 0 {
+			prev = f[len(f)-1]
+		}
+		f = append(f, p.startCommit(bctx, cancel, job, prev))
+	}
+}
+
+// shutdownGrace is how long the batch in hand may still take after shutdown
+// begins.
+const shutdownGrace = 30 * time.Second
+
+// afterGrace returns a context that is not canceled with ctx but grace
+// after it: work started under it finishes unless it outlasts the grace.
+func afterGrace(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	gctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel(fmt.Errorf("shutdown: the batch in hand did not finish within %s", grace))
+		case <-gctx.Done():
+		}
+	})
+	return gctx, func() {
+		stop()
+		cancel(context.Canceled)
+	}
+}
+
+// next returns the held chunk or the stream's next one.
+func (p *Pipeline) next(ctx context.Context) (*cdc.Txn, error) {
+	if t := p.held; t != nil {
+		p.held = nil
+		return t, nil
+	}
+	t, err := p.source.Next(ctx)
+	if err == nil && !t.CommitTime.IsZero() {
+		p.firstSeen.CompareAndSwap(0, t.CommitTime.UnixNano())
+	}
+	return t, err
+}
+
+// checkPlaced returns an error for the first row change of t on a relation
+// no join uses. The publication holds only the joined tables, published
+// under their root's name when partitioned, so such a change means the
+// publication was changed by hand or created without
+// publish_via_partition_root (a partition's own name arrives).
+func (p *Pipeline) checkPlaced(t *cdc.Txn) error {
+	if p.placed == nil {
+		p.placed = map[*cdc.Relation]bool{}
+	}
+	place := func(rel *cdc.Relation) error {
+		ok, known := p.placed[rel]
+		if !known {
+			for _, jr := range p.joins {
+				ok = ok || jr.uses(rel)
+			}
+			p.placed[rel] = ok
+		}
+		if ok {
+			return nil
+		}
+		table := config.TableName{Schema: rel.Namespace, Name: rel.Name}
+		return &TxnError{LSN: t.CommitLSN, Table: table.String(), err: fmt.Errorf(
+			"%w: transaction %d at %s changed %s, which no join uses; "+
+				"if it is a partition of a joined table, the publication %q did not publish via the partition root: "+
+				"run fkmat backfill --force (it sets publish_via_partition_root on the publication and rebuilds the joins past this change)",
+			ErrUnplaced, t.Xid, t.CommitLSN, table, p.publication)}
+	}
+	for i := range t.Changes {
+		c := &t.Changes[i]
+		switch c.Kind {
+		case cdc.ChangeInsert, cdc.ChangeUpdate, cdc.ChangeDelete:
+			if err := place(c.Relation); err != nil {
+				return err
+			}
+		case cdc.ChangeTruncate:
+			for _, rel := range c.Truncate.Relations {
+				if err := place(rel); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}

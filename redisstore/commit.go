@@ -40,89 +40,44 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) error
 	if m.Steps != nil {
 		return errors.New("commit redis state: a join chain's mutations are committed step by step, each in its own state")
 	}
-	release, err := s.beginUnit(ctx)
-	if err != nil {
-		return fmt.Errorf("commit redis state at %s: %w", lsn, err)
-	}
-	defer release()
-	cached, err := s.current(ctx)
-	if err != nil {
-		return fmt.Errorf("commit redis state at %s: %w", lsn, err)
-	}
-	if lsn <= cached.Checkpoint && cached.InFlight == 0 {
-		return nil
-	}
-	var (
-		next    Meta
-		wrote   bool  // MULTI/EXEC was sent
-		execErr error // the error of MULTI/EXEC itself, once sent
-		planned int64 // the subscriptions the batch adds, net
-		replies subReplies
-		rd      *redo
-	)
-	key := s.keys.meta()
-	err = s.rdb.Watch(ctx, func(tx *redis.Tx) error {
-		planned, replies, wrote = 0, subReplies{}, false
-		stored, err := readMeta(ctx, tx, key)
-		if err != nil {
-			return err
-		}
-		if err := sameState(cached, stored); err != nil {
-			return err
-		}
-		if stored.InFlight != 0 {
-			return inFlightError(stored.InFlight)
-		}
-		next = stored
-		if lsn <= stored.Checkpoint {
-			return nil
-		}
-		next.Checkpoint = lsn
-		if m.ClearLeft {
-			next.LeftGen++
-		}
-		if m.ClearRight {
-			next.RightGen++
-		}
-		planned = int64(len(m.AddSubs))
-		if !m.ClearLeft { // plan drops the deletes of a cleared side
-			planned -= int64(len(m.DelSubs))
-		}
-		next.Subscriptions = countSubs(stored.Subscriptions, m.ClearLeft, planned)
-		w := s.plan(&m, next)
-		wrote = true
-		_, execErr = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			var err error
-			if replies, rd, err = s.queueData(ctx, p, w, &next); err != nil {
-				return err
+	return s.writeUnit(ctx, unitWrite{
+		what: "commit redis state at " + lsn.String(), name: "commit at " + lsn.String(),
+		skip: func(cached Meta) bool { return lsn <= cached.Checkpoint && cached.InFlight == 0 },
+		prepare: func(_ context.Context, _ *redis.Tx, stored Meta) (Meta, *writes, int64, error) {
+			if stored.InFlight != 0 {
+				return stored, nil, 0, inFlightError(stored.InFlight)
 			}
-			p.HSet(ctx, key, appendSubs([]any{fieldCheckpoint, strconv.FormatUint(uint64(next.Checkpoint), 10),
+			next := stored
+			if lsn <= stored.Checkpoint {
+				return next, nil, 0, nil
+			}
+			next.Checkpoint = lsn
+			if m.ClearLeft {
+				next.LeftGen++
+			}
+			if m.ClearRight {
+				next.RightGen++
+			}
+			planned := int64(len(m.AddSubs))
+			if !m.ClearLeft { // plan drops the deletes of a cleared side
+				planned -= int64(len(m.DelSubs))
+			}
+			next.Subscriptions = countSubs(stored.Subscriptions, m.ClearLeft, planned)
+			w := s.plan(&m, next)
+			return next, &w, planned, nil
+		},
+		metaFields: func(next Meta) []any {
+			return appendSubs([]any{fieldCheckpoint, strconv.FormatUint(uint64(next.Checkpoint), 10),
 				fieldLeftGen, strconv.FormatUint(next.LeftGen, 10),
-				fieldRightGen, strconv.FormatUint(next.RightGen, 10)}, next.Subscriptions)...)
-			if s.beforeExec != nil {
-				s.beforeExec(ctx, p)
+				fieldRightGen, strconv.FormatUint(next.RightGen, 10)}, next.Subscriptions)
+		},
+		waitReplicas: true,
+		applied: func(wrote bool, next Meta) {
+			if wrote {
+				s.right.apply(next.RightGen, &m)
 			}
-			return nil
-		})
-		if execErr == nil {
-			s.waitReplicas(ctx, tx)
-		}
-		return execErr
-	}, key)
-	if err := s.settle(ctx, err, execErr, next, "commit at "+lsn.String()); err != nil {
-		return fmt.Errorf("commit redis state at %s: %w", lsn, err)
-	}
-	applied, err := s.finishUnit(ctx, rd)
-	if err != nil {
-		return fmt.Errorf("commit redis state at %s: %w", lsn, err)
-	}
-	if wrote {
-		s.right.apply(next.RightGen, &m)
-	}
-	if err := s.fixSubs(ctx, next, applied+replies.delta()-planned); err != nil {
-		return fmt.Errorf("commit redis state at %s: applied, but %w", lsn, err)
-	}
-	return nil
+		},
+	})
 }
 
 // countSubs returns the subscription count after a write that adds delta

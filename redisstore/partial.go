@@ -69,58 +69,38 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn cdc.LSN
 	if m.Steps != nil {
 		return errors.New("commit partial redis state: a join chain's mutations are committed step by step, each in its own state")
 	}
-	release, err := s.beginUnit(ctx)
-	if err != nil {
-		return fmt.Errorf("commit partial redis state of %s: %w", txn, err)
-	}
-	defer release()
-	cached, err := s.current(ctx)
-	if err != nil {
-		return fmt.Errorf("commit partial redis state of %s: %w", txn, err)
-	}
-	var (
-		next    Meta
-		execErr error
-		planned int64 // the subscriptions the chunk adds, net
-		replies subReplies
-		rd      *redo
-	)
-	key, undo := s.keys.meta(), s.keys.undo()
-	err = s.rdb.Watch(ctx, func(tx *redis.Tx) error {
-		planned, replies = 0, subReplies{}
-		stored, err := readMeta(ctx, tx, key)
-		if err != nil {
-			return err
-		}
-		if err := sameState(cached, stored); err != nil {
-			return err
-		}
-		if stored.InFlight != 0 && stored.InFlight != txn {
-			return inFlightError(stored.InFlight)
-		}
-		next = stored
-		next.InFlight = txn
-		if m.ClearLeft {
-			next.LeftGen++
-		}
-		if m.ClearRight {
-			next.RightGen++
-		}
-		w := s.plan(&m, next)
-		// On a cluster the data keys lie in other slots than the meta
-		// hash WATCH holds: read them through the cluster client (the
-		// store is their only writer, and unitMu is held).
-		var reader redis.Cmdable = tx
-		if s.Cluster() {
-			reader = s.rdb
-		}
-		pre, err := s.preImages(ctx, reader, w)
-		if err != nil {
-			return err
-		}
-		planned = pre.subs
-		next.Subscriptions = countSubs(stored.Subscriptions, m.ClearLeft, planned)
-		_, execErr = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	var pre preImageSet
+	undo := s.keys.undo()
+	return s.writeUnit(ctx, unitWrite{
+		what: "commit partial redis state of " + txn.String(), name: "partial commit of " + txn.String(),
+		prepare: func(ctx context.Context, tx *redis.Tx, stored Meta) (Meta, *writes, int64, error) {
+			if stored.InFlight != 0 && stored.InFlight != txn {
+				return stored, nil, 0, inFlightError(stored.InFlight)
+			}
+			next := stored
+			next.InFlight = txn
+			if m.ClearLeft {
+				next.LeftGen++
+			}
+			if m.ClearRight {
+				next.RightGen++
+			}
+			w := s.plan(&m, next)
+			// On a cluster the data keys lie in other slots than the meta
+			// hash WATCH holds: read them through the cluster client (the
+			// store is their only writer, and unitMu is held).
+			var reader redis.Cmdable = tx
+			if s.Cluster() {
+				reader = s.rdb
+			}
+			var err error
+			if pre, err = s.preImages(ctx, reader, w); err != nil {
+				return next, nil, 0, err
+			}
+			next.Subscriptions = countSubs(stored.Subscriptions, m.ClearLeft, pre.subs)
+			return next, &w, pre.subs, nil
+		},
+		before: func(ctx context.Context, p redis.Pipeliner, stored, _ Meta) {
 			if stored.InFlight == 0 {
 				// A log without a marker cannot be valid: never keep its
 				// entries as this transaction's pre-images.
@@ -140,31 +120,13 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn cdc.LSN
 			for i := 0; i < len(pre.entries); i += 2 {
 				p.HSetNX(ctx, undo, pre.entries[i], pre.entries[i+1])
 			}
-			var err error
-			if replies, rd, err = s.queueData(ctx, p, w, &next); err != nil {
-				return err
-			}
-			p.HSet(ctx, key, appendSubs([]any{fieldInFlight, strconv.FormatUint(uint64(txn), 10),
+		},
+		metaFields: func(next Meta) []any {
+			return appendSubs([]any{fieldInFlight, strconv.FormatUint(uint64(txn), 10),
 				fieldLeftGen, strconv.FormatUint(next.LeftGen, 10),
-				fieldRightGen, strconv.FormatUint(next.RightGen, 10)}, next.Subscriptions)...)
-			if s.beforeExec != nil {
-				s.beforeExec(ctx, p)
-			}
-			return nil
-		})
-		return execErr
-	}, key)
-	if err := s.settle(ctx, err, execErr, next, "partial commit of "+txn.String()); err != nil {
-		return fmt.Errorf("commit partial redis state of %s: %w", txn, err)
-	}
-	applied, err := s.finishUnit(ctx, rd)
-	if err != nil {
-		return fmt.Errorf("commit partial redis state of %s: %w", txn, err)
-	}
-	if err := s.fixSubs(ctx, next, applied+replies.delta()-planned); err != nil {
-		return fmt.Errorf("commit partial redis state of %s: applied, but %w", txn, err)
-	}
-	return nil
+				fieldRightGen, strconv.FormatUint(next.RightGen, 10)}, next.Subscriptions)
+		},
+	})
 }
 
 // preImageSet is what preImages read.

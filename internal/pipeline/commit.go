@@ -286,18 +286,48 @@ func (p *Pipeline) commitTarget(ctx context.Context, job *commitJob) error {
 	}
 	phase(&b.timing.verify)
 	if job.tx != nil {
-		if err := noteTruncations(ctx, job.tx, p.slot, job.truncations); err != nil {
+		if err := p.commitTargetTx(ctx, job.tx, job.truncations, end); err != nil {
 			return err
 		}
-		if err := job.tx.Commit(ctx, p.slot, end); err != nil {
-			return err
-		}
-		p.targetLSN.Store(uint64(end))
-		p.upserted.Add(job.tx.Counts().Upserted)
-		p.deleted.Add(job.tx.Counts().Deleted)
 	}
 	phase(&b.timing.target)
 	return nil
+}
+
+// commitTargetTx commits a target transaction with its TRUNCATE notes and
+// the checkpoint end, then publishes the checkpoint and the rows it
+// changed. Both paths (batches and large transactions) commit the target
+// here.
+func (p *Pipeline) commitTargetTx(ctx context.Context, tx TargetTx, truncations []truncation, end cdc.LSN) error {
+	if err := noteTruncations(ctx, tx, p.slot, truncations); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx, p.slot, end); err != nil {
+		return err
+	}
+	p.targetLSN.Store(uint64(end))
+	p.upserted.Add(tx.Counts().Upserted)
+	p.deleted.Add(tx.Counts().Deleted)
+	return nil
+}
+
+// acknowledge counts what a commit applied (txns transactions with changes
+// changes, last the last of them) and acknowledges end. Both paths
+// acknowledge here, and only here. The count comes first: whoever sees the
+// slot past end (a caught-up check) sees it in the metrics too. wrote says
+// the commit wrote state (a batch that touched no join counts its
+// transactions and changes, but is no batch of work).
+func (p *Pipeline) acknowledge(txns, changes int, last *cdc.Txn, end cdc.LSN, wrote bool) {
+	if wrote {
+		p.batches.Add(1)
+	}
+	p.txns.Add(int64(txns))
+	p.changes.Add(int64(changes))
+	p.applied(last)
+	p.source.Ack(end)
+	if wrote && p.onBatch != nil {
+		p.onBatch()
+	}
 }
 
 // commitState commits the Redis state of every join the job touched and
@@ -308,11 +338,7 @@ func (p *Pipeline) commitState(ctx context.Context, job *commitJob) error {
 	if !slices.Contains(job.touched, true) {
 		// Nothing for any join: no write is needed, and acknowledging is safe
 		// because a restart from the older checkpoint finds nothing either.
-		// Counted first, as below.
-		p.txns.Add(int64(len(b.txns)))
-		p.changes.Add(int64(b.changes))
-		p.applied(b.txns[len(b.txns)-1])
-		p.source.Ack(end)
+		p.acknowledge(len(b.txns), b.changes, b.txns[len(b.txns)-1], end, false)
 		return nil
 	}
 	phase := stopwatch()
@@ -330,16 +356,7 @@ func (p *Pipeline) commitState(ctx context.Context, job *commitJob) error {
 	phase(&b.timing.redis)
 	t := &b.timing
 	p.sizer.worked(t.mapping + t.join + t.write + t.verify + t.target + t.redis)
-	// Counted before the acknowledgement: whoever sees the slot past end
-	// (a caught-up check) sees the batch in the metrics too.
-	p.batches.Add(1)
-	p.txns.Add(int64(len(b.txns)))
-	p.changes.Add(int64(b.changes))
-	p.applied(b.txns[len(b.txns)-1])
-	p.source.Ack(end)
-	if p.onBatch != nil {
-		p.onBatch()
-	}
+	p.acknowledge(len(b.txns), b.changes, b.txns[len(b.txns)-1], end, true)
 	if p.onTiming != nil {
 		p.onTiming(b.timing)
 	}

@@ -145,15 +145,9 @@ func (p *Pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 	}
 	end := chunk.EndLSN
 	if tx != nil {
-		if err := noteTruncations(ctx, tx, p.slot, truncations); err != nil {
+		if err := p.commitTargetTx(ctx, tx, truncations, end); err != nil {
 			return nil, err
 		}
-		if err := tx.Commit(ctx, p.slot, end); err != nil {
-			return nil, err
-		}
-		p.targetLSN.Store(uint64(end))
-		p.upserted.Add(tx.Counts().Upserted)
-		p.deleted.Add(tx.Counts().Deleted)
 	}
 	done = true
 	for i, jr := range p.joins {
@@ -163,14 +157,7 @@ func (p *Pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 			}
 		}
 	}
-	p.batches.Add(1) // before the acknowledgement, as in commitState
-	p.txns.Add(1)
-	p.changes.Add(int64(changes))
-	p.applied(first)
-	p.source.Ack(end)
-	if p.onBatch != nil {
-		p.onBatch()
-	}
+	p.acknowledge(1, changes, chunk, end, true)
 	p.log.Info("large transaction applied", "xid", first.Xid, "changes", changes, "chunks", chunk.Chunk+1, "end_lsn", end.String())
 	return nil, nil
 }

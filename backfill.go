@@ -236,11 +236,6 @@ func outputSources(cols []plan.OutputColumn) []plan.SourceColumn {
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
-// errBackfillRaced means a joined table was truncated or rewritten after the
-// slot's snapshot, while the backfill read it: TRUNCATE is not MVCC-safe,
-// so a read after it saw the table empty. The backfill is retried.
-var errBackfillRaced = errors.New("a joined table was truncated or rewritten while the backfill read it")
-
 // checkRaced runs after the loads, on the backfill's snapshot: a relation
 // whose storage (relfilenode) as the snapshot sees it is not its current
 // one was truncated or rewritten after the snapshot, maybe before a load

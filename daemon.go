@@ -313,7 +313,7 @@ func uniqueTables(tables []config.TableName) []cdc.TableName {
 func connectPostgres(ctx context.Context, url, what string) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("%s database URL %s: %s", what, config.RedactURL(url), redactErr(err, url))
+		return nil, fmt.Errorf("%s database URL %s: %w", what, config.RedactURL(url), redactErr(err, url))
 	}
 	pc.MaxConns = 8
 	if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
@@ -321,31 +321,20 @@ func connectPostgres(ctx context.Context, url, what string) (*pgxpool.Pool, erro
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s database %s: %s", what, config.RedactURL(url), redactErr(err, url))
+		return nil, fmt.Errorf("connect to %s database %s: %w", what, config.RedactURL(url), redactErr(err, url))
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "28P01" || pgErr.Code == "28000") {
-			return nil, fmt.Errorf("%w: connect to %s database %s: %s", errAuthentication, what, config.RedactURL(url), redactErr(err, url))
+			return nil, fmt.Errorf("%w: connect to %s database %s: %w", errAuthentication, what, config.RedactURL(url), redactErr(err, url))
 		}
 		if isCertificateError(err) {
-			return nil, fmt.Errorf("%w: connect to %s database %s: %s", errCertificate, what, config.RedactURL(url), redactErr(err, url))
+			return nil, fmt.Errorf("%w: connect to %s database %s: %w", errCertificate, what, config.RedactURL(url), redactErr(err, url))
 		}
-		return nil, fmt.Errorf("connect to %s database %s: %s", what, config.RedactURL(url), redactErr(err, url))
+		return nil, fmt.Errorf("connect to %s database %s: %w", what, config.RedactURL(url), redactErr(err, url))
 	}
 	return pool, nil
 }
-
-// errAuthentication marks a server refusing fkmat's credentials (Postgres
-// SQLSTATE 28P01 or 28000, Redis WRONGPASS or NOAUTH). Run stops on it with
-// a configuration error unless it had connected before: then the
-// credentials may be being rotated, and it retries.
-var errAuthentication = errors.New("authentication failed")
-
-// errCertificate marks a server certificate that failed verification
-// (unknown authority, wrong host name, expired). Run treats it like
-// errAuthentication: a configuration error before the first connection.
-var errCertificate = errors.New("server certificate not accepted")
 
 // isCertificateError reports whether err is a TLS server certificate
 // verification failure.
@@ -369,17 +358,17 @@ func isCertificateError(err error) bool {
 func connectRedis(ctx context.Context, url string) (redis.UniversalClient, error) {
 	rdb, err := newRedisClient(url)
 	if err != nil {
-		return nil, fmt.Errorf("redis URL %s: %s", config.RedactURL(url), redactErr(err, url))
+		return nil, fmt.Errorf("redis URL %s: %w", config.RedactURL(url), redactErr(err, url))
 	}
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		_ = rdb.Close()
 		if msg := err.Error(); strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH") {
-			return nil, fmt.Errorf("%w: connect to redis %s: %s", errAuthentication, config.RedactURL(url), redactErr(err, url))
+			return nil, fmt.Errorf("%w: connect to redis %s: %w", errAuthentication, config.RedactURL(url), redactErr(err, url))
 		}
 		if isCertificateError(err) {
-			return nil, fmt.Errorf("%w: connect to redis %s: %s", errCertificate, config.RedactURL(url), redactErr(err, url))
+			return nil, fmt.Errorf("%w: connect to redis %s: %w", errCertificate, config.RedactURL(url), redactErr(err, url))
 		}
-		return nil, fmt.Errorf("connect to redis %s: %s", config.RedactURL(url), redactErr(err, url))
+		return nil, fmt.Errorf("connect to redis %s: %w", config.RedactURL(url), redactErr(err, url))
 	}
 	return rdb, nil
 }
@@ -443,13 +432,14 @@ func newRedisClient(raw string) (redis.UniversalClient, error) {
 	return redis.NewClusterClient(o), nil
 }
 
-// redactErr renders err with any password of url removed.
-func redactErr(err error, url string) string {
+// redactErr returns err with any password of url removed from its
+// message, and err still in its chain.
+func redactErr(err error, url string) error {
 	msg := err.Error()
 	if pw := config.PasswordOf(url); pw != "" {
 		msg = strings.ReplaceAll(msg, pw, "xxxxx")
 	}
-	return msg
+	return &redactedError{msg: msg, err: err}
 }
 
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {

@@ -17,12 +17,6 @@ import (
 	"github.com/fkmat/fkmat/cdc"
 )
 
-// ErrPartitionsChanged means a partition of a joined table was detached or
-// dropped while it held rows, or attached with rows in it: the table's
-// contents changed without row changes in the WAL, so the join cannot
-// follow. A rebuild (fkmat backfill --force) can.
-var ErrPartitionsChanged = errors.New("partitions of a joined table changed")
-
 // DefaultPartitionCheckInterval is how often the daemon compares the
 // partitions of the joined partitioned tables with the ones it knows
 // (Options.PartitionCheckInterval).

@@ -14,12 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/fkmat/fkmat/cdc"
-	"github.com/fkmat/fkmat/sink"
 )
-
-// ErrLostState means the Redis state of a join is lost or foreign and
-// Options.OnLostState is LostStateRefuse.
-var ErrLostState = errors.New("redis state lost")
 
 // Run is the daemon: it backfills when needed (first start, interrupted
 // backfill, lost Redis state when allowed), then streams and maintains every
@@ -86,40 +81,39 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			opts.Logger.Error("shutdown failed", "err", err)
 			return err
 		}
-		if terminal(err) {
-			return err
-		}
-		if errors.Is(err, errAuthentication) && !connected {
-			return &config.ConfigError{Problems: []string{err.Error() + "; fix the user or password in the URL (or the server's pg_hba.conf / Redis ACL), then start fkmat run again"}}
-		}
-		if errors.Is(err, errCertificate) && !connected {
-			return &config.ConfigError{Problems: []string{err.Error() + "; trust the server's CA (Postgres: sslrootcert in the URL; Redis: SSL_CERT_FILE) and connect by a host name the certificate holds, then start fkmat run again"}}
-		}
 		if time.Since(started) > time.Minute {
 			delay = time.Second
 		}
 		wait := delay/2 + rand.N(delay)
-		obs.restarted()
-		if !transient(err) {
+		switch recoveryOf(err, connected) {
+		case stopRun:
+			return err
+		case stopCredentials:
+			return credentialsError(err)
+		case retryConnection:
+			obs.restarted()
+			opts.Logger.Error("cannot reach a server, or it is not ready; restarting from the checkpoints when it is",
+				"err", err, "retry_in", wait.Round(time.Millisecond))
+		case retryOrStall:
+			obs.restarted()
 			st := stalls.observe(rs.start, rs.streaming, err)
-			if st.Recurrences > 0 {
-				// The same error at the same position: a stall, shown
-				// everywhere an operator looks.
-				obs.setStall(&st)
-				if rerr := recordStall(ctx, cfg, &st); rerr != nil {
-					opts.Logger.Warn("could not record the stall in fkmat.stall", "err", rerr)
-				}
-				if st.Recurrences >= opts.MaxStallRestarts {
-					opts.Logger.Error("pipeline stalled; giving up", stallAttrs(st, opts.MaxStallRestarts)...)
-					return stallError(st, opts.MaxStallRestarts)
-				}
-				opts.Logger.Error("pipeline stalled: the same error recurs at the same source position; restarting",
-					append(stallAttrs(st, opts.MaxStallRestarts), "retry_in", wait.Round(time.Millisecond))...)
-				goto sleep
+			if st.Recurrences == 0 {
+				opts.Logger.Error("pipeline failed; restarting from the checkpoints", "err", err, "retry_in", wait.Round(time.Millisecond))
+				break
 			}
+			// The same error at the same position: a stall, shown
+			// everywhere an operator looks.
+			obs.setStall(&st)
+			if rerr := recordStall(ctx, cfg, &st); rerr != nil {
+				opts.Logger.Warn("could not record the stall in fkmat.stall", "err", rerr)
+			}
+			if st.Recurrences >= opts.MaxStallRestarts {
+				opts.Logger.Error("pipeline stalled; giving up", stallAttrs(st, opts.MaxStallRestarts)...)
+				return stallError(st, opts.MaxStallRestarts)
+			}
+			opts.Logger.Error("pipeline stalled: the same error recurs at the same source position; restarting",
+				append(stallAttrs(st, opts.MaxStallRestarts), "retry_in", wait.Round(time.Millisecond))...)
 		}
-		opts.Logger.Error("pipeline failed; restarting from the checkpoints", "err", err, "retry_in", wait.Round(time.Millisecond))
-	sleep:
 		select {
 		case <-ctx.Done():
 			return nil
@@ -129,11 +123,14 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	}
 }
 
-// terminal reports whether retrying cannot fix err.
-func terminal(err error) bool {
-	var ce *config.ConfigError
-	return errors.As(err, &ce) || errors.Is(err, pipeline.ErrSchemaChanged) || errors.Is(err, ErrLostState) || errors.Is(err, ErrPartitionsChanged) ||
-		errors.Is(err, sink.ErrShapeMismatch) || errors.Is(err, sink.ErrCheckpointBackwards) || cdc.IsTerminal(err)
+// credentialsError is the configuration error run stops with when a server
+// refused its credentials or certificate before it ever connected.
+func credentialsError(err error) error {
+	fix := "fix the user or password in the URL (or the server's pg_hba.conf / Redis ACL)"
+	if errors.Is(err, errCertificate) {
+		fix = "trust the server's CA (Postgres: sslrootcert in the URL; Redis: SSL_CERT_FILE) and connect by a host name the certificate holds"
+	}
+	return &config.ConfigError{Problems: []string{err.Error() + "; " + fix + ", then start fkmat run again"}}
 }
 
 // runState is what Run learns of one pipeline run: where it started

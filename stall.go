@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"time"
@@ -12,20 +11,12 @@ import (
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/pipeline"
 
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/redis/go-redis/v9"
-
 	"github.com/fkmat/fkmat/cdc"
-	"github.com/fkmat/fkmat/redisstore"
 )
 
 // DefaultMaxStallRestarts is how many times the same error may recur at the
 // same source position before run gives up (Options.MaxStallRestarts).
 const DefaultMaxStallRestarts = 10
-
-// ErrStalled means the same error recurred at the same source position
-// Options.MaxStallRestarts times: retrying cannot help, and run stops.
-var ErrStalled = errors.New("pipeline stalled")
 
 // Stall describes a pipeline that fails the same way at the same source
 // position after every restart.
@@ -93,32 +84,6 @@ func rootCause(err error) string {
 		}
 		err = next
 	}
-}
-
-// transient reports whether err is a connection problem (a server down,
-// restarting, unreachable or slow): retried forever, never a stall. Redis's
-// part (a connection cut off or refused, a cluster or node saying "not
-// now") is redisstore.Resendable, the test of the state's own resends.
-func transient(err error) bool {
-	switch {
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout),
-		errors.Is(err, pipeline.ErrStateChanged), errors.Is(err, errBackfillRaced), pgconn.Timeout(err), pgconn.SafeToRetry(err),
-		redisstore.Resendable(err):
-		return true
-	}
-	if _, ok := errors.AsType[net.Error](err); ok {
-		return true
-	}
-	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
-		return true
-	}
-	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && len(pgErr.Code) >= 2 {
-		switch pgErr.Code[:2] {
-		case "08", "53", "57", "58":
-			return true
-		}
-	}
-	return false
 }
 
 // stallFix names what gets a stalled pipeline going again.

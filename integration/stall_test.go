@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -248,4 +249,147 @@ func TestShutdownCommitFails(t *testing.T) {
 	d = startDaemon(t, cfg, fkmat.Options{})
 	waitCaughtUp(t, tc, d)
 	assertOracle(t, cfg)
+}
+
+// TestRedisLoadingIsNoStall: a Redis that restarts and then answers LOADING
+// for longer than the whole stall budget (--max-stall-restarts) while it
+// reads its data back is a connection problem, not a stall. The daemon
+// restarts its session on every failure meanwhile (more of them than the
+// budget allows a stall), never says it is stalled (log, metric,
+// /readyz), does not exit, and catches up once Redis is ready, equal to
+// the SQL join.
+func TestRedisLoadingIsNoStall(t *testing.T) {
+	tc := testenv.New(t)
+	rd := testenv.StartLocalRedis(t)
+	// Filler keys, in a database of their own, make the reload slow with
+	// key-load-delay (microseconds per key): 120k keys take about 28 s here.
+	fill := rd.Client()
+	defer fill.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := fill.Do(ctx, "SELECT", 15).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 120_000; i += 10_000 {
+		p := fill.Pipeline()
+		p.Select(ctx, 15)
+		for k := i; k < i+10_000; k++ {
+			p.Set(ctx, fmt.Sprintf("filler:%d", k), "0123456789abcdef", 0)
+		}
+		if _, err := p.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	sqlExec(t, tc, shop, `INSERT INTO customers SELECT g, 'c' || g, 'gold' FROM generate_series(1, 20) g`,
+		`INSERT INTO orders SELECT g, g % 20 + 1, g, 'n' FROM generate_series(1, 200) g`)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	cfg.Redis = rd.URL()
+	logs := &syncBuffer{}
+	var addr atomic.Value
+	const maxStalls = 2
+	d := startDaemon(t, cfg, fkmat.Options{
+		Logger:      slog.New(slog.NewTextHandler(logs, nil)),
+		MetricsAddr: "127.0.0.1:0", MaxStallRestarts: maxStalls,
+		MetricsBound: func(a net.Addr) { addr.Store(a.String()) },
+	})
+	waitCaughtUp(t, tc, d)
+	get := func(path string) (int, string) {
+		a, _ := addr.Load().(string)
+		resp, err := http.Get("http://" + a + path)
+		if err != nil {
+			return 0, ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	restarts := func() int {
+		_, body := get("/metrics")
+		m := regexp.MustCompile(`\nfkmat_pipeline_restarts_total (\d+)`).FindStringSubmatch(body)
+		if m == nil {
+			t.Fatalf("no fkmat_pipeline_restarts_total in /metrics")
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	before := restarts()
+
+	// Changes keep coming, so that the daemon needs Redis all along.
+	writes, stopWrites := context.WithCancel(ctx)
+	wrote := make(chan error, 1)
+	go func() {
+		id := 1000
+		for writes.Err() == nil {
+			id++
+			if _, err := tc.Pool.Exec(writes, `INSERT INTO orders VALUES ($1, $2, $3, 'w')`, id, id%20+1, id); err != nil && writes.Err() == nil {
+				wrote <- err
+				return
+			}
+			if _, err := tc.Pool.Exec(writes, `UPDATE customers SET name = 'c' || $1::bigint WHERE id = $2`, id, id%20+1); err != nil && writes.Err() == nil {
+				wrote <- err
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		wrote <- nil
+	}()
+	defer stopWrites()
+
+	if err := rd.Restart(ctx, "--key-load-delay", "150", "--loading-process-events-interval-bytes", "1024"); err != nil {
+		t.Fatal(err)
+	}
+	probe := rd.Client()
+	defer probe.Close()
+	loadingSince := time.Now()
+	for {
+		err := probe.Ping(ctx).Err()
+		if err == nil {
+			break
+		}
+		if !strings.HasPrefix(err.Error(), "LOADING") {
+			t.Fatalf("redis while loading: %v", err)
+		}
+		if _, body := get("/metrics"); !strings.Contains(body, "\nfkmat_pipeline_stalled 0\n") {
+			t.Fatalf("fkmat_pipeline_stalled is not 0 while Redis loads:\n%s", tail(body, 2000))
+		}
+		if _, body := get("/readyz"); strings.Contains(body, "stall") {
+			t.Fatalf("/readyz says stalled while Redis loads: %q", body)
+		}
+		select {
+		case err := <-d.done:
+			d.cancel = nil
+			t.Fatalf("run stopped while Redis was loading: %v\n%s", err, tail(logs.String(), 3000))
+		case err := <-wrote:
+			t.Fatalf("source writes: %v", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	loading := time.Since(loadingSince)
+	during := restarts() - before
+	t.Logf("redis answered LOADING for %s; the daemon restarted its session %d times meanwhile", loading.Round(time.Millisecond), during)
+	if during <= maxStalls {
+		t.Fatalf("only %d restarts while Redis loaded for %s: the test did not outlast the stall budget (%d); make the reload longer",
+			during, loading.Round(time.Millisecond), maxStalls)
+	}
+
+	stopWrites()
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	out := logs.String()
+	if strings.Contains(out, "pipeline stalled") {
+		t.Errorf("a Redis loading its data was logged as a stall:\n%s", tail(out, 3000))
+	}
+	if !strings.Contains(out, "LOADING") {
+		t.Errorf("the daemon's log never named LOADING:\n%s", tail(out, 3000))
+	}
+	select {
+	case err := <-d.done:
+		d.cancel = nil
+		t.Fatalf("run stopped: %v", err)
+	default:
+	}
 }

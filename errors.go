@@ -1,0 +1,126 @@
+package fkmat
+
+import (
+	"context"
+	"errors"
+	"net"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/pipeline"
+	"github.com/fkmat/fkmat/redisstore"
+	"github.com/fkmat/fkmat/sink"
+)
+
+// The daemon's errors. The pipeline's own are in internal/pipeline's
+// errors.go, the stream's in cdc's, the config file's in internal/config;
+// recoveryOf below says what Run does with each.
+var (
+	// ErrLostState means the Redis state of a join is lost or foreign and
+	// Options.OnLostState is LostStateRefuse.
+	ErrLostState = errors.New("redis state lost")
+	// ErrStalled means the same error recurred at the same source position
+	// Options.MaxStallRestarts times: retrying cannot help, and run stops.
+	ErrStalled = errors.New("pipeline stalled")
+	// ErrPartitionsChanged means a partition of a joined table was detached
+	// or dropped while it held rows, or attached with rows in it: the
+	// table's contents changed without row changes in the WAL, so the join
+	// cannot follow. A rebuild (fkmat backfill --force) can.
+	ErrPartitionsChanged = errors.New("partitions of a joined table changed")
+
+	// errAuthentication marks a server refusing fkmat's credentials
+	// (Postgres SQLSTATE 28P01 or 28000, Redis WRONGPASS or NOAUTH).
+	errAuthentication = errors.New("authentication failed")
+	// errCertificate marks a server certificate that failed verification
+	// (unknown authority, wrong host name, expired).
+	errCertificate = errors.New("server certificate not accepted")
+	// errBackfillRaced means a joined table was truncated or rewritten after
+	// the slot's snapshot, while the backfill read it: TRUNCATE is not
+	// MVCC-safe, so a read after it saw the table empty. The backfill is
+	// retried.
+	errBackfillRaced = errors.New("a joined table was truncated or rewritten while the backfill read it")
+)
+
+// redactedError is err with a secret (a password) masked in its message.
+// It keeps err in its chain, so that recoveryOf still sees a refused
+// connection or a Redis LOADING behind it.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
+
+// recovery is what Run does after an error.
+type recovery int
+
+const (
+	// stopRun: retrying cannot fix it (the configuration, a schema change
+	// the join cannot follow, lost state under --on-lost-state refuse, a
+	// terminal replication error).
+	stopRun recovery = iota
+	// stopCredentials: a server refused the credentials or certificate
+	// before run ever connected: a configuration error naming the fix.
+	// After a first connection they may be being rotated, and run retries.
+	stopCredentials
+	// retryConnection: a server down, restarting, unreachable or slow, or
+	// saying "not now" (Redis LOADING, CLUSTERDOWN, TRYAGAIN, MASTERDOWN),
+	// or the state replaced under the daemon: retried for as long as it
+	// lasts, and never counted as a stall.
+	retryConnection
+	// retryOrStall: anything else is retried from the checkpoints; the same
+	// error at the same source position again is a stall, and run stops
+	// after Options.MaxStallRestarts of them.
+	retryOrStall
+)
+
+// recoveryOf classifies err; connected says run has connected to every
+// server once.
+func recoveryOf(err error, connected bool) recovery {
+	switch {
+	case stops(err):
+		return stopRun
+	case (errors.Is(err, errAuthentication) || errors.Is(err, errCertificate)) && !connected:
+		return stopCredentials
+	case connectionError(err), errors.Is(err, pipeline.ErrStateChanged), errors.Is(err, errBackfillRaced):
+		return retryConnection
+	}
+	return retryOrStall
+}
+
+// stops reports whether retrying cannot fix err.
+func stops(err error) bool {
+	_, isConfig := errors.AsType[*config.ConfigError](err)
+	return isConfig || errors.Is(err, pipeline.ErrSchemaChanged) || errors.Is(err, ErrLostState) ||
+		errors.Is(err, ErrPartitionsChanged) || errors.Is(err, sink.ErrShapeMismatch) ||
+		errors.Is(err, sink.ErrCheckpointBackwards) || cdc.IsTerminal(err)
+}
+
+// connectionError reports whether err is a connection problem: a server
+// down, restarting, unreachable or slow, or saying "not now". Redis's part
+// (a connection cut off or refused, a cluster or node saying "not now") is
+// redisstore.Resendable, the test of the state's own resends.
+func connectionError(err error) bool {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout),
+		pgconn.Timeout(err), pgconn.SafeToRetry(err), redisstore.Resendable(err):
+		return true
+	}
+	if _, ok := errors.AsType[net.Error](err); ok {
+		return true
+	}
+	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
+		return true
+	}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && len(pgErr.Code) >= 2 {
+		switch pgErr.Code[:2] {
+		case "08", "53", "57", "58":
+			return true
+		}
+	}
+	return false
+}

@@ -233,7 +233,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		return nil
 	})
 	g.Go(func() error { return d.watchPartitions(gctx, watch) })
-	g.Go(func() error { return d.watchSlot(gctx, p) })
+	g.Go(func() error { return d.monitor(gctx, p) })
 	g.Go(func() error { return d.verifyLoop(gctx, p, rs.verify) })
 	g.Go(func() error {
 		runErr := p.Run(gctx)

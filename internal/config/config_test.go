@@ -196,3 +196,162 @@ func TestValidateRedisURLs(t *testing.T) {
 		t.Errorf("RedactURL kept the password: %q", got)
 	}
 }
+
+func TestParseListForm(t *testing.T) {
+	t.Parallel()
+	cfg, err := LoadConfig("testdata/nway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	j := cfg.Joins[0]
+	if !j.IsList() || len(j.Rights) != 3 {
+		t.Fatalf("rights = %+v, want the list form with 3 entries", j.Rights)
+	}
+	for i, want := range []struct {
+		alias, typ string
+		parent     int
+	}{{"customers", "left", -1}, {"products", "inner", -1}, {"regions", "left", 0}} {
+		r := j.Rights[i]
+		parent, err := j.ParentOf(i)
+		if r.Alias() != want.alias || r.Type != want.typ || err != nil || parent != want.parent {
+			t.Errorf("right[%d] = alias %q type %q parent %d (%v), want %q %q %d", i, r.Alias(), r.Type, parent, err, want.alias, want.typ, want.parent)
+		}
+	}
+	if got := j.Rights[2].ForeignKey; len(got) != 1 || got[0] != "region_id" {
+		t.Errorf("regions foreign_key = %v", got)
+	}
+	if tables := j.Tables(); len(tables) != 4 {
+		t.Errorf("tables = %v, want 4", tables)
+	}
+}
+
+// TestListFormErrors: every mistake in the list form is reported, each
+// naming its fix; cycles and forward references are refused.
+func TestListFormErrors(t *testing.T) {
+	t.Parallel()
+	head := "source: postgres://localhost/shop\nredis: redis://localhost:6379/0\njoins:\n  - name: j\n    type: left\n    target: {table: out}\n"
+	for name, tc := range map[string]struct {
+		yaml string
+		want []string // in the Validate or parse error
+	}{
+		"forward from": {
+			"    left: {table: orders}\n    right:\n      - {table: regions, from: customers, foreign_key: [region_id]}\n      - {table: customers, foreign_key: [customer_id]}\n",
+			[]string{`right[0] (regions): from "customers" names an entry listed after this one`, `move "customers" above this entry`},
+		},
+		"self from": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, from: customers, foreign_key: [customer_id]}\n",
+			[]string{`names the entry itself`, `cycle`},
+		},
+		"unknown from": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, foreign_key: [customer_id]}\n      - {table: regions, from: custmers, foreign_key: [region_id]}\n",
+			[]string{`from "custmers" names no table of this join; use the left table or an earlier entry: orders, customers`},
+		},
+		"duplicate as": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, foreign_key: [buyer_id]}\n      - {table: customers, foreign_key: [seller_id]}\n",
+			[]string{`right[1] (customers): the name "customers" is taken by right[0]; give this entry a distinct ` + "`as`"},
+		},
+		"as clashes with left": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, as: orders, foreign_key: [customer_id]}\n",
+			[]string{`the name "orders" is taken by the left table`},
+		},
+		"left foreign key": {
+			"    left: {table: orders, foreign_key: [customer_id]}\n    right:\n      - {table: customers, foreign_key: [customer_id]}\n",
+			[]string{"left.foreign_key belongs to the two-table form"},
+		},
+		"missing foreign key and bad type": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, type: outer}\n",
+			[]string{"right[0] (customers): set foreign_key (the columns of public.orders that reference public.customers)",
+				`type "outer" is not a join type`},
+		},
+		"key count": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, key: [id, region], foreign_key: [customer_id]}\n",
+			[]string{"foreign_key has 1 columns but key has 2"},
+		},
+		"empty list": {
+			"    left: {table: orders}\n    right: []\n",
+			[]string{"right is an empty list"},
+		},
+		"target is a source": {
+			"    left: {table: orders}\n    right:\n      - {table: out, foreign_key: [customer_id]}\n",
+			[]string{"target.table public.out is a source table"},
+		},
+		"unknown key in an entry": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, foreignkey: [customer_id]}\n",
+			[]string{`an entry of right has no key "foreignkey"`},
+		},
+		"list keys in the mapping form": {
+			"    left: {table: orders, foreign_key: [customer_id]}\n    right: {table: customers, from: orders}\n",
+			[]string{"right.from belongs to the list form of right"},
+		},
+		"non-equality condition": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, foreign_key: [customer_id], on: \"orders.amount > customers.limit\"}\n",
+			[]string{`has no key "on"`, "conditions other than that equality", "not supported"},
+		},
+		"aggregate key": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, foreign_key: [customer_id]}\n    group_by: [customer_id]\n",
+			[]string{`has no key "group_by"`, "aggregates are not supported"},
+		},
+		"aggregate column": {
+			"    left: {table: orders, columns: [id, sum(amount) AS total]}\n    right:\n      - {table: customers, foreign_key: [customer_id]}\n",
+			[]string{`column "sum(amount) AS total": expressions and aggregates`, "not supported"},
+		},
+		"unknown key in left": {
+			"    left: {table: orders, typo: 1}\n    right:\n      - {table: customers, foreign_key: [customer_id]}\n",
+			[]string{`left has no key "typo"`},
+		},
+	} {
+		cfg, err := ParseConfig([]byte(head + tc.yaml))
+		if err == nil {
+			cfg.ApplyDefaults()
+			err = cfg.Validate()
+		}
+		var ce *ConfigError
+		if !errors.As(err, &ce) {
+			t.Errorf("%s: err = %v, want a *ConfigError", name, err)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error lacks %q:\n%v", name, w, err)
+			}
+		}
+	}
+}
+
+// TestFromNames: from takes an as name or a table name (SPEC); a name
+// matches first, and a table name reaches an entry renamed by as when no
+// name matches it; two such entries are ambiguous.
+func TestFromNames(t *testing.T) {
+	t.Parallel()
+	head := "source: postgres://localhost/shop\nredis: redis://localhost:6379/0\njoins:\n  - name: j\n    type: left\n    target: {table: out}\n    left: {table: orders}\n    right:\n"
+	for name, tc := range map[string]struct {
+		entries string
+		parent  int // of the last entry; -2: an error containing err
+		err     string
+	}{
+		"as name":                              {"      - {table: customers, as: buyer, foreign_key: [buyer_id]}\n      - {table: regions, from: buyer, foreign_key: [region_id]}\n", 0, ""},
+		"table name of an entry renamed by as": {"      - {table: customers, as: buyer, foreign_key: [buyer_id]}\n      - {table: regions, from: customers, foreign_key: [region_id]}\n", 0, ""},
+		"schema-qualified":                     {"      - {table: customers, as: buyer, foreign_key: [buyer_id]}\n      - {table: regions, from: public.customers, foreign_key: [region_id]}\n", 0, ""},
+		"the name wins over a renamed entry":   {"      - {table: customers, as: seller, foreign_key: [seller_id]}\n      - {table: customers, foreign_key: [customer_id]}\n      - {table: regions, from: customers, foreign_key: [region_id]}\n", 1, ""},
+		"two renamed entries":                  {"      - {table: customers, as: seller, foreign_key: [seller_id]}\n      - {table: customers, as: buyer, foreign_key: [customer_id]}\n      - {table: regions, from: customers, foreign_key: [region_id]}\n", -2, "ambiguous"},
+		"the left table":                       {"      - {table: customers, foreign_key: [customer_id]}\n      - {table: regions, from: orders, foreign_key: [region_id]}\n", -1, ""},
+	} {
+		cfg, err := ParseConfig([]byte(head + tc.entries))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		j := cfg.Joins[0]
+		last := len(j.Rights) - 1
+		parent, err := j.ParentOf(last)
+		switch {
+		case tc.parent == -2 && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: parent %d, %v; want an error saying %q", name, parent, err, tc.err)
+		case tc.parent != -2 && (err != nil || parent != tc.parent):
+			t.Errorf("%s: parent %d, %v; want %d", name, parent, err, tc.parent)
+		}
+	}
+}

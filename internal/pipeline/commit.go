@@ -43,7 +43,7 @@ const maxBufferedRows = 50_000
 // overlay of the in-flight batch's mutations; if those cannot be overlaid
 // (a TRUNCATE), or the batch's output outgrows maxBufferedRows, prepare
 // first waits for the in-flight batch, whose error it then returns.
-func (p *Pipeline) prepare(ctx context.Context, b *batch, f []*commitJob) (*commitJob, error) {
+func (p *Pipeline) prepare(ctx context.Context, b *batch, inFlight []*commitJob) (*commitJob, error) {
 	job := &commitJob{b: b, end: b.end(), touched: make([]bool, len(p.joins)),
 		outs: make([][]join.Output, len(p.joins)), muts: make([]join.Mutations, len(p.joins))}
 	job.writeTarget = job.end > p.targetCheckpoint()
@@ -67,21 +67,21 @@ func (p *Pipeline) prepare(ctx context.Context, b *batch, f []*commitJob) (*comm
 	}
 	phase(&b.timing.mapping)
 
-	settled := len(f) == 0
+	settled := len(inFlight) == 0
 	settle := func() error {
 		if settled {
 			return nil
 		}
 		settled = true
-		return p.waitAll(f)
+		return p.waitAll(inFlight)
 	}
 	for i, jr := range p.joins {
 		var older, newer *join.Mutations
-		switch len(f) {
+		switch len(inFlight) {
 		case 1:
-			newer = &f[0].muts[i]
+			newer = &inFlight[0].muts[i]
 		case 2:
-			older, newer = &f[0].muts[i], &f[1].muts[i]
+			older, newer = &inFlight[0].muts[i], &inFlight[1].muts[i]
 		}
 		if err := jr.overlay(older, newer); errors.Is(err, join.ErrCannotOverlay) {
 			if err := settle(); err != nil {
@@ -203,9 +203,9 @@ func (p *Pipeline) wait(job *commitJob) error {
 
 // waitAll waits for every job and returns the first one's error (a later
 // job of a failed one ends with errEarlierFailed).
-func (p *Pipeline) waitAll(f []*commitJob) error {
+func (p *Pipeline) waitAll(inFlight []*commitJob) error {
 	var first error
-	for _, job := range f {
+	for _, job := range inFlight {
 		if err := p.wait(job); first == nil {
 			first = err
 		}
@@ -213,31 +213,32 @@ func (p *Pipeline) waitAll(f []*commitJob) error {
 	return first
 }
 
-// trim drops the finished jobs at the front of f, returning the first error.
-func (p *Pipeline) trim(f []*commitJob) ([]*commitJob, error) {
-	for len(f) > 0 {
+// trim drops the finished jobs at the front of inFlight, returning the
+// first error.
+func (p *Pipeline) trim(inFlight []*commitJob) ([]*commitJob, error) {
+	for len(inFlight) > 0 {
 		select {
-		case <-f[0].finished:
+		case <-inFlight[0].finished:
 		default:
-			return f, nil
+			return inFlight, nil
 		}
-		if f[0].err != nil {
-			return f, f[0].err
+		if inFlight[0].err != nil {
+			return inFlight, inFlight[0].err
 		}
-		f = f[1:]
+		inFlight = inFlight[1:]
 	}
-	return f, nil
+	return inFlight, nil
 }
 
 // nextWhile is next, but returns an in-flight job's error as soon as its
 // commits fail, instead of waiting for a transaction that may never come.
 // The last job ends when any fails: every job ends with its predecessor's
 // failure.
-func (p *Pipeline) nextWhile(ctx context.Context, f []*commitJob) (*cdc.Txn, error) {
-	if len(f) == 0 {
+func (p *Pipeline) nextWhile(ctx context.Context, inFlight []*commitJob) (*cdc.Txn, error) {
+	if len(inFlight) == 0 {
 		return p.next(ctx)
 	}
-	last := f[len(f)-1]
+	last := inFlight[len(inFlight)-1]
 	nctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -251,7 +252,7 @@ func (p *Pipeline) nextWhile(ctx context.Context, f []*commitJob) (*cdc.Txn, err
 	}()
 	t, err := p.next(nctx)
 	if err != nil && ctx.Err() == nil {
-		if werr := p.waitAll(f); werr != nil {
+		if werr := p.waitAll(inFlight); werr != nil {
 			return nil, werr
 		}
 	}

@@ -14,8 +14,8 @@ import (
 // fan-out through an entry before the last passed on more rows than a page
 // (join.ErrChainFanOut), and only a large transaction writes pages of its
 // state as it goes.
-func (p *Pipeline) applyEach(ctx context.Context, b *batch, f []*commitJob) error {
-	if err := p.waitAll(f); err != nil {
+func (p *Pipeline) applyEach(ctx context.Context, b *batch, inFlight []*commitJob) error {
+	if err := p.waitAll(inFlight); err != nil {
 		return err
 	}
 	for _, jr := range p.joins {

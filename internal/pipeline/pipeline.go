@@ -167,9 +167,9 @@ func (p *Pipeline) targetCheckpoint() cdc.LSN { return cdc.LSN(p.targetLSN.Load(
 // anything more (a target already committed ahead of the state is replayed
 // for Redis only on the next start).
 func (p *Pipeline) Run(ctx context.Context) (err error) {
-	var f []*commitJob // in flight, oldest first
+	var inFlight []*commitJob // committing, oldest first
 	defer func() {
-		if werr := p.waitAll(f); err == nil {
+		if werr := p.waitAll(inFlight); err == nil {
 			err = werr
 		}
 		if err != nil && ctx.Err() != nil {
@@ -177,7 +177,7 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 		}
 	}()
 	for {
-		if f, err = p.trim(f); err != nil {
+		if inFlight, err = p.trim(inFlight); err != nil {
 			return err
 		}
 		if ctx.Err() != nil {
@@ -185,7 +185,7 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 			// only the batches in hand are finished.
 			return nil
 		}
-		first, err := p.nextWhile(ctx, f)
+		first, err := p.nextWhile(ctx, inFlight)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -193,8 +193,8 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 			return err
 		}
 		if !first.Final {
-			err := p.waitAll(f)
-			f = nil
+			err := p.waitAll(inFlight)
+			inFlight = nil
 			if err != nil {
 				return err
 			}
@@ -212,20 +212,20 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 		b.timing.collect = time.Since(start)
 		// At most two batches in flight while the next is joined: one in
 		// its state commit, one in its target commit.
-		for len(f) > 2 {
-			if err := p.wait(f[0]); err != nil {
+		for len(inFlight) > 2 {
+			if err := p.wait(inFlight[0]); err != nil {
 				return err
 			}
-			f = f[1:]
+			inFlight = inFlight[1:]
 		}
 		// The batch in hand is finished even during shutdown, within a
 		// grace period. A batch is never timed out while the daemon runs:
 		// a right row with a million dependents takes as long as it takes,
 		// and a deadline would fail it again on every restart.
 		bctx, cancel := afterGrace(ctx, shutdownGrace)
-		job, err := p.prepare(bctx, b, f)
+		job, err := p.prepare(bctx, b, inFlight)
 		if err == nil {
-			f, err = p.trim(f)
+			inFlight, err = p.trim(inFlight)
 		}
 		if err != nil {
 			if job != nil && job.tx != nil {
@@ -236,8 +236,8 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 				// Nothing of the batch is written: apply its transactions
 				// one at a time as large ones, whose chain pages are
 				// written as they come.
-				err := p.applyEach(ctx, b, f)
-				f = nil
+				err := p.applyEach(ctx, b, inFlight)
+				inFlight = nil
 				if err != nil {
 					return err
 				}
@@ -246,10 +246,10 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 			return err
 		}
 		var prev *commitJob
-		if len(f) > 0 {
-			prev = f[len(f)-1]
+		if len(inFlight) > 0 {
+			prev = inFlight[len(inFlight)-1]
 		}
-		f = append(f, p.startCommit(bctx, cancel, job, prev))
+		inFlight = append(inFlight, p.startCommit(bctx, cancel, job, prev))
 	}
 }
 

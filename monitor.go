@@ -25,13 +25,16 @@ func (r rateLimit) allow(key string, now time.Time) bool {
 	return true
 }
 
-// watchSlot samples the replication slot every SlotCheckInterval while the
-// pipeline streams: it publishes the slot's retained WAL, wal_status and
-// safe_wal_size, warns (rate-limited) when the slot retains more than
-// SlotRetainedWarn or is close to being invalidated, stops run when the
-// slot is invalidated, reports the daemon in fkmat.daemon for fkmat
-// status, and logs a summary line every minute.
-func (d *daemon) watchSlot(ctx context.Context, p *pipeline.Pipeline) error {
+// monitor does the daemon's periodic duties while the pipeline streams,
+// every SlotCheckInterval:
+//   - it samples the replication slot: it publishes the slot's retained
+//     WAL, wal_status and safe_wal_size, warns (rate-limited) when the slot
+//     retains more than SlotRetainedWarn or is close to being invalidated,
+//     and stops run when the slot is invalidated;
+//   - it writes the heartbeat in fkmat.daemon that fkmat status reads;
+//   - it warns when Redis writes were not confirmed by their replicas;
+//   - it logs a summary line every SummaryInterval.
+func (d *daemon) monitor(ctx context.Context, p *pipeline.Pipeline) error {
 	t := time.NewTicker(d.opts.SlotCheckInterval)
 	defer t.Stop()
 	host, _ := os.Hostname()

@@ -1,0 +1,41 @@
+package fkmat
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/fkmat/fkmat/internal/plan"
+
+	"github.com/fkmat/fkmat/internal/config"
+
+	"github.com/fkmat/fkmat/sink"
+)
+
+// Migrate creates fkmat's metadata schema and the target tables (or checks
+// that existing ones have the right shape). It is idempotent.
+func Migrate(ctx context.Context, cfg *config.Config, opts Options) error {
+	source, err := connectPostgres(ctx, cfg.Source, "source")
+	if err != nil {
+		return err
+	}
+	defer source.Close()
+	plans, err := plan.Resolve(ctx, source, cfg)
+	if err != nil {
+		return err
+	}
+	target, err := connectPostgres(ctx, cfg.Target, "target")
+	if err != nil {
+		return err
+	}
+	defer target.Close()
+	if err := migrate(ctx, target); err != nil {
+		return err
+	}
+	w := sink.NewWriter(target)
+	for _, p := range plans {
+		if _, err := w.EnsureTable(ctx, &p.Target); err != nil {
+			return fmt.Errorf("join %q: %w", p.Name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,127 @@
+package fkmat
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/fkmat/fkmat/internal/plan"
+
+	"github.com/fkmat/fkmat/internal/config"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/redisstore"
+	"github.com/fkmat/fkmat/sink"
+)
+
+// Teardown drops the slot, the publication, every join's Redis state and
+// fkmat's metadata rows for the slot; with dropTarget also the targets.
+//
+// It works from the configuration alone, without resolving the joins against
+// the source catalog or checking the targets' shape, so that it also cleans
+// up after the source tables changed (the fix a stopped daemon names for a
+// retyped column). A target is dropped only when fkmat built it for the
+// join, or when it has exactly the join's shape: never a table that merely
+// has the configured name.
+func Teardown(ctx context.Context, cfg *config.Config, dropTarget bool, opts Options) error {
+	opts.setDefaults()
+	target, err := connectPostgres(ctx, cfg.Target, "target")
+	if err != nil {
+		return err
+	}
+	defer target.Close()
+	if err := migrate(ctx, target); err != nil {
+		return err
+	}
+	rdb, err := connectRedis(ctx, cfg.Redis)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = rdb.Close() }()
+	client, err := cdc.New(cdc.Config{ConnString: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication,
+		Tables: configuredTables(cfg), Logger: opts.Logger})
+	if err != nil {
+		return err
+	}
+	w := sink.NewWriter(target)
+	var drop []*sink.Table
+	if dropTarget {
+		// Check every target before anything is destroyed.
+		for _, j := range cfg.Joins {
+			t, err := droppableTarget(ctx, cfg, target, w, j)
+			if err != nil {
+				return err
+			}
+			drop = append(drop, t)
+		}
+	}
+	if err := client.Teardown(ctx); err != nil {
+		return err
+	}
+	for _, j := range cfg.Joins {
+		prefixes := []string{RedisPrefix(cfg.Slot, j.Name)}
+		for i := range j.Rights {
+			prefixes = append(prefixes, RedisStepPrefix(cfg.Slot, j.Name, i))
+		}
+		for _, prefix := range prefixes {
+			store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: prefix})
+			if err == nil {
+				err = store.Drop(ctx)
+			}
+			if err != nil {
+				return fmt.Errorf("delete redis state of join %q: %w", j.Name, err)
+			}
+		}
+	}
+	for _, t := range drop {
+		if err := w.DropTable(ctx, t); err != nil {
+			return err
+		}
+	}
+	tx, err := target.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	for _, q := range []string{`DELETE FROM fkmat.join_state WHERE slot = $1`, `DELETE FROM fkmat.checkpoint WHERE slot = $1`,
+		`DELETE FROM fkmat.stall WHERE slot = $1`, `DELETE FROM fkmat.partitions WHERE slot = $1`,
+		`DELETE FROM fkmat.daemon WHERE slot = $1`} {
+		if _, err := tx.Exec(ctx, q, cfg.Slot); err != nil {
+			return fmt.Errorf("delete fkmat metadata: %w", err)
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+// droppableTarget returns j's target if teardown may drop it: fkmat's
+// metadata says a backfill of this join wrote it, or it does not exist, or
+// it has the shape the join produces from the current source tables.
+func droppableTarget(ctx context.Context, cfg *config.Config, target plan.Querier, w *sink.Writer, j config.JoinConfig) (*sink.Table, error) {
+	t := &sink.Table{Schema: j.Target.Table.Schema, Name: j.Target.Table.Name}
+	var owned, exists bool
+	err := target.QueryRow(ctx, `
+		SELECT EXISTS (SELECT FROM fkmat.join_state WHERE slot = $1 AND join_name = $2 AND target_schema = $3 AND target_table = $4),
+			to_regclass($5) IS NOT NULL`,
+		cfg.Slot, j.Name, t.Schema, t.Name, t.Ident()).Scan(&owned, &exists)
+	if err != nil {
+		return nil, fmt.Errorf("look up target of join %q: %w", j.Name, err)
+	}
+	if owned || !exists {
+		return t, nil
+	}
+	one := *cfg
+	one.Joins = []config.JoinConfig{j}
+	source, err := connectPostgres(ctx, cfg.Source, "source")
+	if err != nil {
+		return nil, err
+	}
+	defer source.Close()
+	plans, err := plan.Resolve(ctx, source, &one)
+	if err == nil {
+		_, err = w.EnsureTable(ctx, &plans[0].Target)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("join %q: not dropping %s: fkmat did not build it for this join and its shape does not match (%v); drop it yourself if it is yours to drop",
+			j.Name, t.Ident(), err)
+	}
+	return t, nil
+}

@@ -15,10 +15,16 @@ LDFLAGS := -X github.com/fkmat/fkmat/internal/buildinfo.version=$(VERSION)
 
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: build image demo bench test test-unit test-race test-images lint soak
+.PHONY: build help image demo bench test test-unit test-race test-images lint soak
 
+## build: the fkmat binary in bin/ (the default target)
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/fkmat
+
+## help: this list of targets
+help:
+	@grep -E '^## [a-z-]+:' $(firstword $(MAKEFILE_LIST)) | sed 's/^## //' | \
+		awk '{ i = index($$0, ": "); printf "  %-12s %s\n", substr($$0, 1, i - 1), substr($$0, i + 2) }'
 
 ## image: the container image fkmat:<version> (and fkmat:latest), from the static binary alone, with no registry
 image:
@@ -41,11 +47,10 @@ soak: test-images
 	FKMAT_FAULT_OPS=$${FKMAT_FAULT_OPS:-100000} FKMAT_VERIFY_PGBENCH=$${FKMAT_VERIFY_PGBENCH:-5m} \
 		$(GO) test -count=1 -v -run '^(TestFault|TestContinuousVerifyPgbench$$)' -timeout 60m ./integration/
 
-## test-race: the engine's and the pipeline's tests under the race detector (the join package, the root package, and the in-process daemon integration tests)
-RACE_TESTS := TestDaemonEndToEnd|TestNWaySpecExample|TestKeyChangeToast|TestSelfJoin|TestPartitionedTables|TestStall|TestShutdownCommitFails|TestToastUnchanged|TestTruncate|TestJoinsShareOneSlot|TestContinuousVerify|TestDashboardMetrics|TestLagSeconds|TestPartitionTruncate
+## test-race: the engine's and the pipeline's tests under the race detector, and the integration tests that call testenv.Race (those that drive the daemon in process)
 test-race: test-images
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./join/... .
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -run '^($(RACE_TESTS))$$' ./integration/
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./join/... ./internal/pipeline/ .
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./integration/
 
 ## test-unit: tests that need no Docker (integration tests skip under -short)
 test-unit:

@@ -113,28 +113,22 @@ func (o *Options) setDefaults() {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if o.OnLostState == "" {
-		o.OnLostState = LostStateRebuild
-	}
-	if o.MaxStallRestarts == 0 {
-		o.MaxStallRestarts = DefaultMaxStallRestarts
-	}
-	if o.SlotRetainedWarn == 0 {
-		o.SlotRetainedWarn = DefaultSlotRetainedWarn
-	}
-	if o.SummaryInterval == 0 {
-		o.SummaryInterval = time.Minute
-	}
-	if o.MaxInactive == 0 {
-		o.MaxInactive = DefaultMaxInactive
-	}
-	if o.SlotCheckInterval == 0 {
-		o.SlotCheckInterval = 10 * time.Second
-	}
-	if o.PartitionCheckInterval == 0 {
-		o.PartitionCheckInterval = DefaultPartitionCheckInterval
-	}
+	orDefault(&o.OnLostState, LostStateRebuild)
+	orDefault(&o.MaxStallRestarts, DefaultMaxStallRestarts)
+	orDefault(&o.SlotRetainedWarn, DefaultSlotRetainedWarn)
+	orDefault(&o.SummaryInterval, time.Minute)
+	orDefault(&o.MaxInactive, DefaultMaxInactive)
+	orDefault(&o.SlotCheckInterval, 10*time.Second)
+	orDefault(&o.PartitionCheckInterval, DefaultPartitionCheckInterval)
 	o.Batch.SetDefaults()
+}
+
+// orDefault sets *v to def when it is the zero value.
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
 }
 
 // daemon holds the connections and components every command shares.
@@ -371,6 +365,35 @@ func connectRedis(ctx context.Context, url string) (redis.UniversalClient, error
 		return nil, fmt.Errorf("connect to redis %s: %w", config.RedactURL(url), redactErr(err, url))
 	}
 	return rdb, nil
+}
+
+// resolveSource connects to the source database and resolves the joins
+// against its catalog; the caller closes the pool.
+func resolveSource(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, []*plan.JoinPlan, error) {
+	source, err := connectPostgres(ctx, cfg.Source, "source")
+	if err != nil {
+		return nil, nil, err
+	}
+	plans, err := plan.Resolve(ctx, source, cfg)
+	if err != nil {
+		source.Close()
+		return nil, nil, err
+	}
+	return source, plans, nil
+}
+
+// openTarget connects to the target database and brings fkmat's metadata
+// schema up to date; the caller closes the pool.
+func openTarget(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
+	target, err := connectPostgres(ctx, cfg.Target, "target")
+	if err != nil {
+		return nil, err
+	}
+	if err := migrate(ctx, target); err != nil {
+		target.Close()
+		return nil, err
+	}
+	return target, nil
 }
 
 // newRedisClient returns a client of url, without connecting.

@@ -18,31 +18,34 @@ import (
 // The daemon's errors. The pipeline's own are in internal/pipeline's
 // errors.go, the stream's in cdc's, the config file's in internal/config;
 // recoveryOf below says what Run does with each.
-var (
-	// ErrLostState means the Redis state of a join is lost or foreign and
-	// Options.OnLostState is LostStateRefuse.
-	ErrLostState = errors.New("redis state lost")
-	// ErrStalled means the same error recurred at the same source position
-	// Options.MaxStallRestarts times: retrying cannot help, and run stops.
-	ErrStalled = errors.New("pipeline stalled")
-	// ErrPartitionsChanged means a partition of a joined table was detached
-	// or dropped while it held rows, or attached with rows in it: the
-	// table's contents changed without row changes in the WAL, so the join
-	// cannot follow. A rebuild (fkmat backfill --force) can.
-	ErrPartitionsChanged = errors.New("partitions of a joined table changed")
 
-	// errAuthentication marks a server refusing fkmat's credentials
-	// (Postgres SQLSTATE 28P01 or 28000, Redis WRONGPASS or NOAUTH).
-	errAuthentication = errors.New("authentication failed")
-	// errCertificate marks a server certificate that failed verification
-	// (unknown authority, wrong host name, expired).
-	errCertificate = errors.New("server certificate not accepted")
-	// errBackfillRaced means a joined table was truncated or rewritten after
-	// the slot's snapshot, while the backfill read it: TRUNCATE is not
-	// MVCC-safe, so a read after it saw the table empty. The backfill is
-	// retried.
-	errBackfillRaced = errors.New("a joined table was truncated or rewritten while the backfill read it")
-)
+// ErrLostState means the Redis state of a join is lost or foreign and
+// Options.OnLostState is LostStateRefuse.
+var ErrLostState = errors.New("redis state lost")
+
+// ErrStalled means the same error recurred at the same source position
+// Options.MaxStallRestarts times: retrying cannot help, and run stops.
+var ErrStalled = errors.New("pipeline stalled")
+
+// ErrPartitionsChanged means a partition of a joined table was detached
+// or dropped while it held rows, or attached with rows in it: the
+// table's contents changed without row changes in the WAL, so the join
+// cannot follow. A rebuild (fkmat backfill --force) can.
+var ErrPartitionsChanged = errors.New("partitions of a joined table changed")
+
+// errAuthentication marks a server refusing fkmat's credentials
+// (Postgres SQLSTATE 28P01 or 28000, Redis WRONGPASS or NOAUTH).
+var errAuthentication = errors.New("authentication failed")
+
+// errCertificate marks a server certificate that failed verification
+// (unknown authority, wrong host name, expired).
+var errCertificate = errors.New("server certificate not accepted")
+
+// errBackfillRaced means a joined table was truncated or rewritten after
+// the slot's snapshot, while the backfill read it: TRUNCATE is not
+// MVCC-safe, so a read after it saw the table empty. The backfill is
+// retried.
+var errBackfillRaced = errors.New("a joined table was truncated or rewritten while the backfill read it")
 
 // redactedError is err with a secret (a password) masked in its message.
 // It keeps err in its chain, so that recoveryOf still sees a refused

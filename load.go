@@ -214,26 +214,17 @@ func (d *daemon) loadRight(ctx context.Context, snapshot string, jr pipeline.Joi
 	p := jr.Plan()
 	cols := append(append([]plan.SourceColumn{}, p.Right.Key...), outputSources(p.Right.Values)...)
 	nk := len(p.Right.Key)
-	err := scanParallel(ctx, d.source, snapshot, p.Right.Table, cols, jr.Stores()[0], func(ctx context.Context, l *redisstore.Loader, rows [][]join.Value) error {
+	return d.loadRows(ctx, snapshot, p.Right.Table, cols, jr.Stores()[0], t, func(rows [][]join.Value) (join.Mutations, error) {
 		m := join.Mutations{PutRight: make(map[join.Key]join.RightState, len(rows))}
 		for _, r := range rows {
 			k, err := join.EncodeKey(p.Spec.RightKey, r[:nk])
 			if err != nil {
-				return fmt.Errorf("right key of %s: %w", p.Right.Table, err)
+				return m, fmt.Errorf("right key of %s: %w", p.Right.Table, err)
 			}
 			m.PutRight[k] = join.RightState{Key: r[:nk], Values: r[nk:]}
 		}
-		if err := l.Add(ctx, m); err != nil {
-			return err
-		}
-		t.advance(len(rows))
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("load right rows of join %q: %w", p.Name, err)
-	}
-	t.finish()
-	return nil
+		return m, nil
+	}, fmt.Sprintf("load right rows of join %q", p.Name))
 }
 
 // loadLeft streams the left table's key, foreign key and projected columns
@@ -243,13 +234,13 @@ func (d *daemon) loadLeft(ctx context.Context, snapshot string, jr pipeline.Join
 	p := jr.Plan()
 	cols := append(append(append([]plan.SourceColumn{}, p.Left.Key...), p.Left.ForeignKey...), outputSources(p.Left.Values)...)
 	nk, nf := len(p.Left.Key), len(p.Left.ForeignKey)
-	err := scanParallel(ctx, d.source, snapshot, p.Left.Table, cols, jr.Stores()[0], func(ctx context.Context, l *redisstore.Loader, rows [][]join.Value) error {
+	return d.loadRows(ctx, snapshot, p.Left.Table, cols, jr.Stores()[0], t, func(rows [][]join.Value) (join.Mutations, error) {
 		m := join.Mutations{PutLeft: make(map[join.Key]join.LeftState, len(rows))}
 		for _, r := range rows {
 			pk, fk, vals := r[:nk], r[nk:nk+nf], r[nk+nf:]
 			k, err := join.EncodeKey(p.Spec.PK, pk)
 			if err != nil {
-				return fmt.Errorf("left key of %s: %w", p.Left.Table, err)
+				return m, fmt.Errorf("left key of %s: %w", p.Left.Table, err)
 			}
 			m.PutLeft[k] = join.NewLeftState(pk, fk, vals)
 			if anyNull(fk) {
@@ -257,9 +248,22 @@ func (d *daemon) loadLeft(ctx context.Context, snapshot string, jr pipeline.Join
 			}
 			f, err := join.EncodeKey(p.Spec.FK, fk)
 			if err != nil {
-				return fmt.Errorf("foreign key of %s: %w", p.Left.Table, err)
+				return m, fmt.Errorf("foreign key of %s: %w", p.Left.Table, err)
 			}
 			m.AddSubs = append(m.AddSubs, join.Subscription{FK: f, PK: k})
+		}
+		return m, nil
+	}, fmt.Sprintf("load left rows of join %q", p.Name))
+}
+
+// loadRows streams cols of table into store: each page of rows becomes the
+// mutations muts returns, counted in t. what names the load in its error.
+func (d *daemon) loadRows(ctx context.Context, snapshot string, table config.TableName, cols []plan.SourceColumn, store *redisstore.Store,
+	t *task, muts func(rows [][]join.Value) (join.Mutations, error), what string) error {
+	err := scanParallel(ctx, d.source, snapshot, table, cols, store, func(ctx context.Context, l *redisstore.Loader, rows [][]join.Value) error {
+		m, err := muts(rows)
+		if err != nil {
+			return err
 		}
 		if err := l.Add(ctx, m); err != nil {
 			return err
@@ -268,7 +272,7 @@ func (d *daemon) loadLeft(ctx context.Context, snapshot string, jr pipeline.Join
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("load left rows of join %q: %w", p.Name, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	t.finish()
 	return nil

@@ -23,7 +23,7 @@ import (
 )
 
 // TestChainBackfillOnRedis runs the pieces of a list-form join that exist
-// against real Postgres and Redis: resolve the SPEC's example from the
+// against real Postgres and Redis: resolve the n-way example (testdata/nway.yaml of internal/config) from the
 // catalog, backfill each step's Redis state from an exported snapshot
 // (loadChainStep), then stream changes of every table through a join.Chain
 // over those states, committed last step first. The target, started from
@@ -48,7 +48,7 @@ func TestChainBackfillOnRedis(t *testing.T) {
 		`INSERT INTO customers SELECT g, 'c' || g, CASE WHEN g % 5 = 0 THEN NULL ELSE 1 + g % 3 END FROM generate_series(1, 40) g`,
 		`INSERT INTO products SELECT g, 'p' || g FROM generate_series(1, 8) g`,
 		`INSERT INTO orders SELECT g, CASE WHEN g % 17 = 0 THEN NULL ELSE 1 + g % 45 END, 1 + g % 10, g FROM generate_series(1, 600) g`)
-	p, l := specNWayPlan(t, ctx, tc.Pool)
+	p, l := nwayExamplePlan(t, ctx, tc.Pool)
 
 	// The exported snapshot, held open while the states load.
 	conn, err := tc.Pool.Acquire(ctx)
@@ -184,9 +184,9 @@ func TestChainBackfillOnRedis(t *testing.T) {
 	}
 }
 
-// specNWayPlan resolves the SPEC's n-way example against db and returns its
+// nwayExamplePlan resolves the n-way example against db and returns its
 // plan and chain layout.
-func specNWayPlan(tb testing.TB, ctx context.Context, db plan.Querier) (*plan.JoinPlan, plan.ChainLayout) {
+func nwayExamplePlan(tb testing.TB, ctx context.Context, db plan.Querier) (*plan.JoinPlan, plan.ChainLayout) {
 	tb.Helper()
 	cfg, err := config.LoadConfig("internal/config/testdata/nway.yaml")
 	if err != nil {
@@ -202,7 +202,7 @@ func specNWayPlan(tb testing.TB, ctx context.Context, db plan.Querier) (*plan.Jo
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
-// BenchmarkChainStateBytes backfills the SPEC's example of a join of more
+// BenchmarkChainStateBytes backfills the n-way example of a join of more
 // than two tables (200k orders, 20k customers in 50 regions, 1k products)
 // into Redis, one state per entry, and reports the Redis memory (MEMORY
 // USAGE) of each entry's state per left row, per subscription and per
@@ -230,7 +230,7 @@ func BenchmarkChainStateBytes(b *testing.B) {
 			b.Fatalf("%s: %v", q, err)
 		}
 	}
-	p, l := specNWayPlan(b, ctx, tc.Pool)
+	p, l := nwayExamplePlan(b, ctx, tc.Pool)
 	for range b.N {
 		conn, err := tc.Pool.Acquire(ctx)
 		if err != nil {

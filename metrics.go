@@ -17,6 +17,7 @@ import (
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/buildinfo"
 	"github.com/fkmat/fkmat/internal/pipeline"
+	"github.com/fkmat/fkmat/join"
 )
 
 // observer publishes the running daemon's counters on /metrics and its
@@ -69,61 +70,37 @@ func (o *observer) observeBatch(t pipeline.BatchTiming) {
 	o.batchSeconds.WithLabelValues("total").Observe(total.Seconds())
 }
 
-// setVerify makes v the background verifier's counters.
-func (o *observer) setVerify(v *verifyCounters) {
+// locked runs fn under the observer's lock; without metrics (o nil) it
+// does nothing.
+func (o *observer) locked(fn func()) {
 	if o == nil {
 		return
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.verify = v
+	fn()
 }
+
+// setVerify makes v the background verifier's counters.
+func (o *observer) setVerify(v *verifyCounters) { o.locked(func() { o.verify = v }) }
 
 // restarted counts a pipeline restart after an error.
-func (o *observer) restarted() {
-	if o == nil {
-		return
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.restarts++
-}
+func (o *observer) restarted() { o.locked(func() { o.restarts++ }) }
 
 // setSlot records a sample of the slot.
-func (o *observer) setSlot(s *cdc.SlotInfo) {
-	if o == nil {
-		return
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.slot = s
-}
+func (o *observer) setSlot(s *cdc.SlotInfo) { o.locked(func() { o.slot = s }) }
 
 // setStall records the current stall (nil: none).
-func (o *observer) setStall(s *Stall) {
-	if o == nil {
-		return
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.stall = s
-}
+func (o *observer) setStall(s *Stall) { o.locked(func() { o.stall = s }) }
 
 // pipelineCounters are the cumulative counters of pipelines.
 type pipelineCounters struct {
-	batches, txns, changes, upserted, deleted int64
-	stale, fanout, drops, responses           uint64
-	reconnects                                int64
+	pipeline.Counters
+	join       join.Stats
+	reconnects int64
 }
 
-func (o *observer) setPhase(phase string) {
-	if o == nil {
-		return
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.phase = phase
-}
+func (o *observer) setPhase(phase string) { o.locked(func() { o.phase = phase }) }
 
 // attach makes p the observed pipeline, folding the previous one's counters
 // into the base.
@@ -145,18 +122,9 @@ func (o *observer) countersLocked() pipelineCounters {
 	if p == nil {
 		return c
 	}
-	pc := p.Counters()
-	c.batches += pc.Batches
-	c.txns += pc.Txns
-	c.changes += pc.Changes
-	c.upserted += pc.Upserted
-	c.deleted += pc.Deleted
+	c.Counters.Add(p.Counters())
 	for _, jr := range p.Joins() {
-		s := jr.Stats()
-		c.stale += s.StaleResponses
-		c.fanout += s.FanoutRows
-		c.drops += s.InnerNullFKDrops
-		c.responses += s.Responses
+		c.join.Add(jr.Stats())
 	}
 	c.reconnects += p.SourceStats().Reconnects
 	return c
@@ -224,14 +192,14 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
 	}
 	gaugeOf := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
-	counter(mBatches, float64(c.batches))
-	counter(mTxns, float64(c.txns))
-	counter(mChanges, float64(c.changes))
-	counter(mUpserted, float64(c.upserted))
-	counter(mDeleted, float64(c.deleted))
-	counter(mStale, float64(c.stale))
-	counter(mFanout, float64(c.fanout))
-	counter(mDrops, float64(c.drops))
+	counter(mBatches, float64(c.Batches))
+	counter(mTxns, float64(c.Txns))
+	counter(mChanges, float64(c.Changes))
+	counter(mUpserted, float64(c.Upserted))
+	counter(mDeleted, float64(c.Deleted))
+	counter(mStale, float64(c.join.StaleResponses))
+	counter(mFanout, float64(c.join.FanoutRows))
+	counter(mDrops, float64(c.join.InnerNullFKDrops))
 	counter(mReconnects, float64(c.reconnects))
 	counter(mRestarts, float64(restarts))
 	if verify != nil {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/fkmat/fkmat/internal/plan"
-
 	"github.com/fkmat/fkmat/internal/config"
 
 	"github.com/fkmat/fkmat/sink"
@@ -14,23 +12,16 @@ import (
 // Migrate creates fkmat's metadata schema and the target tables (or checks
 // that existing ones have the right shape). It is idempotent.
 func Migrate(ctx context.Context, cfg *config.Config, opts Options) error {
-	source, err := connectPostgres(ctx, cfg.Source, "source")
+	source, plans, err := resolveSource(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer source.Close()
-	plans, err := plan.Resolve(ctx, source, cfg)
-	if err != nil {
-		return err
-	}
-	target, err := connectPostgres(ctx, cfg.Target, "target")
+	target, err := openTarget(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer target.Close()
-	if err := migrate(ctx, target); err != nil {
-		return err
-	}
 	w := sink.NewWriter(target)
 	for _, p := range plans {
 		if _, err := w.EnsureTable(ctx, &p.Target); err != nil {

@@ -14,6 +14,17 @@ import (
 // warnEvery is how often one kind of warning repeats while its cause lasts.
 const warnEvery = 10 * time.Minute
 
+// ticked waits for the next tick of c and reports whether it came before
+// ctx was done.
+func ticked(ctx context.Context, c <-chan time.Time) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-c:
+		return true
+	}
+}
+
 // rateLimit lets a warning through once per warnEvery per key.
 type rateLimit map[string]time.Time
 
@@ -78,10 +89,8 @@ func (d *daemon) monitor(ctx context.Context, p *pipeline.Pipeline) error {
 				"batches", batches-last.batches, "lag_seconds", lag, "lag_bytes", lagBytes)
 			last.at, last.changes, last.batches = now, changes, batches
 		}
-		select {
-		case <-ctx.Done():
+		if !ticked(ctx, t.C) {
 			return nil
-		case <-t.C:
 		}
 	}
 }

@@ -358,12 +358,7 @@ func hasOldRows(ctx context.Context, db *pgxpool.Pool, l leaf) (bool, error) {
 func (d *daemon) watchPartitions(ctx context.Context, w *storageWatch) error {
 	t := time.NewTicker(d.opts.PartitionCheckInterval)
 	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	for ticked(ctx, t.C) {
 		if err := d.checkPartitions(ctx, w); err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -374,4 +369,5 @@ func (d *daemon) watchPartitions(ctx context.Context, w *storageWatch) error {
 			d.log.Warn("checking the partitions of the joined tables failed", "err", err)
 		}
 	}
+	return nil
 }

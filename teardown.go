@@ -24,14 +24,11 @@ import (
 // has the configured name.
 func Teardown(ctx context.Context, cfg *config.Config, dropTarget bool, opts Options) error {
 	opts.setDefaults()
-	target, err := connectPostgres(ctx, cfg.Target, "target")
+	target, err := openTarget(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer target.Close()
-	if err := migrate(ctx, target); err != nil {
-		return err
-	}
 	rdb, err := connectRedis(ctx, cfg.Redis)
 	if err != nil {
 		return err

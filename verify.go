@@ -38,15 +38,11 @@ func (r VerifyReport) Equal() bool { return r.Missing == 0 && r.Extra == 0 && r.
 // target. The source and the target must be the same database.
 func Verify(ctx context.Context, cfg *config.Config, opts Options) ([]VerifyReport, error) {
 	opts.setDefaults()
-	source, err := connectPostgres(ctx, cfg.Source, "source")
+	source, plans, err := resolveSource(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer source.Close()
-	plans, err := plan.Resolve(ctx, source, cfg)
-	if err != nil {
-		return nil, err
-	}
 	reports := make([]VerifyReport, 0, len(plans))
 	if cfg.Target == cfg.Source {
 		if err := checkTargets(ctx, source, plans); err != nil {
@@ -123,55 +119,52 @@ func OracleSQL(p *plan.JoinPlan) string {
 // chainLeftSQL returns the query of step i's left rows of a list-form
 // join, for its backfill: the left key, then the columns the rows carry
 // through the chain (layout.Carried) of the left table and of entries
-// 0..i-1, joined as the SPEC's SQL joins them. Step 0's are the left
+// 0..i-1, joined as the join's SQL joins them. Step 0's are the left
 // table's rows.
 func chainLeftSQL(p *plan.JoinPlan, l plan.ChainLayout, i int) string {
-	alias := func(t int) string {
-		if t < 0 {
-			return "l"
-		}
-		return "e" + strconv.Itoa(t)
-	}
 	var sel []string
 	for _, k := range p.Left.Key {
 		sel = append(sel, "l."+ident(k.Name))
 	}
 	for t := -1; t < i; t++ {
 		for _, c := range l.Carried[t+1] {
-			sel = append(sel, alias(t)+"."+ident(c.Name))
+			sel = append(sel, entryAlias(t)+"."+ident(c.Name))
 		}
 	}
-	return "SELECT " + strings.Join(sel, ", ") + " FROM " + listFrom(p, i, alias)
+	return "SELECT " + strings.Join(sel, ", ") + " FROM " + listFrom(p, i)
 }
 
 // listFrom is the FROM clause of a list-form join's SQL with its first n
 // entries.
-func listFrom(p *plan.JoinPlan, n int, alias func(int) string) string {
+func listFrom(p *plan.JoinPlan, n int) string {
 	from := tableIdent(p.Left.Table) + " l"
 	for i, e := range p.Edges[:n] {
 		var on []string
 		for k, fk := range e.Table.ForeignKey {
-			on = append(on, alias(e.Parent)+"."+ident(fk.Name)+" = "+alias(i)+"."+ident(e.Table.Key[k].Name))
+			on = append(on, entryAlias(e.Parent)+"."+ident(fk.Name)+" = "+entryAlias(i)+"."+ident(e.Table.Key[k].Name))
 		}
 		kind := "LEFT JOIN"
 		if e.Type == config.JoinInner {
 			kind = "JOIN"
 		}
-		from += " " + kind + " " + tableIdent(e.Table.Table) + " " + alias(i) + " ON " + strings.Join(on, " AND ")
+		from += " " + kind + " " + tableIdent(e.Table.Table) + " " + entryAlias(i) + " ON " + strings.Join(on, " AND ")
 	}
 	return from
 }
 
-// oracleListSQL is OracleSQL of a list-form join: the SPEC's SQL, the
+// entryAlias is the SQL alias of the left table (t < 0) or of entry t in
+// the queries of a list-form join.
+func entryAlias(t int) string {
+	if t < 0 {
+		return "l"
+	}
+	return "e" + strconv.Itoa(t)
+}
+
+// oracleListSQL is OracleSQL of a list-form join: the join's SQL, the
 // entries joined in list order (alias l for the left table, e0, e1, ... for
 // the entries).
 func oracleListSQL(p *plan.JoinPlan) string {
-	alias := func(t int) string {
-		if t < 0 {
-			return "l"
-		}
-		return "e" + strconv.Itoa(t)
-	}
 	var sel []string
 	for i, k := range p.Left.Key {
 		sel = append(sel, "l."+ident(k.Name)+" AS "+ident(p.Left.KeyNames[i]))
@@ -181,10 +174,10 @@ func oracleListSQL(p *plan.JoinPlan) string {
 	}
 	for i, e := range p.Edges {
 		for _, v := range e.Table.Values {
-			sel = append(sel, alias(i)+"."+ident(v.Source.Name)+" AS "+ident(v.Name))
+			sel = append(sel, entryAlias(i)+"."+ident(v.Source.Name)+" AS "+ident(v.Name))
 		}
 	}
-	return "SELECT " + strings.Join(sel, ", ") + " FROM " + listFrom(p, len(p.Edges), alias)
+	return "SELECT " + strings.Join(sel, ", ") + " FROM " + listFrom(p, len(p.Edges))
 }
 
 func verifySameDB(ctx context.Context, db plan.Querier, p *plan.JoinPlan) (VerifyReport, error) {

@@ -7,7 +7,7 @@ import (
 	"github.com/fkmat/fkmat/internal/plan/plantest"
 )
 
-// TestOracleListSQL: the oracle of a list-form join is the SPEC's SQL, the
+// TestOracleListSQL: the oracle of a list-form join is the join's SQL, the
 // entries joined in list order on their parents' foreign keys.
 func TestOracleListSQL(t *testing.T) {
 	got := OracleSQL(plantest.Wide())
@@ -21,7 +21,7 @@ func TestOracleListSQL(t *testing.T) {
 }
 
 // TestChainLeftSQL: the backfill query of each step's left rows is the
-// SPEC's SQL up to the entries before it, selecting the key and the carried
+// join's SQL up to the entries before it, selecting the key and the carried
 // columns (customers.region_id, hidden, for the regions step).
 func TestChainLeftSQL(t *testing.T) {
 	p := plantest.Wide()

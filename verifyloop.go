@@ -58,12 +58,7 @@ func (d *daemon) verifyLoop(ctx context.Context, p *pipeline.Pipeline, v *verify
 	warned := rateLimit{}
 	t := time.NewTimer(d.opts.VerifyInterval)
 	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	for ticked(ctx, t.C) {
 		start, checked := time.Now(), v.checked.Load()
 		v.current.Store(0)
 		complete := true
@@ -87,6 +82,7 @@ func (d *daemon) verifyLoop(ctx context.Context, p *pipeline.Pipeline, v *verify
 			"differences", v.differences(), "seconds", time.Since(start).Seconds())
 		t.Reset(d.opts.VerifyInterval)
 	}
+	return nil
 }
 
 // verifyMaxSuspects bounds the suspects a round holds before it confirms

@@ -47,7 +47,7 @@ joins:
     target: {table: payments_wide}
 `
 
-// The SPEC's SQL of each join, in the target's column order.
+// The SQL of each join, in the target's column order.
 const (
 	w6OrdersSQL = `SELECT o.id, o.customer_id, o.amount, c.name, r.name
 	FROM orders o LEFT JOIN customers c ON o.customer_id = c.id LEFT JOIN regions r ON c.region_id = r.id`

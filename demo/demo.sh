@@ -22,7 +22,7 @@ trap cleanup EXIT
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 sql() { docker exec -i "$pg" psql -X -q -v ON_ERROR_STOP=1 -U postgres -d shop "$@"; }
 # caught_up waits until the slot's confirmed_flush_lsn covers every commit so
-# far: fkmat acknowledges only what is committed in the target (SPEC guarantee 2).
+# far: fkmat acknowledges only what is committed in the target.
 caught_up() {
 	local lsn
 	lsn=$(sql -At -c "SELECT pg_current_wal_lsn()")

@@ -28,7 +28,8 @@ type badCase struct {
 	want   []string
 }
 
-// TestBadInputCLI: each configuration problem of SPEC guarantee 6 makes the
+// TestBadInputCLI: each configuration problem (bad input gets an error that
+// names the fix, and loses nothing) makes the
 // CLI exit 2 with a message naming the fix, and nothing is created: no slot,
 // no publication, no Redis state.
 func TestBadInputCLI(t *testing.T) {

@@ -92,7 +92,7 @@ func runCLI(t *testing.T, env []string, args ...string) result {
 	return r
 }
 
-// TestCLI drives the binary as the SPEC describes: check, migrate, run with
+// TestCLI drives the binary as the README describes: check, migrate, run with
 // SIGTERM (exit 0 within 10 s), status --json, verify (0, then 1 after the
 // target is tampered with), usage and configuration errors (exit 2),
 // teardown, and no password in any output.

@@ -17,7 +17,7 @@ import (
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
-// shop creates the SPEC's example tables.
+// shop creates the example tables of the README.
 const shop = `
 CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text);
 CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint, amount numeric(12,2), note text);
@@ -79,7 +79,8 @@ func (d *daemon) stop(t *testing.T) error {
 }
 
 // waitCaughtUp waits until the slot's confirmed_flush_lsn covers everything
-// committed so far (SPEC guarantee 2) or the daemon fails.
+// committed so far (once the slot's confirmed position covers a commit, the
+// target reflects it) or the daemon fails.
 func waitCaughtUp(t *testing.T, tc *testenv.Case, d *daemon) {
 	t.Helper()
 	waitCaughtUpMeta(t, tc, tc.Pool, d)
@@ -177,6 +178,7 @@ joins:
 // fan-out updates, FK changes, NULL FKs and deletes on both sides; the target
 // equals the SQL join after catching up, and a clean shutdown returns nil.
 func TestDaemonEndToEnd(t *testing.T) {
+	testenv.Race(t)
 	for _, typ := range []string{"left", "inner"} {
 		t.Run(typ, func(t *testing.T) {
 			tc := testenv.New(t)

@@ -126,6 +126,7 @@ func TestDeployFiles(t *testing.T) {
 // the ones that count work move while it works (TestStall checks that
 // fkmat_pipeline_restarts_total counts restarts).
 func TestDashboardMetrics(t *testing.T) {
+	testenv.Race(t)
 	tc := testenv.New(t)
 	sqlExec(t, tc, shop, `INSERT INTO customers SELECT g, 'c' || g, 't' FROM generate_series(1, 20) g`,
 		`INSERT INTO orders SELECT g, g % 21, g, 'n' FROM generate_series(1, 400) g`)

@@ -16,7 +16,8 @@ import (
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
-// TestGuaranteeCaughtUpSignal (SPEC guarantee 2): the slot's
+// TestGuaranteeCaughtUpSignal (once the slot's confirmed position covers a
+// commit, the target reflects it): the slot's
 // confirmed_flush_lsn never covers a transaction whose effect is not
 // committed in the target, even while the server's WAL moves on and the
 // transaction has long been received; and an idle daemon lets it catch up
@@ -115,7 +116,8 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
-// TestGuaranteeTransactionBoundaries (SPEC guarantee 4): a reader of the
+// TestGuaranteeTransactionBoundaries (a source transaction is applied whole
+// or not at all): a reader of the
 // target never sees half of a source transaction. Every source transaction
 // keeps three invariants of the join: the number of orders, the total
 // amount, and one tier for all customers. Writers move amounts between
@@ -346,7 +348,8 @@ func rowVersions(t *testing.T, tc *testenv.Case, table string) map[int64]string 
 	return out
 }
 
-// TestGuaranteeNoRedundantWrites (SPEC guarantee 5): source changes that do
+// TestGuaranteeNoRedundantWrites (a change that alters no joined row writes
+// nothing): source changes that do
 // not change a joined row write nothing to the target (no row is inserted,
 // updated or deleted, no write statement runs, every row keeps its xmin);
 // a real change writes exactly the affected rows, each once.

@@ -55,6 +55,7 @@ joins:
 // several joins at once and a restart in the middle, leaves every target
 // equal to its SQL join.
 func TestJoinsShareOneSlot(t *testing.T) {
+	testenv.Race(t)
 	tc := testenv.New(t)
 	sqlExec(t, tc, shop,
 		`CREATE TABLE products (sku text PRIMARY KEY, title text, price numeric(10,2), stock int)`,
@@ -192,6 +193,7 @@ func bigText(n int) string {
 // insert followed by an update in the same transaction, a value changed to
 // another big value or to NULL, and after a restart (values from Redis).
 func TestToastUnchanged(t *testing.T) {
+	testenv.Race(t)
 	tc := testenv.New(t)
 	sqlExec(t, tc,
 		`CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text, bio text)`,
@@ -250,6 +252,7 @@ func TestToastUnchanged(t *testing.T) {
 // followed by inserts in the same and in later transactions, and a TRUNCATE
 // between other changes of one batch.
 func TestTruncate(t *testing.T) {
+	testenv.Race(t)
 	for _, typ := range []string{"left", "inner"} {
 		t.Run(typ, func(t *testing.T) {
 			tc := testenv.New(t)

@@ -50,6 +50,7 @@ func toastTables(t *testing.T, tc *testenv.Case) {
 // batches, and replayed after a restart. Before the fix, the first of these
 // stalled the daemon for good.
 func TestKeyChangeToast(t *testing.T) {
+	testenv.Race(t)
 	for _, typ := range []string{"left", "inner"} {
 		t.Run(typ, func(t *testing.T) {
 			tc := testenv.New(t)

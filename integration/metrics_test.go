@@ -78,6 +78,7 @@ func TestMetricsEndpoints(t *testing.T) {
 // daemon starts show a lag of at least 3 s; once it has caught up the lag is
 // 0, in /metrics and in fkmat status.
 func TestLagSeconds(t *testing.T) {
+	testenv.Race(t)
 	tc := testenv.New(t)
 	sqlExec(t, tc, shop, `INSERT INTO customers SELECT g, 'c' || g, 't' FROM generate_series(1, 10) g`)
 	cfg := daemonConfig(t, tc, leftJoinYAML)

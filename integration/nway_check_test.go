@@ -7,7 +7,7 @@ import (
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
-// nwayShop is the SPEC's example schema for a join of more than two tables:
+// nwayShop is the example schema (README, "Joins of more than two tables") for a join of more than two tables:
 // orders reference customers and products, customers reference regions.
 const nwayShop = `
 CREATE TABLE regions (id int PRIMARY KEY, name text);
@@ -16,10 +16,10 @@ CREATE TABLE products (id bigint PRIMARY KEY, title text, name text);
 CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint, product_id bigint, amount numeric(12,2), region_code text);
 `
 
-// TestCheckListForm: fkmat check resolves the SPEC's list form against the
+// TestCheckListForm: fkmat check resolves the README's list form against the
 // catalog (tables, keys, each edge's foreign key in its from table and its
 // types, replica identities, output names) and reports every problem with
-// its fix; the SPEC's example passes.
+// its fix; the README's example passes.
 func TestCheckListForm(t *testing.T) {
 	tc := testenv.New(t)
 	sqlExec(t, tc, nwayShop)
@@ -46,7 +46,7 @@ func TestCheckListForm(t *testing.T) {
 `
 	r := runCLI(t, cliEnv(t, tc, good), "check")
 	if r.code != 0 {
-		t.Fatalf("check of the SPEC's list form: exit %d, want 0\n%s%s", r.code, r.stdout, r.stderr)
+		t.Fatalf("check of the README's list form: exit %d, want 0\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	t.Logf("check:\n%s", r.stdout)
 

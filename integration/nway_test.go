@@ -12,7 +12,7 @@ import (
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
-// nwayWideYAML is the SPEC's example of a join of more than two tables, with
+// nwayWideYAML is the README's example of a join of more than two tables, with
 // customers joined a second time through `as` (the order's seller).
 const nwayWideYAML = `joins:
   - name: orders_wide
@@ -48,7 +48,7 @@ CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint, product_id bigin
 ALTER TABLE customers ALTER COLUMN bio SET STORAGE EXTERNAL;
 `
 
-// TestNWaySpecExample runs the daemon on the SPEC's example of a join of
+// TestNWayExample runs the daemon on the README's example of a join of
 // more than two tables (a star and a chain: orders → customers, products;
 // customers → regions), with customers joined twice through as: backfill,
 // then changes of every table (a region rename fanning out to the orders of
@@ -56,8 +56,9 @@ ALTER TABLE customers ALTER COLUMN bio SET STORAGE EXTERNAL;
 // key changes, an unchanged TOASTed column, a product deleted under an inner
 // entry, TRUNCATE of the inner entry's table and of the last entry's), a
 // restart, status per entry, and teardown. After every phase the target
-// equals the SPEC's SQL.
-func TestNWaySpecExample(t *testing.T) {
+// equals the join's SQL.
+func TestNWayExample(t *testing.T) {
+	testenv.Race(t)
 	tc := testenv.New(t)
 	sqlExec(t, tc, nwaySchema,
 		`INSERT INTO regions VALUES (1, 'north'), (2, 'south'), (3, 'east')`,
@@ -161,7 +162,7 @@ func TestNWaySpecExample(t *testing.T) {
 // written in pages, so the daemon applies the batch's transactions one at a
 // time as large ones, writing each page of the fan-out's state as it goes
 // (undone whole after a crash); in a large transaction it pages at once.
-// The target equals the SPEC's SQL after each.
+// The target equals the join's SQL after each.
 func TestNWayFanOutPages(t *testing.T) {
 	tc := testenv.New(t)
 	sqlExec(t, tc, nwaySchema,

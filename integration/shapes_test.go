@@ -38,6 +38,7 @@ joins:
 // tables. (Without publish_via_partition_root, pgoutput names the leaf
 // partitions and every streamed change was lost.)
 func TestPartitionedTables(t *testing.T) {
+	testenv.Race(t)
 	for _, typ := range []string{"left", "inner"} {
 		t.Run(typ, func(t *testing.T) {
 			tc := testenv.New(t)
@@ -206,6 +207,7 @@ joins:
 // are deleted and re-keyed (with a TOASTed bio unchanged), and the daemon
 // restarts.
 func TestSelfJoin(t *testing.T) {
+	testenv.Race(t)
 	tc := testenv.New(t)
 	sqlExec(t, tc,
 		`CREATE TABLE employees (id bigint PRIMARY KEY, name text, manager_id bigint, bio text)`,
@@ -286,6 +288,7 @@ func TestCheckPartitionReplicaIdentity(t *testing.T) {
 // the fix, whether the TRUNCATE happened while it ran or while it was
 // stopped, until a rebuild.
 func TestPartitionTruncate(t *testing.T) {
+	testenv.Race(t)
 	tc := testenv.New(t)
 	sqlExec(t, tc, `CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`)
 	sqlExec(t, tc, rangeOrders...)

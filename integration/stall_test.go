@@ -30,6 +30,7 @@ import (
 // recurrences run stops with ErrStalled naming the fix. The fix it names,
 // backfill --force, gets the daemon going again, equal to the SQL join.
 func TestStall(t *testing.T) {
+	testenv.Race(t)
 	tc := testenv.New(t)
 	sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'ann', 'gold')`,
 		`INSERT INTO orders SELECT g, 1, g, 'n' FROM generate_series(1, 20) g`,
@@ -200,6 +201,7 @@ func pgxIdent(t *testing.T, pgURL string) string {
 // (its connection is terminated while it waits for a lock) makes run return
 // an error instead of a clean exit, and the restart applies the batch.
 func TestShutdownCommitFails(t *testing.T) {
+	testenv.Race(t)
 	tc := testenv.New(t)
 	sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'ann', 'gold')`,
 		`INSERT INTO orders SELECT g, 1, g, 'n' FROM generate_series(1, 20) g`)

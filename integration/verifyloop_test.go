@@ -44,6 +44,7 @@ joins:
 // interval or so, in fkmat_verify_differences and in the log by key, never
 // by value.
 func TestContinuousVerify(t *testing.T) {
+	testenv.Race(t)
 	tc := testenv.New(t)
 	sqlExec(t, tc,
 		`CREATE TABLE products (id bigint PRIMARY KEY, title text, price numeric(10,2))`,

@@ -7,7 +7,7 @@ import (
 	"slices"
 )
 
-// A Chain maintains a join of more than two tables (SPEC "Joins of more than
+// A Chain maintains a join of more than two tables (README, "Joins of more than
 // two tables"): the entries joined in list order, each on a foreign key of
 // the left table or of an earlier entry. The SQL is left-deep,
 //

@@ -198,3 +198,12 @@ type Stats struct {
 	// FanoutRows counts responses produced by right-side fan-out.
 	FanoutRows uint64
 }
+
+// Add adds o's counts to s.
+func (s *Stats) Add(o Stats) {
+	s.Instructions += o.Instructions
+	s.Responses += o.Responses
+	s.StaleResponses += o.StaleResponses
+	s.InnerNullFKDrops += o.InnerNullFKDrops
+	s.FanoutRows += o.FanoutRows
+}

@@ -25,7 +25,7 @@ import (
 	"github.com/fkmat/fkmat/sink"
 )
 
-// Exit codes (SPEC): 0 ok, 1 failure or difference, 2 bad usage or configuration.
+// Exit codes: 0 ok, 1 failure or difference, 2 bad usage or configuration.
 const (
 	exitFailure = 1
 	exitUsage   = 2

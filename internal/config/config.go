@@ -20,7 +20,7 @@ const (
 )
 
 // Config is the user's join definition: connections, slot and the joins it
-// maintains (SPEC "Join definition"). Load it with LoadConfig or ParseConfig,
+// maintains. Load it with LoadConfig or ParseConfig,
 // then apply flag/env overrides, then call Validate.
 type Config struct {
 	Source      string       `yaml:"source"`
@@ -32,7 +32,7 @@ type Config struct {
 }
 
 // JoinConfig defines one foreign-key join: of two tables (`right:` a
-// mapping, held in Right), or of more (`right:` a list, held in Rights; SPEC
+// mapping, held in Right), or of more (`right:` a list, held in Rights; README,
 // "Joins of more than two tables").
 type JoinConfig struct {
 	Name   string       `yaml:"name"`
@@ -197,7 +197,7 @@ type RightConfig struct {
 	Table   TableName   `yaml:"table"`
 	Key     []string    `yaml:"key"`
 	Columns []ColumnRef `yaml:"columns"`
-	// The list form only (SPEC "Joins of more than two tables"):
+	// The list form only (README, "Joins of more than two tables"):
 	// From names the table holding the foreign key: the left table
 	// (default) or an earlier entry, by its As or its table name.
 	From string `yaml:"from"`
@@ -615,7 +615,7 @@ func (j JoinConfig) ParentOf(i int) (int, error) {
 	}
 	if len(found) == 0 {
 		// No name matches: a table name reaches an entry renamed by as
-		// (SPEC: from takes an as name or a table name).
+		// (from takes an as name or a table name).
 		for k, e := range j.Rights {
 			if e.As != "" && slices.Contains([]string{e.Table.Name, e.Table.String(), e.Table.Schema + "." + e.Table.Name}, r.From) {
 				found = append(found, k)

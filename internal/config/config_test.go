@@ -165,7 +165,7 @@ func TestRedactURL(t *testing.T) {
 	}
 }
 
-// TestValidateRedisURLs checks that Validate accepts the SPEC's four Redis
+// TestValidateRedisURLs checks that Validate accepts the four Redis
 // URL forms (one server, a cluster; plain or TLS) and refuses others with
 // the forms to use.
 func TestValidateRedisURLs(t *testing.T) {
@@ -322,7 +322,7 @@ func TestListFormErrors(t *testing.T) {
 	}
 }
 
-// TestFromNames: from takes an as name or a table name (SPEC); a name
+// TestFromNames: from takes an as name or a table name; a name
 // matches first, and a table name reaches an entry renamed by as when no
 // name matches it; two such entries are ambiguous.
 func TestFromNames(t *testing.T) {

@@ -73,12 +73,7 @@ func (c *Chain) Stores() []*redisstore.Store {
 func (c *Chain) Stats() join.Stats {
 	var s join.Stats
 	for _, e := range c.chain.Engines() {
-		st := e.Stats()
-		s.Instructions += st.Instructions
-		s.Responses += st.Responses
-		s.StaleResponses += st.StaleResponses
-		s.InnerNullFKDrops += st.InnerNullFKDrops
-		s.FanoutRows += st.FanoutRows
+		s.Add(e.Stats())
 	}
 	return s
 }
@@ -155,20 +150,6 @@ func (c *Chain) overlay(older, newer *join.Mutations) error {
 		}
 	}
 	return first
-}
-
-// stats sums the steps' engine counters.
-func (c *Chain) stats() join.Stats {
-	var s join.Stats
-	for _, e := range c.chain.Engines() {
-		st := e.Stats()
-		s.Instructions += st.Instructions
-		s.Responses += st.Responses
-		s.StaleResponses += st.StaleResponses
-		s.InnerNullFKDrops += st.InnerNullFKDrops
-		s.FanoutRows += st.FanoutRows
-	}
-	return s
 }
 
 // chainState is the Redis state of a list-form join as the pipeline

@@ -80,7 +80,6 @@ type joinBase struct {
 func (b *joinBase) Plan() *plan.JoinPlan        { return b.plan }
 func (b *joinBase) state() State                { return b.st }
 func (b *joinBase) uses(rel *cdc.Relation) bool { return b.mapper.uses(rel) }
-func (b *joinBase) name() string                { return b.plan.Name }
 func (b *joinBase) errorf(err error) error      { return fmt.Errorf("join %q: %w", b.plan.Name, err) }
 func (b *joinBase) mapChunk(t *cdc.Txn) ([]join.Change, error) {
 	return b.appendChunk(make([]join.Change, 0, len(t.Changes)), t)

@@ -204,7 +204,7 @@ func TestMapperSchemaChangeFix(t *testing.T) {
 	}
 }
 
-// TestChainMapper maps source changes of the SPEC's example, with customers
+// TestChainMapper maps source changes of the n-way example, with customers
 // joined a second time as seller, to the chain's table changes: the left
 // table's rows carry their projected columns, a customer carries its name
 // and its hidden region_id, a customers change reaches both entries, and a

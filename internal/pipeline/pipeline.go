@@ -99,6 +99,15 @@ type Counters struct {
 	Batches, Txns, Changes, Upserted, Deleted int64
 }
 
+// Add adds o's counts to c.
+func (c *Counters) Add(o Counters) {
+	c.Batches += o.Batches
+	c.Txns += o.Txns
+	c.Changes += o.Changes
+	c.Upserted += o.Upserted
+	c.Deleted += o.Deleted
+}
+
 // Counters returns what the pipeline has applied so far. A batch is
 // counted before it is acknowledged: whoever sees the slot past a batch
 // sees it here too.

@@ -598,7 +598,7 @@ func Fingerprint(p *JoinPlan) string {
 	return hex.EncodeToString(sum[:12])
 }
 
-// resolveList resolves the list form of a join (SPEC "Joins of more than
+// resolveList resolves the list form of a join (README, "Joins of more than
 // two tables"): every table, key, foreign key (in its `from` table),
 // FK/key types per edge, replica identities, unique keys, and output names.
 // A list form that resolves runs as a join.Chain (chainOf).

@@ -149,11 +149,11 @@ joins:
 	})
 }
 
-// TestChainOfSpecExample lays out the SPEC's example as a join.Chain (the
+// TestChainOfExample lays out the n-way example as a join.Chain (the
 // customers' region_id carried hidden for the regions step) and runs it:
-// the target rows are the SPEC's SQL, and a region rename reaches the
+// the target rows are the join's SQL, and a region rename reaches the
 // orders of the customers in it.
-func TestChainOfSpecExample(t *testing.T) {
+func TestChainOfExample(t *testing.T) {
 	l := plan.ChainOf(plantest.Wide())
 	names := func(cols []plan.SourceColumn) (out []string) {
 		for _, c := range cols {

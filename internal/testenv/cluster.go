@@ -47,6 +47,7 @@ const ClusterNodeTimeout = 1000 * time.Millisecond
 // NewCluster starts a Redis Cluster for t (skipped under -short). It needs
 // redis-server and redis-cli on the PATH; make test installs them.
 func NewCluster(t testing.TB) *Cluster {
+	skipUnmarked(t)
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster")

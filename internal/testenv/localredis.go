@@ -32,6 +32,7 @@ type LocalRedis struct {
 // no automatic saves) and extra args, and waits until it answers.
 func StartLocalRedis(t testing.TB, args ...string) *LocalRedis {
 	t.Helper()
+	skipUnmarked(t)
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatal("redis-server not found: install redis-server (make test does)")
 	}

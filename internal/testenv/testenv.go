@@ -128,6 +128,7 @@ func Main(m *testing.M) int {
 // Shared returns the package's environment, starting it on first use. It
 // fails the test when the services cannot be started.
 func Shared(t testing.TB) *Env {
+	skipUnmarked(t)
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs Postgres and Redis containers; skipped under -short")

@@ -1,0 +1,163 @@
+package fkmat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/fkmat/fkmat/internal/pipeline"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/fkmat/fkmat/cdc"
+)
+
+// stream runs the batch loop from the older of the target and Redis
+// checkpoints.
+func (d *daemon) stream(ctx context.Context, rs *runState) error {
+	targetLSN, err := d.writer.Checkpoint(ctx, d.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	start := targetLSN
+	var cuts []cdc.LSN
+	for _, jr := range d.joins {
+		r, err := jr.Resume(ctx)
+		if err != nil {
+			return err
+		}
+		if r.Undone {
+			// A crash in the middle of a large transaction left its
+			// partial Redis state behind: it is undone and replayed.
+			d.log.Warn("undid a partially applied large transaction", "join", jr.Plan().Name)
+		}
+		start = min(start, r.Checkpoint)
+		for i, cp := range r.Ahead {
+			cuts = append(cuts, cp)
+			d.log.Warn("a join chain's steps are at different checkpoints (a crash between their commits); the steps behind catch up first",
+				"join", jr.Plan().Name, "step", i, "step_lsn", cp.String(), "first_step_lsn", r.Checkpoint.String())
+		}
+	}
+	if err := d.cdc.EnsurePublication(ctx); err != nil {
+		return err
+	}
+	// Partitions attached or detached while the daemon was away.
+	watch := &storageWatch{}
+	if err := d.checkPartitions(ctx, watch); err != nil {
+		return err
+	}
+	rs.start, rs.streaming = start, true
+	stream := d.cdc.NewStream(start)
+	p := pipeline.New(pipeline.Config{
+		Slot: d.cfg.Slot, Publication: d.cfg.Publication, Joins: d.joins, Source: stream, Target: pipeline.SinkTarget{W: d.writer},
+		Limits: d.opts.Batch, Log: d.log.With("component", "pipeline"), TargetCheckpoint: targetLSN, Cuts: cuts,
+		OnBatch: rs.progress, OnTiming: d.obs.timingHook(),
+	})
+	d.log.Info("streaming", "slot", d.cfg.Slot, "start_lsn", start.String(), "joins", len(d.joins))
+	d.obs.attach(p)
+	d.obs.setPhase("streaming")
+
+	// The stream, the pipeline and the sweeper are supervised together: the
+	// first error stops the others, and all have returned before the
+	// caller closes the pools and clients they use. The stream outlives ctx
+	// by a moment so that the last acknowledgement reaches the server.
+	g, gctx := errgroup.WithContext(ctx)
+	streamCtx, stopStream := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopStream()
+	g.Go(func() error {
+		err := stream.Run(streamCtx)
+		if streamCtx.Err() != nil {
+			return nil // stopped by the pipeline's goroutine
+		}
+		return err
+	})
+	g.Go(func() error {
+		d.sweep(gctx, p.Garbage())
+		return nil
+	})
+	g.Go(func() error { return d.watchPartitions(gctx, watch) })
+	g.Go(func() error { return d.monitor(gctx, p) })
+	g.Go(func() error { return d.verifyLoop(gctx, p, rs.verify) })
+	g.Go(func() error {
+		runErr := p.Run(gctx)
+		d.obs.setPhase("stopping")
+		d.flushAck(stream)
+		stopStream()
+		return runErr
+	})
+	if err := g.Wait(); err != nil {
+		if re, ok := errors.AsType[*pipeline.RebuildError](err); ok {
+			// Every goroutine of the pipeline has stopped: nothing writes
+			// the state while it is dropped.
+			d.log.Warn("a join of more than two tables cannot follow a change; dropping its Redis state for a rebuild",
+				"join", re.Join.Plan().Name, "reason", re.Err)
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+			defer cancel()
+			for _, s := range re.Join.Stores() {
+				if derr := s.Drop(dctx); derr != nil {
+					return fmt.Errorf("%w; dropping the state failed: %v", err, derr)
+				}
+			}
+		}
+		return err
+	}
+	c := p.Counters()
+	d.log.Info("stopped", "batches", c.Batches, "txns", c.Txns, "changes", c.Changes)
+	return nil
+}
+
+// flushAck waits (briefly) until the stream has reported its last
+// acknowledgement to the server.
+func (d *daemon) flushAck(stream *cdc.Stream) {
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		st := stream.Stats()
+		if st.ReportedLSN >= st.AckedLSN {
+			return
+		}
+		select {
+		case <-stream.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// sweepInterval is how often the keys of dropped generations (after a
+// TRUNCATE or a rebuild) are deleted in the background.
+const sweepInterval = 30 * time.Second
+
+// sweep deletes garbage Redis keys in bounded steps until ctx is done: once
+// at start, then after batches that truncated a side (garbage is set). A
+// sweep SCANs the keyspace, so it does not run when nothing was dropped. The
+// store makes it safe next to the batch loop's commits.
+func (d *daemon) sweep(ctx context.Context, garbage *atomic.Bool) {
+	t := time.NewTicker(sweepInterval)
+	defer t.Stop()
+	garbage.Store(true)
+	warned := rateLimit{}
+	for {
+		if garbage.Swap(false) {
+			for _, jr := range d.joins {
+				for _, store := range jr.Stores() {
+					n, err := store.Sweep(ctx)
+					if err != nil && ctx.Err() == nil {
+						if warned.allow(jr.Plan().Name, time.Now()) {
+							d.log.Warn("sweeping old redis keys failed (repeats at most every 10 minutes)", "join", jr.Plan().Name, "err", err)
+						}
+						garbage.Store(true) // try again next time
+					} else if n > 0 {
+						d.log.Info("swept old redis keys", "join", jr.Plan().Name, "keys", n)
+					}
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

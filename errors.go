@@ -84,11 +84,15 @@ const (
 // recoveryOf classifies err; connected says run has connected to every
 // server once.
 func recoveryOf(err error, connected bool) recovery {
+	credentials := errors.Is(err, errAuthentication) || errors.Is(err, errCertificate)
 	switch {
+	case credentials && !connected:
+		return stopCredentials
+	case credentials:
+		// Once connected, credentials refused may be being rotated.
+		return retryOrStall
 	case stops(err):
 		return stopRun
-	case (errors.Is(err, errAuthentication) || errors.Is(err, errCertificate)) && !connected:
-		return stopCredentials
 	case connectionError(err), errors.Is(err, pipeline.ErrStateChanged), errors.Is(err, errBackfillRaced):
 		return retryConnection
 	}

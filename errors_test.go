@@ -63,6 +63,10 @@ func TestRecoveryOf(t *testing.T) {
 		{fmt.Errorf("%w: connect to redis: %w", errAuthentication, replyErr("WRONGPASS invalid username-password pair")), false, stopCredentials},
 		{fmt.Errorf("%w: connect to redis: %w", errAuthentication, replyErr("WRONGPASS invalid username-password pair")), true, retryOrStall},
 		{fmt.Errorf("%w: x509", errCertificate), false, stopCredentials},
+		// Postgres refusing the password: the SQLSTATE would read as
+		// terminal, the credentials come first.
+		{fmt.Errorf("%w: connect: %w", errAuthentication, &pgconn.PgError{Code: "28P01"}), false, stopCredentials},
+		{fmt.Errorf("%w: connect: %w", errAuthentication, &pgconn.PgError{Code: "28P01"}), true, retryOrStall},
 		{&config.ConfigError{Problems: []string{"bad"}}, true, stopRun},
 		{fmt.Errorf("join %q: %w", "j", pipeline.ErrSchemaChanged), true, stopRun},
 		{fmt.Errorf("%w: gone", ErrLostState), true, stopRun},

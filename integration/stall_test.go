@@ -55,16 +55,7 @@ func TestStall(t *testing.T) {
 	}
 
 	// While stalled: the metric and /readyz say so, and status shows it.
-	get := func(path string) (int, string) {
-		a, _ := addr.Load().(string)
-		resp, err := http.Get("http://" + a + path)
-		if err != nil {
-			return 0, ""
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := metricsGetter(&addr)
 	waitFor(t, 60*time.Second, "fkmat_pipeline_stalled 1", func() bool {
 		_, body := get("/metrics")
 		return strings.Contains(body, "\nfkmat_pipeline_stalled 1\n")
@@ -296,16 +287,7 @@ func TestRedisLoadingIsNoStall(t *testing.T) {
 		MetricsBound: func(a net.Addr) { addr.Store(a.String()) },
 	})
 	waitCaughtUp(t, tc, d)
-	get := func(path string) (int, string) {
-		a, _ := addr.Load().(string)
-		resp, err := http.Get("http://" + a + path)
-		if err != nil {
-			return 0, ""
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := metricsGetter(&addr)
 	restarts := func() int {
 		_, body := get("/metrics")
 		m := regexp.MustCompile(`\nfkmat_pipeline_restarts_total (\d+)`).FindStringSubmatch(body)
@@ -393,5 +375,21 @@ func TestRedisLoadingIsNoStall(t *testing.T) {
 		d.cancel = nil
 		t.Fatalf("run stopped: %v", err)
 	default:
+	}
+}
+
+// metricsGetter returns a GET of a path of the daemon's metrics server,
+// whose address MetricsBound stores in addr: the status code and body, or
+// 0 while the server does not answer.
+func metricsGetter(addr *atomic.Value) func(path string) (int, string) {
+	return func(path string) (int, string) {
+		a, _ := addr.Load().(string)
+		resp, err := http.Get("http://" + a + path)
+		if err != nil {
+			return 0, ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
 	}
 }

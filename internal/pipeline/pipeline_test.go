@@ -23,7 +23,7 @@ import (
 	"github.com/fkmat/fkmat/sink"
 )
 
-// The pipeline's unit tests: run() with in-memory fakes for its three
+// The pipeline's unit tests: Run with in-memory fakes for its three
 // interfaces (Source, Target, State) and the real mapper and
 // engine, over a generated workload of orders LEFT JOIN customers. Every
 // transaction's end LSN has a snapshot of the SQL join at that point, and

@@ -186,11 +186,11 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 		return nil, err
 	}
 	for _, p := range d.plans {
-		jr, err := d.openJoin(ctx, p)
+		j, err := d.openJoin(ctx, p)
 		if err != nil {
 			return nil, err
 		}
-		d.joins = append(d.joins, jr)
+		d.joins = append(d.joins, j)
 	}
 	return d, nil
 }
@@ -512,27 +512,27 @@ func (d *daemon) assess(ctx context.Context) (reason string, lost bool, err erro
 	if err != nil {
 		return "", false, err
 	}
-	for _, jr := range d.joins {
-		st, err := d.loadJoinState(ctx, jr.Plan().Name)
+	for _, j := range d.joins {
+		st, err := d.loadJoinState(ctx, j.Plan().Name)
 		if err != nil {
 			return "", false, err
 		}
 		switch {
 		case !st.exists:
-			return fmt.Sprintf("join %q was never backfilled", jr.Plan().Name), false, nil
+			return fmt.Sprintf("join %q was never backfilled", j.Plan().Name), false, nil
 		case st.phase != "streaming":
-			return fmt.Sprintf("the backfill of join %q was interrupted; starting it again", jr.Plan().Name), false, nil
-		case st.fingerprint != jr.Plan().Fingerprint:
+			return fmt.Sprintf("the backfill of join %q was interrupted; starting it again", j.Plan().Name), false, nil
+		case st.fingerprint != j.Plan().Fingerprint:
 			return "", false, &config.ConfigError{Problems: []string{fmt.Sprintf(
 				"the definition of join %q (tables, keys, columns or types) changed since its backfill; run fkmat backfill --force to rebuild it",
-				jr.Plan().Name)}}
+				j.Plan().Name)}}
 		case !info.Exists:
 			return fmt.Sprintf("replication slot %q is gone", d.cfg.Slot), true, nil
 		}
 		// A join chain has one state per step: any of them lost is the
 		// join's state lost.
-		for _, store := range jr.Stores() {
-			if why, lost, err := assessStore(ctx, jr.Plan().Name, store, st.epoch, targetLSN); why != "" || err != nil {
+		for _, store := range j.Stores() {
+			if why, lost, err := assessStore(ctx, j.Plan().Name, store, st.epoch, targetLSN); why != "" || err != nil {
 				return why, lost, err
 			}
 		}

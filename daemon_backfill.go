@@ -86,11 +86,11 @@ func (d *daemon) backfill(ctx context.Context) error {
 	if err := d.beginBackfill(ctx, epoch, slot.ConsistentPoint); err != nil {
 		return err
 	}
-	for _, jr := range d.joins {
-		sizes := d.sizes(ctx, jr.Plan())
-		for i, s := range jr.Stores() {
-			if err := s.Init(ctx, epoch, jr.Plan().Fingerprint, sizes[i]); err != nil {
-				return fmt.Errorf("join %q: %w", jr.Plan().Name, err)
+	for _, j := range d.joins {
+		sizes := d.sizes(ctx, j.Plan())
+		for i, s := range j.Stores() {
+			if err := s.Init(ctx, epoch, j.Plan().Fingerprint, sizes[i]); err != nil {
+				return fmt.Errorf("join %q: %w", j.Plan().Name, err)
 			}
 		}
 	}
@@ -179,8 +179,8 @@ func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc
 	if err := tx.Exec(ctx, `DELETE FROM fkmat.stall WHERE slot = $1`, d.cfg.Slot); err != nil {
 		return fmt.Errorf("reset stall: %w", err)
 	}
-	for _, jr := range d.joins {
-		p := jr.Plan()
+	for _, j := range d.joins {
+		p := j.Plan()
 		err := tx.Exec(ctx, `
 			INSERT INTO fkmat.join_state AS s (slot, join_name, epoch, fingerprint, target_schema, target_table, phase, consistent_lsn)
 			VALUES ($1, $2, $3, $4, $5, $6, 'backfilling', $7::pg_lsn)
@@ -202,13 +202,13 @@ func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc
 // checkpoint and the slot's target checkpoint, and the leaf partitions the
 // snapshot saw, and marks the joins streaming.
 func (d *daemon) finishBackfill(ctx context.Context, consistent cdc.LSN, leaves map[uint32]leaf) error {
-	for _, jr := range d.joins {
+	for _, j := range d.joins {
 		// A chain's steps commit from the last to the first, as while
 		// streaming: the first step's checkpoint is the chain's.
-		stores := jr.Stores()
+		stores := j.Stores()
 		for i := len(stores) - 1; i >= 0; i-- {
 			if err := stores[i].Commit(ctx, join.Mutations{}, consistent); err != nil {
-				return fmt.Errorf("join %q: %w", jr.Plan().Name, err)
+				return fmt.Errorf("join %q: %w", j.Plan().Name, err)
 			}
 		}
 	}

@@ -40,25 +40,25 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 	// encoding and Redis writes, keep both cores busy.
 	g.SetLimit(3)
 	var targets []*task
-	for _, jr := range d.joins {
-		target := prog.add(jr.Plan().Name+" target", d.estimate(ctx, jr.Plan().Left.Table))
+	for _, j := range d.joins {
+		target := prog.add(j.Plan().Name+" target", d.estimate(ctx, j.Plan().Left.Table))
 		targets = append(targets, target)
-		if jr.Plan().Edges != nil {
-			layout := plan.ChainOf(jr.Plan())
-			g.Go(func() error { return d.loadTarget(gctx, snapshot, jr.Plan(), target) })
-			for i, e := range jr.Plan().Edges {
-				step := prog.add(fmt.Sprintf("%s step %d (%s)", jr.Plan().Name, i, e.Alias), d.estimate(ctx, jr.Plan().Left.Table)+d.estimate(ctx, e.Table.Table))
+		if j.Plan().Edges != nil {
+			layout := plan.ChainOf(j.Plan())
+			g.Go(func() error { return d.loadTarget(gctx, snapshot, j.Plan(), target) })
+			for i, e := range j.Plan().Edges {
+				step := prog.add(fmt.Sprintf("%s step %d (%s)", j.Plan().Name, i, e.Alias), d.estimate(ctx, j.Plan().Left.Table)+d.estimate(ctx, e.Table.Table))
 				g.Go(func() error {
-					return loadChainStep(gctx, d.source, snapshot, jr.Stores()[i], jr.Plan(), layout, i, step)
+					return loadChainStep(gctx, d.source, snapshot, j.Stores()[i], j.Plan(), layout, i, step)
 				})
 			}
 			continue
 		}
-		right := prog.add(jr.Plan().Name+" right "+jr.Plan().Right.Table.String(), d.estimate(ctx, jr.Plan().Right.Table))
-		left := prog.add(jr.Plan().Name+" left "+jr.Plan().Left.Table.String(), d.estimate(ctx, jr.Plan().Left.Table))
-		g.Go(func() error { return d.loadTarget(gctx, snapshot, jr.Plan(), target) })
-		g.Go(func() error { return d.loadRight(gctx, snapshot, jr, right) })
-		g.Go(func() error { return d.loadLeft(gctx, snapshot, jr, left) })
+		right := prog.add(j.Plan().Name+" right "+j.Plan().Right.Table.String(), d.estimate(ctx, j.Plan().Right.Table))
+		left := prog.add(j.Plan().Name+" left "+j.Plan().Left.Table.String(), d.estimate(ctx, j.Plan().Left.Table))
+		g.Go(func() error { return d.loadTarget(gctx, snapshot, j.Plan(), target) })
+		g.Go(func() error { return d.loadRight(gctx, snapshot, j, right) })
+		g.Go(func() error { return d.loadLeft(gctx, snapshot, j, left) })
 	}
 	if err := g.Wait(); err != nil {
 		return 0, fmt.Errorf("backfill: %w", err)
@@ -210,11 +210,11 @@ func (r *rowCounter) Write(b []byte) (int, error) {
 
 // loadRight streams the right table's key and projected columns into the
 // join's Redis state.
-func (d *daemon) loadRight(ctx context.Context, snapshot string, jr pipeline.Join, t *task) error {
-	p := jr.Plan()
+func (d *daemon) loadRight(ctx context.Context, snapshot string, j pipeline.Join, t *task) error {
+	p := j.Plan()
 	cols := append(append([]plan.SourceColumn{}, p.Right.Key...), outputSources(p.Right.Values)...)
 	nk := len(p.Right.Key)
-	return d.loadRows(ctx, snapshot, p.Right.Table, cols, jr.Stores()[0], t, func(rows [][]join.Value) (join.Mutations, error) {
+	return d.loadRows(ctx, snapshot, p.Right.Table, cols, j.Stores()[0], t, func(rows [][]join.Value) (join.Mutations, error) {
 		m := join.Mutations{PutRight: make(map[join.Key]join.RightState, len(rows))}
 		for _, r := range rows {
 			k, err := join.EncodeKey(p.Spec.RightKey, r[:nk])
@@ -230,11 +230,11 @@ func (d *daemon) loadRight(ctx context.Context, snapshot string, jr pipeline.Joi
 // loadLeft streams the left table's key, foreign key and projected columns
 // into the join's Redis state: left rows with their value hash, and a
 // subscription for every non-NULL foreign key.
-func (d *daemon) loadLeft(ctx context.Context, snapshot string, jr pipeline.Join, t *task) error {
-	p := jr.Plan()
+func (d *daemon) loadLeft(ctx context.Context, snapshot string, j pipeline.Join, t *task) error {
+	p := j.Plan()
 	cols := append(append(append([]plan.SourceColumn{}, p.Left.Key...), p.Left.ForeignKey...), outputSources(p.Left.Values)...)
 	nk, nf := len(p.Left.Key), len(p.Left.ForeignKey)
-	return d.loadRows(ctx, snapshot, p.Left.Table, cols, jr.Stores()[0], t, func(rows [][]join.Value) (join.Mutations, error) {
+	return d.loadRows(ctx, snapshot, p.Left.Table, cols, j.Stores()[0], t, func(rows [][]join.Value) (join.Mutations, error) {
 		m := join.Mutations{PutLeft: make(map[join.Key]join.LeftState, len(rows))}
 		for _, r := range rows {
 			pk, fk, vals := r[:nk], r[nk:nk+nf], r[nk+nf:]

@@ -23,21 +23,21 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	}
 	start := targetLSN
 	var cuts []cdc.LSN
-	for _, jr := range d.joins {
-		r, err := jr.Resume(ctx)
+	for _, j := range d.joins {
+		r, err := j.Resume(ctx)
 		if err != nil {
 			return err
 		}
 		if r.Undone {
 			// A crash in the middle of a large transaction left its
 			// partial Redis state behind: it is undone and replayed.
-			d.log.Warn("undid a partially applied large transaction", "join", jr.Plan().Name)
+			d.log.Warn("undid a partially applied large transaction", "join", j.Plan().Name)
 		}
 		start = min(start, r.Checkpoint)
 		for i, cp := range r.Ahead {
 			cuts = append(cuts, cp)
 			d.log.Warn("a join chain's steps are at different checkpoints (a crash between their commits); the steps behind catch up first",
-				"join", jr.Plan().Name, "step", i, "step_lsn", cp.String(), "first_step_lsn", r.Checkpoint.String())
+				"join", j.Plan().Name, "step", i, "step_lsn", cp.String(), "first_step_lsn", r.Checkpoint.String())
 		}
 	}
 	if err := d.cdc.EnsurePublication(ctx); err != nil {
@@ -140,16 +140,16 @@ func (d *daemon) sweep(ctx context.Context, garbage *atomic.Bool) {
 	warned := rateLimit{}
 	for {
 		if garbage.Swap(false) {
-			for _, jr := range d.joins {
-				for _, store := range jr.Stores() {
+			for _, j := range d.joins {
+				for _, store := range j.Stores() {
 					n, err := store.Sweep(ctx)
 					if err != nil && ctx.Err() == nil {
-						if warned.allow(jr.Plan().Name, time.Now()) {
-							d.log.Warn("sweeping old redis keys failed (repeats at most every 10 minutes)", "join", jr.Plan().Name, "err", err)
+						if warned.allow(j.Plan().Name, time.Now()) {
+							d.log.Warn("sweeping old redis keys failed (repeats at most every 10 minutes)", "join", j.Plan().Name, "err", err)
 						}
 						garbage.Store(true) // try again next time
 					} else if n > 0 {
-						d.log.Info("swept old redis keys", "join", jr.Plan().Name, "keys", n)
+						d.log.Info("swept old redis keys", "join", j.Plan().Name, "keys", n)
 					}
 				}
 			}

@@ -62,14 +62,14 @@ func (d *daemon) verifyLoop(ctx context.Context, p *pipeline.Pipeline, v *verify
 		start, checked := time.Now(), v.checked.Load()
 		v.current.Store(0)
 		complete := true
-		for _, jr := range d.joins {
-			if err := d.verifyJoin(ctx, p, jr.Plan(), v); err != nil {
+		for _, j := range d.joins {
+			if err := d.verifyJoin(ctx, p, j.Plan(), v); err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
 				complete = false
-				if warned.allow("verify "+jr.Plan().Name, time.Now()) {
-					d.log.Warn("background verification failed; trying again next round", "join", jr.Plan().Name, "err", err)
+				if warned.allow("verify "+j.Plan().Name, time.Now()) {
+					d.log.Warn("background verification failed; trying again next round", "join", j.Plan().Name, "err", err)
 				}
 			}
 		}

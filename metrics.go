@@ -123,8 +123,8 @@ func (o *observer) countersLocked() pipelineCounters {
 		return c
 	}
 	c.Counters.Add(p.Counters())
-	for _, jr := range p.Joins() {
-		c.join.Add(jr.Stats())
+	for _, j := range p.Joins() {
+		c.join.Add(j.Stats())
 	}
 	c.reconnects += p.SourceStats().Reconnects
 	return c

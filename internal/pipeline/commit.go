@@ -58,9 +58,9 @@ func (p *Pipeline) prepare(ctx context.Context, b *batch, inFlight []*commitJob)
 	}
 	perJoin := make([][]join.Change, len(p.joins))
 	spans := make([][]txnSpan, len(p.joins))
-	for i, jr := range p.joins {
+	for i, j := range p.joins {
 		var err error
-		if perJoin[i], spans[i], err = jr.changes(b.txns); err != nil {
+		if perJoin[i], spans[i], err = j.changes(b.txns); err != nil {
 			return nil, err
 		}
 		job.touched[i] = len(perJoin[i]) > 0
@@ -75,7 +75,7 @@ func (p *Pipeline) prepare(ctx context.Context, b *batch, inFlight []*commitJob)
 		settled = true
 		return p.waitAll(inFlight)
 	}
-	for i, jr := range p.joins {
+	for i, j := range p.joins {
 		var older, newer *join.Mutations
 		switch len(inFlight) {
 		case 1:
@@ -83,15 +83,15 @@ func (p *Pipeline) prepare(ctx context.Context, b *batch, inFlight []*commitJob)
 		case 2:
 			older, newer = &inFlight[0].muts[i], &inFlight[1].muts[i]
 		}
-		if err := jr.overlay(older, newer); errors.Is(err, join.ErrCannotOverlay) {
+		if err := j.overlay(older, newer); errors.Is(err, join.ErrCannotOverlay) {
 			if err := settle(); err != nil {
 				return nil, err
 			}
-			_ = jr.overlay(nil, nil)
+			_ = j.overlay(nil, nil)
 		}
 	}
 	buffered := 0
-	for i, jr := range p.joins {
+	for i, j := range p.joins {
 		if !job.touched[i] {
 			continue
 		}
@@ -113,14 +113,14 @@ func (p *Pipeline) prepare(ctx context.Context, b *batch, inFlight []*commitJob)
 					return err
 				}
 			}
-			return job.tx.Apply(ctx, &jr.Plan().Target, out)
+			return job.tx.Apply(ctx, &j.Plan().Target, out)
 		}
 		var err error
-		if job.muts[i], err = jr.apply(ctx, perJoin[i], job.end, emit, nil); err != nil {
+		if job.muts[i], err = j.apply(ctx, perJoin[i], job.end, emit, nil); err != nil {
 			if job.tx != nil {
 				_ = job.tx.Rollback(context.WithoutCancel(ctx))
 			}
-			return nil, jr.located(spans[i], fmt.Errorf("join %q: %w", jr.Plan().Name, err))
+			return nil, j.located(spans[i], fmt.Errorf("join %q: %w", j.Plan().Name, err))
 		}
 	}
 	phase(&b.timing.join)
@@ -278,9 +278,9 @@ func (p *Pipeline) commitTarget(ctx context.Context, job *commitJob) error {
 	// The engines' reads are done: if the state was lost or replaced since
 	// the daemon started, they may have seen it empty, and nothing may be
 	// committed.
-	for i, jr := range p.joins {
+	for i, j := range p.joins {
 		if job.touched[i] {
-			if err := jr.checkState(ctx); err != nil {
+			if err := j.checkState(ctx); err != nil {
 				return err
 			}
 		}
@@ -343,12 +343,12 @@ func (p *Pipeline) commitState(ctx context.Context, job *commitJob) error {
 		return nil
 	}
 	phase := stopwatch()
-	for i, jr := range p.joins {
-		if !job.touched[i] && jr.state().Checkpoint() >= end {
+	for i, j := range p.joins {
+		if !job.touched[i] && j.state().Checkpoint() >= end {
 			continue
 		}
-		if err := jr.state().Commit(ctx, job.muts[i], end); err != nil {
-			return fmt.Errorf("join %q: %w", jr.Plan().Name, err)
+		if err := j.state().Commit(ctx, job.muts[i], end); err != nil {
+			return fmt.Errorf("join %q: %w", j.Plan().Name, err)
 		}
 		if job.muts[i].Clears() {
 			p.garbage.Store(true)

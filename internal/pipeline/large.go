@@ -18,8 +18,8 @@ func (p *Pipeline) applyEach(ctx context.Context, b *batch, inFlight []*commitJo
 	if err := p.waitAll(inFlight); err != nil {
 		return err
 	}
-	for _, jr := range p.joins {
-		_ = jr.overlay(nil, nil)
+	for _, j := range p.joins {
+		_ = j.overlay(nil, nil)
 	}
 	p.log.Info("a join chain's fan-out is larger than a page; applying the batch's transactions one at a time, in pages",
 		"transactions", len(b.txns), "changes", b.changes)
@@ -84,10 +84,10 @@ func (p *Pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 		if tx != nil {
 			_ = tx.Rollback(bg)
 		}
-		for i, jr := range p.joins {
+		for i, j := range p.joins {
 			if partial[i] {
-				if _, rerr := jr.state().Recover(bg); rerr != nil && err == nil {
-					err = fmt.Errorf("join %q: undo partial transaction: %w", jr.Plan().Name, rerr)
+				if _, rerr := j.state().Recover(bg); rerr != nil && err == nil {
+					err = fmt.Errorf("join %q: undo partial transaction: %w", j.Plan().Name, rerr)
 				}
 			}
 		}
@@ -99,28 +99,28 @@ func (p *Pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 			return nil, err
 		}
 		truncations = appendTruncations(truncations, chunk)
-		for i, jr := range p.joins {
-			if jr.state().Checkpoint() > chunk.CommitLSN {
+		for i, j := range p.joins {
+			if j.state().Checkpoint() > chunk.CommitLSN {
 				continue // this join's state has the whole transaction
 			}
-			jc, err := jr.mapChunk(chunk)
+			jc, err := j.mapChunk(chunk)
 			if err != nil {
 				return nil, err
 			}
-			m, err := jr.apply(ctx, jc, chunk.CommitLSN+1, func(ctx context.Context, out join.Output) error {
+			m, err := j.apply(ctx, jc, chunk.CommitLSN+1, func(ctx context.Context, out join.Output) error {
 				if tx == nil {
 					return nil
 				}
-				return tx.Apply(ctx, &jr.Plan().Target, out)
+				return tx.Apply(ctx, &j.Plan().Target, out)
 			}, func(ctx context.Context, m join.Mutations) error {
 				partial[i] = true // before the write: a write cut short is undone too
-				return jr.state().CommitPartial(ctx, m, txnID)
+				return j.state().CommitPartial(ctx, m, txnID)
 			})
 			if err != nil {
-				return nil, jr.located([]txnSpan{{txn: chunk}}, fmt.Errorf("join %q: %w", jr.Plan().Name, err))
+				return nil, j.located([]txnSpan{{txn: chunk}}, fmt.Errorf("join %q: %w", j.Plan().Name, err))
 			}
-			if err := jr.state().CommitPartial(ctx, m, txnID); err != nil {
-				return nil, fmt.Errorf("join %q: %w", jr.Plan().Name, err)
+			if err := j.state().CommitPartial(ctx, m, txnID); err != nil {
+				return nil, fmt.Errorf("join %q: %w", j.Plan().Name, err)
 			}
 			if m.Clears() {
 				p.garbage.Store(true)
@@ -150,10 +150,10 @@ func (p *Pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 		}
 	}
 	done = true
-	for i, jr := range p.joins {
+	for i, j := range p.joins {
 		if partial[i] {
-			if err := jr.state().FinishPartial(ctx, end); err != nil {
-				return nil, fmt.Errorf("join %q: %w", jr.Plan().Name, err)
+			if err := j.state().FinishPartial(ctx, end); err != nil {
+				return nil, fmt.Errorf("join %q: %w", j.Plan().Name, err)
 			}
 		}
 	}

@@ -208,8 +208,8 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 				return err
 			}
 			// Chunks commit their state as they go: nothing may be overlaid.
-			for _, jr := range p.joins {
-				_ = jr.overlay(nil, nil)
+			for _, j := range p.joins {
+				_ = j.overlay(nil, nil)
 			}
 			if err := p.applyLarge(ctx, first); err != nil {
 				return err
@@ -310,8 +310,8 @@ func (p *Pipeline) checkPlaced(t *cdc.Txn) error {
 	place := func(rel *cdc.Relation) error {
 		ok, known := p.placed[rel]
 		if !known {
-			for _, jr := range p.joins {
-				ok = ok || jr.uses(rel)
+			for _, j := range p.joins {
+				ok = ok || j.uses(rel)
 			}
 			p.placed[rel] = ok
 		}

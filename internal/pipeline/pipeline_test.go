@@ -264,12 +264,12 @@ func (fakeState) Recover(context.Context) (bool, error)                        {
 // checkpoints as run.go does: the source replays from the older one.
 func (w *fakeWorld) pipeline(limits BatchLimits) *Pipeline {
 	w.t.Helper()
-	jr, err := newPair(w.plan, fakeState{w}, 3) // several pages per fan-out
+	j, err := newPair(w.plan, fakeState{w}, 3) // several pages per fan-out
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	jr.epoch = "e"
-	p := New(Config{Slot: "s", Joins: []Join{jr}, Target: fakeTarget{w}, Source: fakeSource{w}, Limits: limits})
+	j.epoch = "e"
+	p := New(Config{Slot: "s", Joins: []Join{j}, Target: fakeTarget{w}, Source: fakeSource{w}, Limits: limits})
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	p.targetLSN.Store(uint64(w.targetLSN))

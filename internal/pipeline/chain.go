@@ -15,9 +15,8 @@ import (
 // entry, each with its own Redis state (docs/nway.md).
 type Chain struct {
 	joinBase
-	chain  *join.Chain
-	layout plan.ChainLayout
-	steps  []*chainStep
+	chain *join.Chain
+	steps []*chainStep
 }
 
 var (
@@ -29,7 +28,6 @@ var (
 // through (as Pair's pending and older).
 type chainStep struct {
 	store          *redisstore.Store
-	state          State // store, or a fake in tests
 	pending, older *join.Pending
 }
 
@@ -42,12 +40,12 @@ func NewChain(p *plan.JoinPlan, stores []*redisstore.Store, pageSize, pageRows i
 	if len(stores) != len(l.Steps) {
 		return nil, fmt.Errorf("join %q: %d states for %d entries", p.Name, len(stores), len(l.Steps))
 	}
-	c := &Chain{layout: l}
+	c := &Chain{}
 	readers := make([]join.StateReader, len(l.Steps))
 	for i, store := range stores {
 		older := join.NewPending(store)
 		pending := join.NewPending(older)
-		c.steps = append(c.steps, &chainStep{store: store, state: store, pending: pending, older: older})
+		c.steps = append(c.steps, &chainStep{store: store, pending: pending, older: older})
 		readers[i] = pending
 		l.Steps[i].Spec.PageSize = pageSize
 	}
@@ -84,7 +82,7 @@ func (c *Chain) Resume(ctx context.Context) (Resumed, error) {
 		return r, err
 	}
 	for i, s := range c.steps {
-		if cp := s.state.Checkpoint(); cp > r.Checkpoint {
+		if cp := s.store.Checkpoint(); cp > r.Checkpoint {
 			if r.Ahead == nil {
 				r.Ahead = map[int]cdc.LSN{}
 			}
@@ -125,7 +123,7 @@ func (c *Chain) located(_ []txnSpan, err error) error { return err }
 // (Resumed.Ahead).
 func (c *Chain) prefix(bound cdc.LSN) int {
 	n := 0
-	for n < len(c.steps) && c.steps[n].state.Checkpoint() < bound {
+	for n < len(c.steps) && c.steps[n].store.Checkpoint() < bound {
 		n++
 	}
 	return n
@@ -189,7 +187,7 @@ func (s *chainState) DependentsMany(context.Context, []join.Key, []int) ([][]joi
 func (s *chainState) Meta(ctx context.Context) (redisstore.Meta, error) {
 	var first redisstore.Meta
 	for i, st := range s.steps {
-		m, err := st.state.Meta(ctx)
+		m, err := st.store.Meta(ctx)
 		if err != nil {
 			return redisstore.Meta{}, fmt.Errorf("step %d: %w", i, err)
 		}
@@ -204,9 +202,9 @@ func (s *chainState) Meta(ctx context.Context) (redisstore.Meta, error) {
 
 // Checkpoint is the lowest of the steps' checkpoints: the first step's.
 func (s *chainState) Checkpoint() cdc.LSN {
-	low := s.steps[0].state.Checkpoint()
+	low := s.steps[0].store.Checkpoint()
 	for _, st := range s.steps[1:] {
-		low = min(low, st.state.Checkpoint())
+		low = min(low, st.store.Checkpoint())
 	}
 	return low
 }
@@ -222,7 +220,7 @@ func (s *chainState) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) 
 		m.Steps = make([]join.Mutations, len(s.steps))
 	}
 	for i := len(m.Steps) - 1; i >= 0; i-- {
-		if err := s.steps[i].state.Commit(ctx, m.Steps[i], lsn); err != nil {
+		if err := s.steps[i].store.Commit(ctx, m.Steps[i], lsn); err != nil {
 			return fmt.Errorf("step %d: %w", i, err)
 		}
 	}
@@ -233,7 +231,7 @@ func (s *chainState) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) 
 // lack it (m.Steps).
 func (s *chainState) CommitPartial(ctx context.Context, m join.Mutations, txn cdc.LSN) error {
 	for i := range m.Steps {
-		if err := s.steps[i].state.CommitPartial(ctx, m.Steps[i], txn); err != nil {
+		if err := s.steps[i].store.CommitPartial(ctx, m.Steps[i], txn); err != nil {
 			return fmt.Errorf("step %d: %w", i, err)
 		}
 		s.partial[i] = true
@@ -248,7 +246,7 @@ func (s *chainState) FinishPartial(ctx context.Context, lsn cdc.LSN) error {
 		if !s.partial[i] {
 			continue
 		}
-		if err := s.steps[i].state.FinishPartial(ctx, lsn); err != nil {
+		if err := s.steps[i].store.FinishPartial(ctx, lsn); err != nil {
 			return fmt.Errorf("step %d: %w", i, err)
 		}
 		s.partial[i] = false
@@ -260,7 +258,7 @@ func (s *chainState) FinishPartial(ctx context.Context, lsn cdc.LSN) error {
 func (s *chainState) Recover(ctx context.Context) (bool, error) {
 	any := false
 	for i, st := range s.steps {
-		undone, err := st.state.Recover(ctx)
+		undone, err := st.store.Recover(ctx)
 		if err != nil {
 			return any, fmt.Errorf("step %d: %w", i, err)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/fkmat/fkmat/internal/config"
@@ -44,37 +45,106 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// leavesQuery lists the leaf partitions of the tables named in $1 (text[],
+// sanitized identifiers): the table's position in $1 (from 1), and each
+// leaf's OID, name, storage and pg_class xmin. A table that is not
+// partitioned (or no longer exists) has none.
+const leavesQuery = `
+	WITH RECURSIVE roots AS (
+		SELECT r.n, c.oid FROM unnest($1::text[]) WITH ORDINALITY AS r (name, n)
+		JOIN pg_class c ON c.oid = to_regclass(r.name) WHERE c.relkind = 'p'),
+	tree AS (
+		SELECT roots.n, i.inhrelid FROM roots JOIN pg_inherits i ON i.inhparent = roots.oid
+		UNION ALL
+		SELECT tree.n, i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.inhrelid)
+	SELECT tree.n, c.oid, c.oid::regclass::text, c.relfilenode, c.xmin::text::bigint
+	FROM tree JOIN pg_class c ON c.oid = tree.inhrelid WHERE c.relkind <> 'p'`
+
 // readLeaves returns the leaf partitions of the tables, by OID; a table
 // that is not partitioned has none.
 func readLeaves(ctx context.Context, db querier, tables []config.TableName) (map[uint32]leaf, error) {
+	rows, err := db.Query(ctx, leavesQuery, tableIdents(tables))
+	if err != nil {
+		return nil, fmt.Errorf("list partitions of the joined tables: %w", err)
+	}
+	return scanLeaves(rows, tables)
+}
+
+func tableIdents(tables []config.TableName) []string {
+	out := make([]string, len(tables))
+	for i, t := range tables {
+		out[i] = pgx.Identifier{t.Schema, t.Name}.Sanitize()
+	}
+	return out
+}
+
+// scanLeaves reads the rows of leavesQuery.
+func scanLeaves(rows pgx.Rows, tables []config.TableName) (map[uint32]leaf, error) {
+	defer rows.Close()
 	out := map[uint32]leaf{}
-	for _, t := range tables {
-		rows, err := db.Query(ctx, `
-			WITH RECURSIVE tree AS (
-				SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = $1::regclass
-				UNION ALL
-				SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.inhrelid)
-			SELECT c.oid, c.oid::regclass::text, c.relfilenode, c.xmin::text::bigint FROM tree JOIN pg_class c ON c.oid = tree.inhrelid
-			WHERE c.relkind <> 'p' AND (SELECT relkind FROM pg_class WHERE oid = $1::regclass) = 'p'`, pgx.Identifier{t.Schema, t.Name}.Sanitize())
-		if err != nil {
-			return nil, fmt.Errorf("list partitions of %s: %w", t, err)
+	for rows.Next() {
+		var l leaf
+		var n int
+		var node uint32
+		var xmin int64
+		if err := rows.Scan(&n, &l.oid, &l.name, &node, &xmin); err != nil {
+			return nil, fmt.Errorf("list partitions of the joined tables: %w", err)
 		}
-		for rows.Next() {
-			l := leaf{parent: t.String()}
-			var node uint32
-			var xmin int64
-			if err := rows.Scan(&l.oid, &l.name, &node, &xmin); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("list partitions of %s: %w", t, err)
-			}
-			l.relfilenode, l.xmin = &node, uint32(xmin)
-			out[l.oid] = l
-		}
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("list partitions of %s: %w", t, err)
-		}
+		l.parent, l.relfilenode, l.xmin = tables[n-1].String(), &node, uint32(xmin)
+		out[l.oid] = l
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list partitions of the joined tables: %w", err)
 	}
 	return out, nil
+}
+
+// catalogRead is one read of the joined tables' partitions, between two
+// reads of the source's WAL position: every transaction that committed
+// before before is in it (when settled), and every change it shows
+// committed before after.
+type catalogRead struct {
+	before, after cdc.LSN
+	leaves        map[uint32]leaf
+	// partitioned says some joined table is partitioned.
+	partitioned bool
+	// settled says no transaction was committed in the WAL and yet
+	// invisible to the read (a commit waiting for a synchronous standby
+	// shows so for as long as it waits).
+	settled bool
+}
+
+// readCatalog reads the partitions of the joined tables in one round trip.
+func (d *daemon) readCatalog(ctx context.Context) (catalogRead, error) {
+	tables := d.joinedTables()
+	batch := &pgx.Batch{}
+	batch.Queue(`SELECT (pg_current_wal_lsn() - '0/0')::bigint`)
+	batch.Queue(`SELECT NOT EXISTS (SELECT FROM pg_snapshot_xip(pg_current_snapshot()) x WHERE pg_xact_status(x) = 'committed'),
+		EXISTS (SELECT FROM unnest($1::text[]) t JOIN pg_class c ON c.oid = to_regclass(t) WHERE c.relkind = 'p')`, tableIdents(tables))
+	batch.Queue(leavesQuery, tableIdents(tables))
+	batch.Queue(`SELECT (pg_current_wal_lsn() - '0/0')::bigint`)
+	res := d.source.SendBatch(ctx, batch)
+	defer res.Close()
+	var r catalogRead
+	var before, after int64
+	if err := res.QueryRow().Scan(&before); err != nil {
+		return r, fmt.Errorf("read the source's WAL position: %w", err)
+	}
+	if err := res.QueryRow().Scan(&r.settled, &r.partitioned); err != nil {
+		return r, fmt.Errorf("read the source's snapshot: %w", err)
+	}
+	rows, err := res.Query()
+	if err != nil {
+		return r, fmt.Errorf("list partitions of the joined tables: %w", err)
+	}
+	if r.leaves, err = scanLeaves(rows, tables); err != nil {
+		return r, err
+	}
+	if err := res.QueryRow().Scan(&after); err != nil {
+		return r, fmt.Errorf("read the source's WAL position: %w", err)
+	}
+	r.before, r.after = cdc.LSN(before), cdc.LSN(after)
+	return r, res.Close()
 }
 
 // execer runs one statement in a transaction.
@@ -124,10 +194,17 @@ func knownLeaves(ctx context.Context, db *pgxpool.Pool, slot string) (map[uint32
 	return out, rows.Err()
 }
 
-// storageWatch holds, between checks, the leaves whose storage changed
-// and the source WAL position at which the change was seen.
+// storageWatch holds, between checks, the leaves as last recorded, and
+// the leaves whose storage changed with the source WAL position at which
+// the change was seen. The partition watcher and the stream's last
+// acknowledgement share it.
 type storageWatch struct {
+	mu      sync.Mutex
+	known   map[uint32]leaf // nil until a check recorded them
 	pending map[uint32]pendingStorage
+	// applied is the position up to which the pipeline has applied
+	// every transaction.
+	applied func() cdc.LSN
 }
 
 type pendingStorage struct {
@@ -152,15 +229,8 @@ type pendingStorage struct {
 // streamed TRUNCATE of the parent is fine; a rewrite that kept the rows
 // (VACUUM FULL, CLUSTER, a rewriting ALTER TABLE) is fine; anything else
 // lost the partition's rows without row changes in the WAL.
-func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch) error {
-	cur, err := readLeaves(ctx, d.source, d.joinedTables())
-	if err != nil {
-		return err
-	}
-	var seenAt int64 // after the catalog read: the change was committed before it
-	if err := d.source.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - '0/0')::bigint`).Scan(&seenAt); err != nil {
-		return fmt.Errorf("read the source's WAL position: %w", err)
-	}
+func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalogRead) error {
+	cur, seenAt := at.leaves, at.after // a change seen was committed before at.after
 	known, err := knownLeaves(ctx, d.target, d.cfg.Slot)
 	if err != nil {
 		return err
@@ -176,6 +246,7 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch) error {
 				"did not publish partitioned tables via their root (their streamed changes were lost); run fkmat backfill --force",
 				ErrPartitionsChanged, l.parent)
 		}
+		w.known = map[uint32]leaf{}
 		return nil
 	}
 	next := map[uint32]leaf{}
@@ -196,7 +267,7 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch) error {
 			next[oid] = l
 			continue
 		}
-		adopt, err := d.checkStorage(ctx, w, k, l, cdc.LSN(seenAt))
+		adopt, err := d.checkStorage(ctx, w, k, l, seenAt)
 		if err != nil {
 			return err
 		}
@@ -225,7 +296,11 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch) error {
 			delete(w.pending, oid)
 		}
 	}
-	return d.saveLeaves(ctx, known, next)
+	if err := d.saveLeaves(ctx, known, next); err != nil {
+		return err
+	}
+	w.known = next
+	return nil
 }
 
 // saveLeaves writes the differences between the known leaves and next. It
@@ -277,15 +352,9 @@ func (d *daemon) checkStorage(ctx context.Context, w *storageWatch, k, l leaf, s
 		w.pending[l.oid] = pendingStorage{relfilenode: *l.relfilenode, seenAt: seenAt}
 		return false, nil
 	}
-	// Wait until the daemon has confirmed everything committed before the
+	// Wait until the pipeline has applied everything committed before the
 	// change was seen: a TRUNCATE of the parent in it is applied by then.
-	var confirmed *int64
-	err := d.source.QueryRow(ctx, `SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = $1`,
-		d.cfg.Slot).Scan(&confirmed)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return false, fmt.Errorf("read the slot's confirmed position: %w", err)
-	}
-	if confirmed == nil || cdc.LSN(*confirmed) < p.seenAt {
+	if w.applied() < p.seenAt {
 		return false, nil
 	}
 	delete(w.pending, l.oid)
@@ -353,13 +422,66 @@ func hasOldRows(ctx context.Context, db *pgxpool.Pool, l leaf) (bool, error) {
 	return old, nil
 }
 
-// watchPartitions checks the partitions every Options.PartitionCheckInterval
-// until ctx is done or a check finds a change the join cannot follow.
-func (d *daemon) watchPartitions(ctx context.Context, w *storageWatch) error {
-	t := time.NewTicker(d.opts.PartitionCheckInterval)
+// partitionClearInterval is how often, while the stream has positions to
+// confirm, the partition watcher reads the catalog to clear them.
+const partitionClearInterval = 200 * time.Millisecond
+
+// clearPartitions reads the catalog and, when no partition of a joined
+// table changed in a way the join has not followed, clears the stream to
+// the WAL position read before it: partition DDL is not in the stream, so
+// the slot is never confirmed past a DETACH, DROP, ATTACH or single
+// partition TRUNCATE until the catalog has been checked after it. A change
+// the join cannot follow is ErrPartitionsChanged, and nothing after it is
+// cleared.
+func (d *daemon) clearPartitions(ctx context.Context, w *storageWatch, stream *cdc.Stream) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	at, err := d.readCatalog(ctx)
+	if err != nil {
+		return err
+	}
+	if w.known == nil || len(w.pending) > 0 || !sameLeaves(at.leaves, w.known) {
+		if err := d.checkPartitions(ctx, w, at); err != nil {
+			return err
+		}
+	}
+	if at.settled && len(w.pending) == 0 {
+		stream.Clear(at.before)
+	}
+	return nil
+}
+
+// sameLeaves reports whether the leaves read are the ones recorded: the
+// same partitions of the same tables, on the same storage.
+func sameLeaves(cur, known map[uint32]leaf) bool {
+	if len(cur) != len(known) {
+		return false
+	}
+	for oid, l := range cur {
+		k, ok := known[oid]
+		if !ok || k.parent != l.parent || !equalPtr(k.relfilenode, l.relfilenode) {
+			return false
+		}
+	}
+	return true
+}
+
+// watchPartitions clears the held stream while it has positions to
+// confirm (every partitionClearInterval), and checks the partitions at
+// least every Options.PartitionCheckInterval, until ctx is done or a check
+// finds a change the join cannot follow.
+func (d *daemon) watchPartitions(ctx context.Context, w *storageWatch, stream *cdc.Stream) error {
+	t := time.NewTicker(min(partitionClearInterval, d.opts.PartitionCheckInterval))
 	defer t.Stop()
+	last := time.Now()
 	for ticked(ctx, t.C) {
-		if err := d.checkPartitions(ctx, w); err != nil {
+		st := stream.Stats()
+		waiting := st.Held && st.ConfirmableLSN > st.ClearedLSN
+		if !waiting && time.Since(last) < d.opts.PartitionCheckInterval {
+			continue
+		}
+		last = time.Now()
+		if err := d.clearPartitions(ctx, w, stream); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}

@@ -43,13 +43,29 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	if err := d.cdc.EnsurePublication(ctx); err != nil {
 		return err
 	}
-	// Partitions attached or detached while the daemon was away.
-	watch := &storageWatch{}
-	if err := d.checkPartitions(ctx, watch); err != nil {
+	// Partitions attached or detached while the daemon was away. Until the
+	// stream runs, the pipeline has applied up to the target's checkpoint.
+	watch := &storageWatch{applied: func() cdc.LSN { return targetLSN }}
+	at, err := d.readCatalog(ctx)
+	if err != nil {
+		return err
+	}
+	if err := d.checkPartitions(ctx, watch, at); err != nil {
 		return err
 	}
 	rs.start, rs.streaming = start, true
 	stream := d.cdc.NewStream(start)
+	if at.partitioned {
+		// Partition DDL is not in the stream: the slot is confirmed only
+		// up to where the catalog was checked (clearPartitions).
+		stream.Hold()
+		if at.settled && len(watch.pending) == 0 {
+			stream.Clear(at.before)
+		}
+	}
+	watch.mu.Lock()
+	watch.applied = func() cdc.LSN { return stream.Stats().ConfirmableLSN }
+	watch.mu.Unlock()
 	p := pipeline.New(pipeline.Config{
 		Slot: d.cfg.Slot, Publication: d.cfg.Publication, Joins: d.joins, Source: stream, Target: pipeline.SinkTarget{W: d.writer},
 		Limits: d.opts.Batch, Log: d.log.With("component", "pipeline"), TargetCheckpoint: targetLSN, Cuts: cuts,
@@ -77,12 +93,21 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		d.sweep(gctx, p.Garbage())
 		return nil
 	})
-	g.Go(func() error { return d.watchPartitions(gctx, watch) })
+	g.Go(func() error { return d.watchPartitions(gctx, watch, stream) })
 	g.Go(func() error { return d.monitor(gctx, p) })
 	g.Go(func() error { return d.verifyLoop(gctx, p, rs.verify) })
 	g.Go(func() error {
 		runErr := p.Run(gctx)
 		d.obs.setPhase("stopping")
+		if stream.Stats().Held {
+			// Clear the last acknowledgement, unless the join cannot go
+			// on (then nothing after the change may be confirmed).
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
+			if err := d.clearPartitions(cctx, watch, stream); err != nil && !errors.Is(err, ErrPartitionsChanged) {
+				d.log.Warn("checking the partitions of the joined tables failed", "err", err)
+			}
+			cancel()
+		}
 		d.flushAck(stream)
 		stopStream()
 		return runErr
@@ -114,7 +139,11 @@ func (d *daemon) flushAck(stream *cdc.Stream) {
 	deadline := time.Now().Add(3 * time.Second)
 	for time.Now().Before(deadline) {
 		st := stream.Stats()
-		if st.ReportedLSN >= st.AckedLSN {
+		reportable := st.AckedLSN
+		if st.Held {
+			reportable = min(st.ConfirmableLSN, st.ClearedLSN)
+		}
+		if st.ReportedLSN >= reportable {
 			return
 		}
 		select {

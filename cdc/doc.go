@@ -31,6 +31,9 @@
 //     acknowledged), the stream reports the server's WAL position from its
 //     keepalives instead: all WAL before it was decoded and held nothing
 //     for the publication, so an idle slot holds no WAL back.
+//   - A held stream (Hold) reports nothing beyond the highest Clear, acked
+//     or idle: for a consumer that must check something the stream does
+//     not carry (DDL) before a position may be confirmed.
 //   - NewStream(checkpoint) delivers exactly the transactions with
 //     EndLSN > checkpoint; transactions the server resends from before it
 //     (after a crash, the slot's position can move back) are skipped.

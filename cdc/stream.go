@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,10 @@ type Stream struct {
 	done  chan struct{}
 	err   error // Run's result, set before done is closed
 	acked atomic.Uint64
+	// cleared bounds every position reported while held (Hold); it is
+	// the highest position the consumer has found safe to confirm.
+	held    bool
+	cleared atomic.Uint64
 
 	started atomic.Bool
 	stats   streamStats
@@ -62,6 +67,7 @@ type Stream struct {
 type streamStats struct {
 	txns, changes, reconnects     atomic.Int64
 	received, reported, serverEnd atomic.Uint64
+	confirmable                   atomic.Uint64
 }
 
 // NewStream returns a stream that starts after start: the consumer's
@@ -91,6 +97,25 @@ func (s *Stream) Ack(lsn LSN) {
 	for {
 		cur := s.acked.Load()
 		if uint64(lsn) <= cur || s.acked.CompareAndSwap(cur, uint64(lsn)) {
+			return
+		}
+	}
+}
+
+// Hold makes the stream report no position beyond the highest Clear, even
+// an acknowledged one or the server's own position on an idle slot. A
+// consumer holds the stream when an event outside the stream (DDL, which
+// pgoutput does not send) can make an acknowledged position untrue; it
+// clears a position once it has checked that nothing before it happened.
+// Call Hold, and Clear the start position or later, before Run.
+func (s *Stream) Hold() { s.held = true }
+
+// Clear allows a held stream to report positions up to lsn; lower values
+// than an earlier Clear are ignored. It never blocks.
+func (s *Stream) Clear(lsn LSN) {
+	for {
+		cur := s.cleared.Load()
+		if uint64(lsn) <= cur || s.cleared.CompareAndSwap(cur, uint64(lsn)) {
 			return
 		}
 	}
@@ -130,6 +155,13 @@ type StreamStats struct {
 	// AckedLSN the highest Ack; ReportedLSN the last position sent to the
 	// server; ServerWALEnd the server's WAL end from its last keepalive.
 	ReceivedLSN, AckedLSN, ReportedLSN, ServerWALEnd LSN
+	// Held says the stream is held (Hold); ClearedLSN is then the
+	// highest Clear, which bounds ReportedLSN. ConfirmableLSN is the
+	// position the stream would report if it were not held: every
+	// transaction before it is acknowledged (on an idle slot, the
+	// server's position).
+	Held                       bool
+	ClearedLSN, ConfirmableLSN LSN
 }
 
 // Stats returns the stream's counters; safe from any goroutine.
@@ -148,6 +180,9 @@ func (s *Stream) Stats() StreamStats {
 		AckedLSN:           LSN(s.acked.Load()),
 		ReportedLSN:        LSN(st.reported.Load()),
 		ServerWALEnd:       LSN(st.serverEnd.Load()),
+		Held:               s.held,
+		ClearedLSN:         LSN(s.cleared.Load()),
+		ConfirmableLSN:     LSN(st.confirmable.Load()),
 	}
 }
 
@@ -414,15 +449,21 @@ func (ss *session) deliver(ctx context.Context, t *Txn) error {
 // pending. It never goes backwards.
 func (ss *session) position() LSN {
 	s := ss.s
-	return reportable(LSN(s.acked.Load()), s.start, s.delivered, s.reported, ss.walEnd, s.asm.inTxn)
+	acked := LSN(s.acked.Load())
+	free := reportable(acked, s.start, s.delivered, s.reported, ss.walEnd, s.asm.inTxn, math.MaxUint64)
+	s.stats.confirmable.Store(uint64(free))
+	if !s.held {
+		return free
+	}
+	return reportable(acked, s.start, s.delivered, s.reported, ss.walEnd, s.asm.inTxn, LSN(s.cleared.Load()))
 }
 
 // reportable computes the position to report. acked is the consumer's
 // acknowledgement, start the stream's start, delivered the EndLSN of the last
 // final chunk handed over, reported the last position sent, walEnd a server
 // position before which everything was sent, inTxn whether a transaction is
-// open.
-func reportable(acked, start, delivered, reported, walEnd LSN, inTxn bool) LSN {
+// open, limit the highest position a held stream may report.
+func reportable(acked, start, delivered, reported, walEnd LSN, inTxn bool, limit LSN) LSN {
 	// An acknowledgement beyond what was handed over is a consumer bug;
 	// never let it confirm WAL that was not seen.
 	pos := min(max(acked, start), max(delivered, start))
@@ -431,7 +472,7 @@ func reportable(acked, start, delivered, reported, walEnd LSN, inTxn bool) LSN {
 		// nothing the consumer has not applied.
 		pos = max(pos, walEnd)
 	}
-	return max(pos, reported)
+	return max(min(pos, limit), reported)
 }
 
 // maybeStatus sends a standby status update when one is due: every

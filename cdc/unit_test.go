@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -194,20 +195,29 @@ func TestReportable(t *testing.T) {
 		acked, start, delivered, reported, wal LSN
 		inTxn                                  bool
 		want                                   LSN
+		limit                                  LSN // 0: not held
 	}{
-		{"nothing yet: start", 0, 100, 0, 0, 0, false, 100},
-		{"acked below delivered: acked", 150, 100, 200, 0, 500, false, 150},
-		{"all acked, idle: server position", 200, 100, 200, 0, 500, false, 500},
-		{"all acked, transaction open: acked", 200, 100, 200, 0, 500, true, 200},
-		{"ack beyond delivered is clamped", 900, 100, 200, 0, 0, false, 200},
-		{"never backwards", 150, 100, 200, 180, 0, false, 180},
-		{"idle with nothing delivered", 0, 100, 0, 0, 300, false, 300},
-		{"pending, server far ahead", 100, 100, 200, 0, 1000, false, 100},
+		{"nothing yet: start", 0, 100, 0, 0, 0, false, 100, 0},
+		{"acked below delivered: acked", 150, 100, 200, 0, 500, false, 150, 0},
+		{"all acked, idle: server position", 200, 100, 200, 0, 500, false, 500, 0},
+		{"all acked, transaction open: acked", 200, 100, 200, 0, 500, true, 200, 0},
+		{"ack beyond delivered is clamped", 900, 100, 200, 0, 0, false, 200, 0},
+		{"never backwards", 150, 100, 200, 180, 0, false, 180, 0},
+		{"idle with nothing delivered", 0, 100, 0, 0, 300, false, 300, 0},
+		{"pending, server far ahead", 100, 100, 200, 0, 1000, false, 100, 0},
+		{"held below the ack", 200, 100, 200, 0, 0, true, 170, 170},
+		{"held below the server's position when idle", 200, 100, 200, 0, 500, false, 300, 300},
+		{"held above: unchanged", 150, 100, 200, 0, 500, false, 150, 400},
+		{"held, never backwards", 150, 100, 200, 180, 0, false, 180, 120},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			if got := reportable(tc.acked, tc.start, tc.delivered, tc.reported, tc.wal, tc.inTxn); got != tc.want {
+			limit := tc.limit
+			if limit == 0 {
+				limit = math.MaxUint64
+			}
+			if got := reportable(tc.acked, tc.start, tc.delivered, tc.reported, tc.wal, tc.inTxn, limit); got != tc.want {
 				t.Errorf("got %d, want %d", got, tc.want)
 			}
 		})

@@ -570,8 +570,10 @@ func assessStore(ctx context.Context, name string, store *redisstore.Store, epoc
 }
 
 // ensureTarget creates the target or checks its shape. A target fkmat built
-// for this join whose shape no longer matches is recreated under
-// Options.Force (a rebuild), and otherwise reported with that fix.
+// for this join whose shape no longer matches is replaced under
+// Options.Force (a rebuild: the backfill swaps the new rows and shape in),
+// unless what is attached to it would be lost; otherwise it is reported
+// with that fix.
 func (d *daemon) ensureTarget(ctx context.Context, p *plan.JoinPlan) error {
 	_, err := d.writer.EnsureTable(ctx, &p.Target)
 	if !errors.Is(err, sink.ErrShapeMismatch) {
@@ -589,10 +591,15 @@ func (d *daemon) ensureTarget(ctx context.Context, p *plan.JoinPlan) error {
 	if !d.opts.Force {
 		return fmt.Errorf("%w; fkmat built this table for the join: run fkmat backfill --force to rebuild it with the new shape", err)
 	}
-	d.log.Warn("recreating the target with the join's new shape", "target", p.Target.Ident())
-	if err := d.writer.DropTable(ctx, &p.Target); err != nil {
-		return err
+	attached, aerr := d.writer.Attached(ctx, &p.Target)
+	if aerr != nil {
+		return aerr
 	}
-	_, err = d.writer.EnsureTable(ctx, &p.Target)
-	return err
+	if len(attached) > 0 {
+		return fmt.Errorf("%w %s with the join's new shape: %s are attached to it, and replacing the table would lose them "+
+			"(fkmat carries over grants and comments only): drop them, run fkmat backfill --force, and create them again (%w)",
+			sink.ErrCannotSwap, p.Target.Ident(), strings.Join(attached, ", "), err)
+	}
+	d.log.Warn("the target has the join's old shape: the backfill replaces it with the new one when it is done", "target", p.Target.Ident())
+	return nil
 }

@@ -12,10 +12,12 @@ import (
 	"github.com/fkmat/fkmat/internal/config"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
+	"github.com/fkmat/fkmat/sink"
 )
 
 // Backfill runs the consistent initial load of every join in cfg: it creates
@@ -164,8 +166,9 @@ func (d *daemon) dropSlot(ctx context.Context) error {
 }
 
 // beginBackfill marks every join as backfilling (so an interrupted load is
-// redone, never streamed from), forgets the slot's checkpoint and empties
-// the target tables, in one target transaction.
+// redone, never streamed from) and forgets the slot's checkpoint, in one
+// target transaction. The targets keep their rows: readers see them until
+// finishBackfill swaps the new ones in.
 func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc.LSN) error {
 	tx, err := d.writer.Begin(ctx)
 	if err != nil {
@@ -191,16 +194,15 @@ func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc
 		if err != nil {
 			return fmt.Errorf("record backfill of join %q: %w", p.Name, err)
 		}
-		if err := tx.Truncate(ctx, &p.Target); err != nil {
-			return err
-		}
 	}
 	return tx.CommitRows(ctx)
 }
 
 // finishBackfill records the consistent point as every join's Redis
-// checkpoint and the slot's target checkpoint, and the leaf partitions the
-// snapshot saw, and marks the joins streaming.
+// checkpoint, then, in one target transaction, swaps each target's shadow
+// in (sink.Tx.Swap), records the slot's target checkpoint and the leaf
+// partitions the snapshot saw, and marks the joins streaming: readers see
+// the old rows until that commit and the new ones after it.
 func (d *daemon) finishBackfill(ctx context.Context, consistent cdc.LSN, leaves map[uint32]leaf) error {
 	for _, j := range d.joins {
 		// A chain's steps commit from the last to the first, as while
@@ -212,11 +214,49 @@ func (d *daemon) finishBackfill(ctx context.Context, consistent cdc.LSN, leaves 
 			}
 		}
 	}
+	// A rename waits for the target's readers; a long query would queue
+	// every new reader behind the swap, so the swap waits a bounded time
+	// and tries again.
+	for attempt := 1; ; attempt++ {
+		err := d.swapTargets(ctx, consistent, leaves)
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != "55P03" || attempt == swapAttempts {
+			return err
+		}
+		d.log.Warn("a reader of a target holds it: swapping the rebuilt rows in again shortly", "attempt", attempt, "of", swapAttempts)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// swapAttempts and swapLockTimeout bound the wait of the swap for the
+// targets' readers: a lock not granted within swapLockTimeout is tried
+// again, up to swapAttempts times.
+const (
+	swapAttempts    = 30
+	swapLockTimeout = "5s"
+)
+
+// swapTargets is the target transaction of finishBackfill.
+func (d *daemon) swapTargets(ctx context.Context, consistent cdc.LSN, leaves map[uint32]leaf) error {
 	tx, err := d.writer.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+swapLockTimeout+"'"); err != nil {
+		return fmt.Errorf("set the swap's lock timeout: %w", err)
+	}
+	for _, j := range d.joins {
+		p := j.Plan()
+		kind, err := tx.Swap(ctx, &p.Target, sink.ShadowOf(&p.Target))
+		if err != nil {
+			return fmt.Errorf("join %q: %w", p.Name, err)
+		}
+		d.log.Info("the rebuilt rows replaced the target's", "join", p.Name, "target", p.Target.Ident(), "how", string(kind))
+	}
 	if err := tx.Exec(ctx, `UPDATE fkmat.join_state SET phase = 'streaming', updated_at = now() WHERE slot = $1`, d.cfg.Slot); err != nil {
 		return fmt.Errorf("mark joins streaming: %w", err)
 	}

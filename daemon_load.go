@@ -18,6 +18,7 @@ import (
 
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
+	"github.com/fkmat/fkmat/sink"
 )
 
 // loadPage is the number of rows loaded into Redis per pipelined round.
@@ -106,12 +107,14 @@ func inSnapshot(ctx context.Context, pool *pgxpool.Pool, snapshot string, fn fun
 	return fn(conn.Conn())
 }
 
-// loadTarget fills the target with the SQL join as of the snapshot. When the
-// target is the source database, Postgres does it alone: `INSERT INTO target
-// SELECT <the join>` in a transaction that imports the snapshot. Otherwise
-// it pipes `COPY (<the join>) TO STDOUT` from the snapshot into `COPY target
-// FROM STDIN` on the target, in a target transaction that truncates the
-// table first (so COPY can FREEZE the rows).
+// loadTarget fills the target's shadow (sink.ShadowOf) with the SQL join
+// as of the snapshot; finishBackfill swaps it in. When the target is the
+// source database, Postgres does it alone: `INSERT INTO shadow SELECT <the
+// join>` in a transaction that imports the snapshot. Otherwise it pipes
+// `COPY (<the join>) TO STDOUT` from the snapshot into `COPY shadow FROM
+// STDIN` on the target, in a target transaction that creates the shadow
+// first (so COPY can FREEZE the rows). A shadow left by an interrupted
+// backfill is dropped first.
 func (d *daemon) loadTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
 	if d.cfg.Target == d.cfg.Source {
 		return d.insertTarget(ctx, snapshot, p, t)
@@ -134,15 +137,19 @@ func (d *daemon) insertTarget(ctx context.Context, snapshot string, p *plan.Join
 	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
 		return fmt.Errorf("import snapshot %s: %w", snapshot, err)
 	}
-	if _, err := tx.Exec(ctx, "TRUNCATE "+p.Target.Ident()); err != nil {
-		return fmt.Errorf("empty %s: %w", p.Target.Ident(), err)
+	shadow := sink.ShadowOf(&p.Target)
+	if _, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+shadow.Ident()); err != nil {
+		return fmt.Errorf("drop the leftover %s: %w", shadow.Ident(), err)
 	}
-	tag, err := tx.Exec(ctx, "INSERT INTO "+p.Target.Ident()+" "+OracleSQL(p))
+	if _, err := tx.Exec(ctx, sink.CreateSQL(shadow)); err != nil {
+		return fmt.Errorf("create %s: %w", shadow.Ident(), err)
+	}
+	tag, err := tx.Exec(ctx, "INSERT INTO "+shadow.Ident()+" "+OracleSQL(p))
 	if err != nil {
-		return fmt.Errorf("fill %s with join %q: %w", p.Target.Ident(), p.Name, err)
+		return fmt.Errorf("fill %s with join %q: %w", shadow.Ident(), p.Name, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("fill %s with join %q: %w", p.Target.Ident(), p.Name, err)
+		return fmt.Errorf("fill %s with join %q: %w", shadow.Ident(), p.Name, err)
 	}
 	t.advance(int(tag.RowsAffected()))
 	t.finish()
@@ -151,6 +158,7 @@ func (d *daemon) insertTarget(ctx context.Context, snapshot string, p *plan.Join
 
 // copyTarget is loadTarget across databases.
 func (d *daemon) copyTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
+	shadow := sink.ShadowOf(&p.Target)
 	cols := make([]string, len(p.Target.Columns))
 	for i, c := range p.Target.Columns {
 		cols[i] = ident(c.Name)
@@ -176,10 +184,14 @@ func (d *daemon) copyTarget(ctx context.Context, snapshot string, p *plan.JoinPl
 			return err
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		if _, err := tx.Exec(ctx, "TRUNCATE "+p.Target.Ident()); err != nil {
+		// Created in this transaction, so COPY can FREEZE its rows.
+		if _, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+shadow.Ident()); err != nil {
 			return err
 		}
-		_, err = conn.Conn().PgConn().CopyFrom(ctx, pr, "COPY "+p.Target.Ident()+" ("+strings.Join(cols, ", ")+") FROM STDIN WITH (FREEZE)")
+		if _, err := tx.Exec(ctx, sink.CreateSQL(shadow)); err != nil {
+			return err
+		}
+		_, err = conn.Conn().PgConn().CopyFrom(ctx, pr, "COPY "+shadow.Ident()+" ("+strings.Join(cols, ", ")+") FROM STDIN WITH (FREEZE)")
 		if err != nil {
 			return err
 		}
@@ -190,7 +202,7 @@ func (d *daemon) copyTarget(ctx context.Context, snapshot string, p *plan.JoinPl
 		return fmt.Errorf("copy join %q out of the source: %w", p.Name, perr)
 	}
 	if err != nil {
-		return fmt.Errorf("copy join %q into %s: %w", p.Name, p.Target.Ident(), err)
+		return fmt.Errorf("copy join %q into %s: %w", p.Name, shadow.Ident(), err)
 	}
 	t.finish()
 	return nil

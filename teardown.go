@@ -14,7 +14,8 @@ import (
 )
 
 // Teardown drops the slot, the publication, every join's Redis state and
-// fkmat's metadata rows for the slot; with dropTarget also the targets.
+// fkmat's metadata rows for the slot, and the shadow tables an interrupted
+// rebuild left; with dropTarget also the targets.
 //
 // It works from the configuration alone, without resolving the joins against
 // the source catalog or checking the targets' shape, so that it also cleans
@@ -67,6 +68,13 @@ func Teardown(ctx context.Context, cfg *config.Config, dropTarget bool, opts Opt
 			if err != nil {
 				return fmt.Errorf("delete redis state of join %q: %w", j.Name, err)
 			}
+		}
+	}
+	for _, j := range cfg.Joins {
+		// The shadow an interrupted rebuild left is fkmat's own.
+		shadow := sink.ShadowOf(&sink.Table{Schema: j.Target.Table.Schema, Name: j.Target.Table.Name})
+		if err := w.DropTable(ctx, shadow); err != nil {
+			return err
 		}
 	}
 	for _, t := range drop {

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // ErrShapeMismatch means an existing target table does not have the columns,
@@ -27,16 +25,7 @@ func (w *Writer) EnsureTable(ctx context.Context, t *Table) (bool, error) {
 	if exists {
 		return false, compareShape(t, cols, key)
 	}
-	defs := make([]string, len(t.Columns))
-	keys := make([]string, t.KeyCount)
-	for i, c := range t.Columns {
-		defs[i] = pgx.Identifier{c.Name}.Sanitize() + " " + c.Type
-		if i < t.KeyCount {
-			keys[i] = pgx.Identifier{c.Name}.Sanitize()
-		}
-	}
-	sql := "CREATE TABLE IF NOT EXISTS " + t.Ident() + " (" + strings.Join(defs, ", ") +
-		", PRIMARY KEY (" + strings.Join(keys, ", ") + "))"
+	sql := strings.Replace(CreateSQL(t), "CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ", 1)
 	if _, err := w.pool.Exec(ctx, sql); err != nil {
 		return false, fmt.Errorf("create target table %s: %w", t.Ident(), err)
 	}

@@ -221,24 +221,24 @@ func (m *chainMapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Ch
 // positions finds cols in rel by name. A column that is missing or has
 // another type is an error naming the fix: the transactions laid out the new
 // way stay in the slot and cannot be joined, so restoring the column does not
-// help them and only a rebuild gets past them. A rebuild keeps a target table
-// whose columns still fit (backfill --force); a target column of the old
-// type, or one the configuration no longer produces, must be dropped first.
+// help them and only a rebuild gets past them. A rebuild (backfill --force)
+// replaces the target with the join's new shape, and readers keep the old
+// rows until it is done.
 func positions(rel *cdc.Relation, cols []plan.SourceColumn, inTarget map[string]bool) ([]int, error) {
 	pos := make([]int, len(cols))
 	for i, c := range cols {
 		j := rel.ColumnIndex(c.Name)
 		if j < 0 {
 			return nil, fmt.Errorf("%w: column %q of %s.%s, used by the join, was dropped or renamed; "+
-				"restore it (same name and type) and run fkmat backfill --force, or remove it from the configuration "+
-				"and rebuild with fkmat teardown --drop-target and fkmat backfill",
+				"restore it (same name and type), or remove it from the configuration (or follow its new name), "+
+				"and run fkmat backfill --force (the target keeps its rows until the rebuild replaces them)",
 				ErrSchemaChanged, c.Name, rel.Namespace, rel.Name)
 		}
 		if rel.Columns[j].Type != c.TypeOID {
 			fix := "run fkmat backfill --force to rebuild the join with the new type"
 			if inTarget[c.Name] {
-				fix = "the target column has the old type: rebuild with fkmat teardown --drop-target and fkmat backfill " +
-					"(or restore the old type and run fkmat backfill --force)"
+				fix = "run fkmat backfill --force to rebuild the join and its target with the new type " +
+					"(the target keeps its rows until the rebuild replaces them)"
 			}
 			return nil, fmt.Errorf("%w: column %q of %s.%s, used by the join, changed type (was %s, type oid %d now %d); %s",
 				ErrSchemaChanged, c.Name, rel.Namespace, rel.Name, c.Type, c.TypeOID, rel.Columns[j].Type, fix)

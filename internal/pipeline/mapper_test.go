@@ -184,7 +184,7 @@ func TestMapperSchemaChangeFix(t *testing.T) {
 		want, not []string
 	}{
 		{"right key retyped", customersRetyped, []string{`"id"`, "public.customers", "changed type", "fkmat backfill --force"}, []string{"teardown"}},
-		{"target column retyped", ordersRetyped, []string{`"customer_id"`, "changed type", "fkmat teardown --drop-target"}, nil},
+		{"target column retyped", ordersRetyped, []string{`"customer_id"`, "changed type", "fkmat backfill --force", "keeps its rows"}, nil},
 		{"dropped", ordersDropped, []string{`"customer_id"`, "dropped", "restore it", "fkmat backfill --force"}, nil},
 	} {
 		_, err := newMapper(testPlan()).appendChanges(nil, &cdc.Change{Kind: cdc.ChangeSchema, Schema: &cdc.SchemaChange{Old: tc.rel, New: tc.rel}})

@@ -156,6 +156,21 @@ type Output struct {
 	// RightUpdates set the right columns of existing rows, after the
 	// upserts and deletes (they concern other keys).
 	RightUpdates []RightUpdate
+	// NullColumns (a Tree's) sets these target columns of every row to
+	// NULL first, touching only rows with a non-NULL value in them.
+	NullColumns []int
+	// ColumnUpdates (a Tree's) set some columns of rows, after the
+	// upserts and deletes. A key whose row does not exist is skipped; a
+	// row may get several, of disjoint columns.
+	ColumnUpdates []ColumnUpdate
+}
+
+// ColumnUpdate sets the target columns Columns (ascending indexes) of the
+// rows with keys Keys to Values, touching only the rows where they differ.
+type ColumnUpdate struct {
+	Columns []int
+	Keys    [][]Value
+	Values  []Value
 }
 
 // RightUpdate is a fan-out that changes only the right columns of rows that
@@ -175,12 +190,16 @@ func (o *Output) Rows() int {
 	for _, u := range o.RightUpdates {
 		n += len(u.Keys)
 	}
+	for _, u := range o.ColumnUpdates {
+		n += len(u.Keys)
+	}
 	return n
 }
 
 // empty reports whether o changes nothing.
 func (o *Output) empty() bool {
-	return !o.Truncate && !o.NullRight && len(o.Upserts) == 0 && len(o.Deletes) == 0 && len(o.RightUpdates) == 0
+	return !o.Truncate && !o.NullRight && len(o.Upserts) == 0 && len(o.Deletes) == 0 && len(o.RightUpdates) == 0 &&
+		len(o.NullColumns) == 0 && len(o.ColumnUpdates) == 0
 }
 
 // Stats are the engine's cumulative counters.

@@ -210,14 +210,14 @@ func (d *daemon) openJoin(ctx context.Context, p *plan.JoinPlan) (pipeline.Join,
 		}
 		return pipeline.NewPair(p, store, d.opts.PageSize)
 	}
-	stores := make([]*redisstore.Store, len(p.Edges))
-	for i := range p.Edges {
+	stores := make([]*redisstore.Store, len(p.Edges)+1)
+	for t := range stores {
 		var err error
-		if stores[i], err = open(RedisStepPrefix(d.cfg.Slot, p.Name, i)); err != nil {
-			return nil, fmt.Errorf("join %q: step %d: %w", p.Name, i, err)
+		if stores[t], err = open(RedisTablePrefix(d.cfg.Slot, p.Name, t)); err != nil {
+			return nil, fmt.Errorf("join %q: table %d: %w", p.Name, t, err)
 		}
 	}
-	return pipeline.NewChain(p, stores, d.opts.PageSize, d.opts.ChainPageRows)
+	return pipeline.NewTree(p, stores, d.opts.PageSize)
 }
 
 // sizes returns what each of the join's states is sized for at Init.
@@ -225,10 +225,11 @@ func (d *daemon) sizes(ctx context.Context, p *plan.JoinPlan) []redisstore.Size 
 	if p.Edges == nil {
 		return []redisstore.Size{{LeftRows: d.estimate(ctx, p.Left.Table), RightRows: d.estimate(ctx, p.Right.Table)}}
 	}
-	left := d.estimate(ctx, p.Left.Table)
-	out := make([]redisstore.Size, len(p.Edges))
-	for i, e := range p.Edges {
-		out[i] = redisstore.Size{LeftRows: left, RightRows: d.estimate(ctx, e.Table.Table)}
+	// A table's state holds its rows and the references of the entries
+	// its rows reference.
+	out := []redisstore.Size{{LeftRows: d.estimate(ctx, p.Left.Table)}}
+	for _, e := range p.Edges {
+		out = append(out, redisstore.Size{LeftRows: d.estimate(ctx, e.Table.Table)})
 	}
 	return out
 }
@@ -248,11 +249,30 @@ func waitShort(joins []pipeline.Join) (n int64, why string) {
 	return n, why
 }
 
-// RedisStepPrefix is the Redis key prefix of the state of entry i (step i)
-// of a join of more than two tables: no step's prefix is a prefix of
-// another's, nor of another join's.
-func RedisStepPrefix(slot, joinName string, i int) string {
+// RedisTablePrefix is the Redis key prefix of the state of table t (0:
+// the left table, i+1: entry i) of a join of more than two tables.
+func RedisTablePrefix(slot, joinName string, t int) string {
+	return fmt.Sprintf("%s~t%d", RedisPrefix(slot, joinName), t)
+}
+
+// redisStepPrefix is the prefix of the state of entry i under the layout
+// of fkmat before 2026-12 (one state per entry, each holding the rows of
+// the join so far), which a rebuild and teardown delete.
+func redisStepPrefix(slot, joinName string, i int) string {
 	return fmt.Sprintf("%s~%d", RedisPrefix(slot, joinName), i)
+}
+
+// RedisPrefixes returns the prefixes of every Redis state of a join with
+// entries entries (0: the two-table form): its one, or one per table.
+func RedisPrefixes(slot, joinName string, entries int) []string {
+	if entries == 0 {
+		return []string{RedisPrefix(slot, joinName)}
+	}
+	out := make([]string, entries+1)
+	for t := range out {
+		out[t] = RedisTablePrefix(slot, joinName, t)
+	}
+	return out
 }
 
 // RedisPrefix is the key prefix of one join's state (redisstore.Config's

@@ -88,6 +88,9 @@ func (d *daemon) backfill(ctx context.Context) error {
 	if err := d.beginBackfill(ctx, epoch, slot.ConsistentPoint); err != nil {
 		return err
 	}
+	if err := d.dropOldLayout(ctx); err != nil {
+		return err
+	}
 	for _, j := range d.joins {
 		sizes := d.sizes(ctx, j.Plan())
 		for i, s := range j.Stores() {
@@ -108,6 +111,28 @@ func (d *daemon) backfill(ctx context.Context) error {
 		return err
 	}
 	d.log.Info("backfill done", "rows", rows, "seconds", time.Since(start).Seconds(), "consistent_point", slot.ConsistentPoint.String())
+	return nil
+}
+
+// dropOldLayout deletes the Redis state that fkmat before 2026-12 kept
+// for a join of more than two tables (one state per entry, with the rows of
+// the join so far), which the state per table replaces.
+func (d *daemon) dropOldLayout(ctx context.Context) error {
+	for _, p := range d.plans {
+		for i := range p.Edges {
+			store, err := redisstore.Open(ctx, d.rdb, redisstore.Config{Prefix: redisStepPrefix(d.cfg.Slot, p.Name, i)})
+			if err != nil {
+				return err
+			}
+			if _, err := store.Meta(ctx); errors.Is(err, redisstore.ErrNoState) {
+				continue
+			}
+			d.log.Info("deleting the Redis state of an older layout", "join", p.Name, "entry", i)
+			if err := store.Drop(ctx); err != nil {
+				return fmt.Errorf("join %q: delete the state of an older layout: %w", p.Name, err)
+			}
+		}
+	}
 	return nil
 }
 

@@ -45,12 +45,20 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 		target := prog.add(j.Plan().Name+" target", d.estimate(ctx, j.Plan().Left.Table))
 		targets = append(targets, target)
 		if j.Plan().Edges != nil {
-			layout := plan.ChainOf(j.Plan())
+			// Each table once, into its own state: its rows and its
+			// references to the entries it references.
+			layout := pipeline.TreeLayoutOf(j.Plan())
 			g.Go(func() error { return d.loadTarget(gctx, snapshot, j.Plan(), target) })
-			for i, e := range j.Plan().Edges {
-				step := prog.add(fmt.Sprintf("%s step %d (%s)", j.Plan().Name, i, e.Alias), d.estimate(ctx, j.Plan().Left.Table)+d.estimate(ctx, e.Table.Table))
+			for tab := range len(j.Plan().Edges) + 1 {
+				name, table := j.Plan().Left.Table.String(), j.Plan().Left.Table
+				if tab > 0 {
+					name, table = j.Plan().Edges[tab-1].Alias, j.Plan().Edges[tab-1].Table.Table
+				}
+				task := prog.add(fmt.Sprintf("%s table %s", j.Plan().Name, name), d.estimate(ctx, table))
 				g.Go(func() error {
-					return loadChainStep(gctx, d.source, snapshot, j.Stores()[i], j.Plan(), layout, i, step)
+					return d.loadRows(gctx, snapshot, table, layout.Columns(j.Plan(), tab), j.Stores()[tab], task,
+						func(rows [][]join.Value) (join.Mutations, error) { return layout.Load(tab, rows) },
+						fmt.Sprintf("load the rows of %s of join %q", name, j.Plan().Name))
 				})
 			}
 			continue

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/testenv"
 	"github.com/fkmat/fkmat/redisstore"
 	"github.com/jackc/pgx/v5"
@@ -202,14 +203,14 @@ func nwayExamplePlan(tb testing.TB, ctx context.Context, db plan.Querier) (*plan
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
-// BenchmarkChainStateBytes backfills the n-way example of a join of more
+// BenchmarkTreeStateBytes backfills the n-way example of a join of more
 // than two tables (200k orders, 20k customers in 50 regions, 1k products)
-// into Redis, one state per entry, and reports the Redis memory (MEMORY
-// USAGE) of each entry's state per left row, per subscription and per
-// right row.
+// into Redis, one state per table (its rows and its references), and
+// reports the Redis memory (MEMORY USAGE) of each table's state per row,
+// and of all of it per order.
 //
-//	go test -run '^$' -bench BenchmarkChainStateBytes -benchtime 1x .
-func BenchmarkChainStateBytes(b *testing.B) {
+//	go test -run '^$' -bench BenchmarkTreeStateBytes -benchtime 1x .
+func BenchmarkTreeStateBytes(b *testing.B) {
 	const orders, customers, regions, products = 200_000, 20_000, 50, 1_000
 	tc := testenv.New(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -230,7 +231,9 @@ func BenchmarkChainStateBytes(b *testing.B) {
 			b.Fatalf("%s: %v", q, err)
 		}
 	}
-	p, l := nwayExamplePlan(b, ctx, tc.Pool)
+	p, _ := nwayExamplePlan(b, ctx, tc.Pool)
+	l := pipeline.TreeLayoutOf(p)
+	rows := map[string]int{"orders": orders, "customers": customers, "products": products, "regions": regions}
 	for range b.N {
 		conn, err := tc.Pool.Acquire(ctx)
 		if err != nil {
@@ -244,20 +247,32 @@ func BenchmarkChainStateBytes(b *testing.B) {
 		if err := tx.QueryRow(ctx, `SELECT pg_export_snapshot()`).Scan(&snapshot); err != nil {
 			b.Fatal(err)
 		}
-		for i, e := range p.Edges {
-			s, err := redisstore.Open(ctx, tc.Redis, redisstore.Config{Prefix: RedisStepPrefix(tc.Slot, p.Name, i)})
+		var total float64
+		for tab := range len(p.Edges) + 1 {
+			table, name := p.Left.Table, "orders"
+			if tab > 0 {
+				table, name = p.Edges[tab-1].Table.Table, p.Edges[tab-1].Alias
+			}
+			prefix := RedisTablePrefix(tc.Slot, p.Name, tab)
+			s, err := redisstore.Open(ctx, tc.Redis, redisstore.Config{Prefix: prefix})
 			if err != nil {
 				b.Fatal(err)
 			}
-			rights := map[string]int{"customers": customers, "products": products, "regions": regions}[e.Alias]
-			if err := s.Init(ctx, redisstore.NewEpoch(), p.Fingerprint, redisstore.Size{LeftRows: orders, RightRows: int64(rights)}); err != nil {
+			if err := s.Init(ctx, redisstore.NewEpoch(), p.Fingerprint, redisstore.Size{LeftRows: int64(rows[table.Name])}); err != nil {
 				b.Fatal(err)
 			}
-			if err := loadChainStep(ctx, tc.Pool, snapshot, s, p, l, i, &task{}); err != nil {
+			err = scanParallel(ctx, tc.Pool, snapshot, table, l.Columns(p, tab), s, func(ctx context.Context, ld *redisstore.Loader, page [][]join.Value) error {
+				m, err := l.Load(tab, page)
+				if err != nil {
+					return err
+				}
+				return ld.Add(ctx, m)
+			})
+			if err != nil {
 				b.Fatal(err)
 			}
 			bytes := map[byte]float64{}
-			iter := tc.Redis.Scan(ctx, 0, RedisStepPrefix(tc.Slot, p.Name, i)+":*", 1000).Iterator()
+			iter := tc.Redis.Scan(ctx, 0, prefix+":*", 1000).Iterator()
 			var keys []string
 			for iter.Next(ctx) {
 				keys = append(keys, iter.Val())
@@ -273,20 +288,22 @@ func BenchmarkChainStateBytes(b *testing.B) {
 			if _, err := pipe.Exec(ctx); err != nil {
 				b.Fatal(err)
 			}
+			var all float64
 			for k, key := range keys {
 				if kind, ok := s.KeyKind(key); ok {
 					bytes[kind] += float64(usage[k].Val())
 				}
+				all += float64(usage[k].Val())
 			}
-			// Every order references a customer and a product, and every
-			// customer a region: one subscription per order and entry.
-			perLeft, perSub, perRight := bytes[redisstore.KindLeft]/orders, bytes[redisstore.KindSubs]/orders, bytes[redisstore.KindRight]/float64(rights)
-			b.ReportMetric(perLeft, e.Alias+"_left_B/row")
-			b.ReportMetric(perSub, e.Alias+"_B/sub")
-			b.Logf("step %d (%s): %.0f B per left row, %.0f B per subscription, %.0f B per right row (%d keys)",
-				i, e.Alias, perLeft, perSub, perRight, len(keys))
+			total += all
+			n := float64(rows[table.Name])
+			b.ReportMetric(bytes[redisstore.KindLeft]/n, name+"_B/row")
+			b.Logf("table %d (%s): %.0f B per row, %.0f B of references per row (%d keys)",
+				tab, name, bytes[redisstore.KindLeft]/n, bytes[redisstore.KindSubs]/n, len(keys))
 			_ = s.Drop(ctx)
 		}
+		b.ReportMetric(total/orders, "all_B/order")
+		b.Logf("all state: %.0f B per order", total/orders)
 		_ = tx.Rollback(ctx)
 		conn.Release()
 	}

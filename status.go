@@ -274,10 +274,10 @@ func readStatusMeta(ctx context.Context, target *pgxpool.Pool, slot string) (sta
 	return m, nil
 }
 
-// EdgeStatus is the Redis state of one entry of a join of more than two
-// tables.
+// EdgeStatus is the Redis state of one table of a join of more than two
+// tables: its rows, and its references to the entries it references.
 type EdgeStatus struct {
-	Entry           string `json:"entry"` // its as name
+	Entry           string `json:"entry"` // the left table's name, or the entry's as name
 	Subscriptions   int64  `json:"subscriptions"`
 	RedisCheckpoint string `json:"redis_checkpoint_lsn"`
 }
@@ -289,16 +289,16 @@ func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, op
 		return statusStore(ctx, rdb, RedisPrefix(slot, p.Name), opts, p, st, s)
 	}
 	var total int64
-	for i, e := range p.Edges {
+	for t := range len(p.Edges) + 1 {
 		one := JoinStatus{RedisState: "ok"}
-		if err := statusStore(ctx, rdb, RedisStepPrefix(slot, p.Name, i), opts, p, st, &one); err != nil {
+		if err := statusStore(ctx, rdb, RedisTablePrefix(slot, p.Name, t), opts, p, st, &one); err != nil {
 			return err
 		}
 		s.Problems = append(s.Problems, one.Problems...)
 		if one.RedisState != "ok" && s.RedisState == "ok" {
 			s.RedisState = one.RedisState
 		}
-		if i == 0 {
+		if t == 0 {
 			s.RedisCheckpoint, s.RedisLayout = one.RedisCheckpoint, one.RedisLayout
 		}
 		if one.Subscriptions >= 0 && total >= 0 {
@@ -306,7 +306,11 @@ func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, op
 		} else {
 			total = -1
 		}
-		s.Edges = append(s.Edges, EdgeStatus{Entry: e.Alias, Subscriptions: one.Subscriptions, RedisCheckpoint: one.RedisCheckpoint})
+		name := p.Left.Table.String()
+		if t > 0 {
+			name = p.Edges[t-1].Alias
+		}
+		s.Edges = append(s.Edges, EdgeStatus{Entry: name, Subscriptions: one.Subscriptions, RedisCheckpoint: one.RedisCheckpoint})
 	}
 	s.Subscriptions = total
 	return nil

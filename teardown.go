@@ -58,7 +58,10 @@ func Teardown(ctx context.Context, cfg *config.Config, dropTarget bool, opts Opt
 	for _, j := range cfg.Joins {
 		prefixes := []string{RedisPrefix(cfg.Slot, j.Name)}
 		for i := range j.Rights {
-			prefixes = append(prefixes, RedisStepPrefix(cfg.Slot, j.Name, i))
+			prefixes = append(prefixes, redisStepPrefix(cfg.Slot, j.Name, i))
+		}
+		if len(j.Rights) > 0 {
+			prefixes = append(prefixes, RedisPrefixes(cfg.Slot, j.Name, len(j.Rights))...)
 		}
 		for _, prefix := range prefixes {
 			store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: prefix})

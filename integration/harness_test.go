@@ -183,8 +183,8 @@ func joinStates(t testing.TB, rdb redis.UniversalClient, slot string, j config.J
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out []*redisstore.Store
-	for i := range j.Rights {
-		s, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: fkmat.RedisStepPrefix(slot, j.Name, i)})
+	for _, prefix := range fkmat.RedisPrefixes(slot, j.Name, len(j.Rights)) {
+		s, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: prefix})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -168,6 +168,52 @@ func (p *Pending) DependentsMany(ctx context.Context, fks []Key, limits []int) (
 	return pages, nil
 }
 
+// AfterDependentsReader is implemented by readers that can read a page of
+// dependents of many foreign keys, each after its own member, in one round
+// trip.
+type AfterDependentsReader interface {
+	// DependentsAfter returns, for each fks[i], what Dependents(ctx,
+	// fks[i], afters[i], limit) returns.
+	DependentsAfter(ctx context.Context, fks, afters []Key, limit int) ([][]Key, error)
+}
+
+var _ AfterDependentsReader = (*Pending)(nil)
+
+// DependentsAfter implements AfterDependentsReader, with one round trip
+// when the base implements it too.
+func (p *Pending) DependentsAfter(ctx context.Context, fks, afters []Key, limit int) ([][]Key, error) {
+	ask := limit
+	if p.m != nil {
+		for _, fk := range fks {
+			ask = max(ask, limit+len(p.delSubs[fk]))
+		}
+	}
+	pages, err := DependentsAfter(ctx, p.base, fks, afters, ask)
+	if err != nil || p.m == nil {
+		return pages, err
+	}
+	for i, fk := range fks {
+		pages[i] = p.merge(fk, afters[i], limit, pages[i])
+	}
+	return pages, nil
+}
+
+// DependentsAfter reads a page of dependents of each fks[i] after
+// afters[i] from r, in one round trip if r can.
+func DependentsAfter(ctx context.Context, r StateReader, fks, afters []Key, limit int) ([][]Key, error) {
+	if ar, ok := r.(AfterDependentsReader); ok {
+		return ar.DependentsAfter(ctx, fks, afters, limit)
+	}
+	out := make([][]Key, len(fks))
+	for i, fk := range fks {
+		var err error
+		if out[i], err = r.Dependents(ctx, fk, afters[i], limit); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
 // dependentsMany reads first pages from r, in one round trip if it can.
 func dependentsMany(ctx context.Context, r StateReader, fks []Key, limits []int) ([][]Key, error) {
 	if mr, ok := r.(ManyDependentsReader); ok {

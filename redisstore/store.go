@@ -608,11 +608,41 @@ func (s *Store) DependentsMany(ctx context.Context, fks []join.Key, limits []int
 			return nil, fmt.Errorf("read dependents: limit %d must be positive", n)
 		}
 	}
+	return s.dependentsPages(ctx, m, fks, nil, limits)
+}
+
+// DependentsAfter implements join.AfterDependentsReader: a page of each
+// foreign key after its own member, all in one pipeline.
+func (s *Store) DependentsAfter(ctx context.Context, fks, afters []join.Key, limit int) ([][]join.Key, error) {
+	if len(fks) != len(afters) {
+		return nil, fmt.Errorf("read dependents: %d keys, %d cursors", len(fks), len(afters))
+	}
+	if limit <= 0 {
+		return nil, fmt.Errorf("read dependents: limit %d must be positive", limit)
+	}
+	m, err := s.current(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read dependents: %w", err)
+	}
+	limits := make([]int, len(fks))
+	for i := range limits {
+		limits[i] = limit
+	}
+	return s.dependentsPages(ctx, m, fks, afters, limits)
+}
+
+// dependentsPages reads a page of dependents of each fks[i], after
+// afters[i] (nil: from the start), in one pipeline.
+func (s *Store) dependentsPages(ctx context.Context, m Meta, fks, afters []join.Key, limits []int) ([][]join.Key, error) {
 	cmds := make([]*redis.StringSliceCmd, len(fks))
-	err = retryRead(ctx, s.rdb, func() error {
+	err := retryRead(ctx, s.rdb, func() error {
 		p := s.rdb.Pipeline()
 		for i, fk := range fks {
-			lo, hi := depRange(fk, "")
+			var after join.Key
+			if afters != nil {
+				after = afters[i]
+			}
+			lo, hi := depRange(fk, after)
 			cmds[i] = p.ZRangeArgs(ctx, redis.ZRangeArgs{
 				Key: s.keys.subs(m, string(fk)), Start: lo, Stop: hi, ByLex: true, Count: int64(limits[i]),
 			})

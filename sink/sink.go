@@ -108,6 +108,11 @@ func (t *Tx) Apply(ctx context.Context, table *Table, out join.Output) error {
 			return err
 		}
 	}
+	if len(out.NullColumns) > 0 {
+		if err := t.NullColumns(ctx, table, out.NullColumns); err != nil {
+			return err
+		}
+	}
 	if err := t.Delete(ctx, table, out.Deletes); err != nil {
 		return err
 	}
@@ -119,6 +124,68 @@ func (t *Tx) Apply(ctx context.Context, table *Table, out join.Output) error {
 			return err
 		}
 	}
+	for _, u := range out.ColumnUpdates {
+		if err := t.UpdateColumns(ctx, table, u); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// UpdateColumns sets the columns u.Columns of the rows with keys u.Keys to
+// u.Values, touching only the rows where they differ; keys without a row
+// are skipped.
+func (t *Tx) UpdateColumns(ctx context.Context, table *Table, u join.ColumnUpdate) error {
+	if len(u.Keys) == 0 || len(u.Columns) == 0 {
+		return nil
+	}
+	if len(u.Values) != len(u.Columns) {
+		return fmt.Errorf("update columns of %s: %d values for %d columns", table.Ident(), len(u.Values), len(u.Columns))
+	}
+	args, err := columnArrays(u.Keys, table.KeyCount)
+	if err != nil {
+		return fmt.Errorf("update columns of %s: %w", table.Ident(), err)
+	}
+	for i, v := range u.Values {
+		if v.Toast {
+			return fmt.Errorf("update columns of %s: value %d is an unchanged-TOAST marker", table.Ident(), i)
+		}
+		if v.Null {
+			args = append(args, nil)
+		} else {
+			args = append(args, v.Text)
+		}
+	}
+	sql, err := updateColumnsSQL(table, u.Columns)
+	if err != nil {
+		return err
+	}
+	tag, err := t.tx.Exec(ctx, sql, args...)
+	if err != nil {
+		return fmt.Errorf("update columns of %s: %w", table.Ident(), err)
+	}
+	t.Stats.Upserted += tag.RowsAffected()
+	return nil
+}
+
+// NullColumns sets the columns cols of every row to NULL, touching only
+// rows with a non-NULL value in them.
+func (t *Tx) NullColumns(ctx context.Context, table *Table, cols []int) error {
+	set := make([]string, len(cols))
+	cond := make([]string, len(cols))
+	for i, c := range cols {
+		if c < table.KeyCount || c >= len(table.Columns) {
+			return fmt.Errorf("null columns of %s: column %d is not a value column", table.Ident(), c)
+		}
+		id := pgx.Identifier{table.Columns[c].Name}.Sanitize()
+		set[i] = id + " = NULL"
+		cond[i] = id + " IS NOT NULL"
+	}
+	tag, err := t.tx.Exec(ctx, "UPDATE "+table.Ident()+" SET "+strings.Join(set, ", ")+" WHERE "+strings.Join(cond, " OR "))
+	if err != nil {
+		return fmt.Errorf("null columns of %s: %w", table.Ident(), err)
+	}
+	t.Stats.Nulled += tag.RowsAffected()
 	return nil
 }
 
@@ -371,6 +438,31 @@ func updateRightSQL(t *Table) string {
 	return "UPDATE " + t.Ident() + " AS t SET " + strings.Join(set, ", ") + " FROM " + from +
 		" WHERE " + strings.Join(cond, " AND ") +
 		" AND ROW(" + strings.Join(cur, ", ") + ") IS DISTINCT FROM ROW(" + strings.Join(vals, ", ") + ")"
+}
+
+// updateColumnsSQL is updateRightSQL for the value columns cols.
+func updateColumnsSQL(t *Table, cols []int) (string, error) {
+	from, exprs := unnestFrom(t.Columns[:t.KeyCount])
+	cond := make([]string, t.KeyCount)
+	for i, c := range t.Columns[:t.KeyCount] {
+		cond[i] = "t." + pgx.Identifier{c.Name}.Sanitize() + " = " + exprs[i]
+	}
+	set := make([]string, len(cols))
+	cur := make([]string, len(cols))
+	vals := make([]string, len(cols))
+	for i, ci := range cols {
+		if ci < t.KeyCount || ci >= len(t.Columns) {
+			return "", fmt.Errorf("update columns of %s: column %d is not a value column", t.Ident(), ci)
+		}
+		c := t.Columns[ci]
+		n := pgx.Identifier{c.Name}.Sanitize()
+		vals[i] = fmt.Sprintf("$%d::text::%s", t.KeyCount+i+1, c.Type)
+		set[i] = n + " = " + vals[i]
+		cur[i] = "t." + n
+	}
+	return "UPDATE " + t.Ident() + " AS t SET " + strings.Join(set, ", ") + " FROM " + from +
+		" WHERE " + strings.Join(cond, " AND ") +
+		" AND ROW(" + strings.Join(cur, ", ") + ") IS DISTINCT FROM ROW(" + strings.Join(vals, ", ") + ")", nil
 }
 
 func deleteSQL(t *Table) string {

@@ -561,7 +561,8 @@ func TargetTable(name config.TableName, p *JoinPlan) sink.Table {
 	return t
 }
 
-func families(cols []SourceColumn) []join.Family {
+// Families returns the key families of cols.
+func Families(cols []SourceColumn) []join.Family {
 	f := make([]join.Family, len(cols))
 	for i, c := range cols {
 		f[i] = join.FamilyOf(c.Type)
@@ -577,9 +578,9 @@ func SpecOf(p *JoinPlan) join.Spec {
 	return join.Spec{
 		Name:        p.Name,
 		Type:        typ,
-		PK:          families(p.Left.Key),
-		FK:          families(p.Left.ForeignKey),
-		RightKey:    families(p.Right.Key),
+		PK:          Families(p.Left.Key),
+		FK:          Families(p.Left.ForeignKey),
+		RightKey:    Families(p.Right.Key),
 		LeftValues:  len(p.Left.Values),
 		RightValues: len(p.Right.Values),
 	}
@@ -735,14 +736,14 @@ func ChainOf(p *JoinPlan) ChainLayout {
 	for t := 1; t < len(offset); t++ {
 		offset[t] = offset[t-1] + len(l.Carried[t-1])
 	}
-	pk := families(p.Left.Key)
+	pk := Families(p.Left.Key)
 	for i, e := range p.Edges {
 		typ := join.Left
 		if e.Type == config.JoinInner {
 			typ = join.Inner
 		}
-		step := join.ChainStep{Spec: join.Spec{Name: p.Name, Type: typ, PK: pk, FK: families(e.Table.ForeignKey),
-			RightKey: families(e.Table.Key), LeftValues: offset[i+1], RightValues: len(l.Carried[i+1])}}
+		step := join.ChainStep{Spec: join.Spec{Name: p.Name, Type: typ, PK: pk, FK: Families(e.Table.ForeignKey),
+			RightKey: Families(e.Table.Key), LeftValues: offset[i+1], RightValues: len(l.Carried[i+1])}}
 		from := l.Carried[e.Parent+1]
 		for _, fk := range e.Table.ForeignKey {
 			at := slices.IndexFunc(from, func(s SourceColumn) bool { return s.Name == fk.Name })

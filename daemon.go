@@ -54,11 +54,6 @@ type Options struct {
 	// PageSize bounds the dependents resolved per fan-out page; zero means
 	// join.DefaultPageSize.
 	PageSize int
-	// ChainPageRows is how many rows an entry of a join of more than two
-	// tables passes on to the next before they are written in pages (a
-	// fan-out through an entry before the last); zero means
-	// join.DefaultChainPageRows. It bounds the memory of such a fan-out.
-	ChainPageRows int
 	// SlotBusyTimeout is how long run waits for a replication slot that
 	// another process streams from before it stops with cdc.ErrSlotInUse;
 	// zero means cdc.DefaultSlotBusyTimeout.
@@ -549,7 +544,7 @@ func (d *daemon) assess(ctx context.Context) (reason string, lost bool, err erro
 		case !info.Exists:
 			return fmt.Sprintf("replication slot %q is gone", d.cfg.Slot), true, nil
 		}
-		// A join chain has one state per step: any of them lost is the
+		// A join of more than two tables has one state per table: any of them lost is the
 		// join's state lost.
 		for _, store := range j.Stores() {
 			if why, lost, err := assessStore(ctx, j.Plan().Name, store, st.epoch, targetLSN); why != "" || err != nil {

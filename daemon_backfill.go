@@ -230,8 +230,8 @@ func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc
 // the old rows until that commit and the new ones after it.
 func (d *daemon) finishBackfill(ctx context.Context, consistent cdc.LSN, leaves map[uint32]leaf) error {
 	for _, j := range d.joins {
-		// A chain's steps commit from the last to the first, as while
-		// streaming: the first step's checkpoint is the chain's.
+		// The tables of a join of more than two tables commit from the
+		// last to the first, as while streaming.
 		stores := j.Stores()
 		for i := len(stores) - 1; i >= 0; i-- {
 			if err := stores[i].Commit(ctx, join.Mutations{}, consistent); err != nil {

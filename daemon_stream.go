@@ -3,7 +3,6 @@ package fkmat
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -36,8 +35,8 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		start = min(start, r.Checkpoint)
 		for i, cp := range r.Ahead {
 			cuts = append(cuts, cp)
-			d.log.Warn("a join chain's steps are at different checkpoints (a crash between their commits); the steps behind catch up first",
-				"join", j.Plan().Name, "step", i, "step_lsn", cp.String(), "first_step_lsn", r.Checkpoint.String())
+			d.log.Warn("the tables of a join of more than two tables are at different checkpoints (a crash between their commits); the tables behind catch up first",
+				"join", j.Plan().Name, "table", i, "table_lsn", cp.String(), "lowest_lsn", r.Checkpoint.String())
 		}
 	}
 	if err := d.cdc.EnsurePublication(ctx); err != nil {
@@ -113,19 +112,6 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		return runErr
 	})
 	if err := g.Wait(); err != nil {
-		if re, ok := errors.AsType[*pipeline.RebuildError](err); ok {
-			// Every goroutine of the pipeline has stopped: nothing writes
-			// the state while it is dropped.
-			d.log.Warn("a join of more than two tables cannot follow a change; dropping its Redis state for a rebuild",
-				"join", re.Join.Plan().Name, "reason", re.Err)
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
-			defer cancel()
-			for _, s := range re.Join.Stores() {
-				if derr := s.Drop(dctx); derr != nil {
-					return fmt.Errorf("%w; dropping the state failed: %v", err, derr)
-				}
-			}
-		}
 		return err
 	}
 	c := p.Counters()

@@ -116,24 +116,6 @@ func OracleSQL(p *plan.JoinPlan) string {
 		tableIdent(p.Right.Table) + " r ON " + strings.Join(on, " AND ")
 }
 
-// chainLeftSQL returns the query of step i's left rows of a list-form
-// join, for its backfill: the left key, then the columns the rows carry
-// through the chain (layout.Carried) of the left table and of entries
-// 0..i-1, joined as the join's SQL joins them. Step 0's are the left
-// table's rows.
-func chainLeftSQL(p *plan.JoinPlan, l plan.ChainLayout, i int) string {
-	var sel []string
-	for _, k := range p.Left.Key {
-		sel = append(sel, "l."+ident(k.Name))
-	}
-	for t := -1; t < i; t++ {
-		for _, c := range l.Carried[t+1] {
-			sel = append(sel, entryAlias(t)+"."+ident(c.Name))
-		}
-	}
-	return "SELECT " + strings.Join(sel, ", ") + " FROM " + listFrom(p, i)
-}
-
 // listFrom is the FROM clause of a list-form join's SQL with its first n
 // entries.
 func listFrom(p *plan.JoinPlan, n int) string {

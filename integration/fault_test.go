@@ -623,12 +623,6 @@ func faultInjection(t *testing.T, shape string, ops int, cluster bool) {
 	yml := faultYAML(typ)
 	f := &faultRun{t: t, tc: tc, cfg: daemonConfig(t, tc, yml), env: cliEnv(t, tc, yml), r: r,
 		w: newWorkload(tc, seed), kills: map[string]int{}, warnings: map[string]int{}}
-	// The chain's fan-outs through customers (about 10 orders each, more
-	// for the hot ones) pass on more rows than such a page: their batches
-	// are applied as large transactions, written in pages, under kill -9.
-	pageRows := 4 << (seed % 3)
-	f.env = append(f.env, "FKMAT_CHAIN_PAGE_ROWS="+strconv.Itoa(pageRows))
-	t.Logf("run --chain-page-rows %d", pageRows)
 	if cluster {
 		f.cluster = testenv.NewCluster(t)
 		f.cfg.Redis = f.cluster.URL()

@@ -45,8 +45,8 @@ func (p *Pending) Set(m *Mutations) error {
 	if m == nil || m.Empty() {
 		return nil
 	}
-	if m.Steps != nil {
-		return errors.New("overlay a chain's mutations step by step")
+	if m.Tables != nil {
+		return errors.New("overlay the mutations of a join of several tables table by table")
 	}
 	if m.ClearLeft || m.ClearRight {
 		return ErrCannotOverlay

@@ -128,9 +128,9 @@ type Change struct {
 	Right RightRow
 	// OldKey is the key the row had before a key change.
 	OldKey []Value
-	// Table is the table of a Chain the change is of: 0 the left table
-	// (left kinds), i+1 the table of step i (right kinds). Engine ignores
-	// it.
+	// Table is the table of a join of more than two tables the change is
+	// of (pipeline.TreeLayout): 0 the left table (left kinds), i+1 entry
+	// i's (right kinds). Engine ignores it.
 	Table int
 	// Insert marks an upsert of a row that did not exist just before it (a
 	// pgoutput INSERT): when it is the first change of its key in a batch,

@@ -80,19 +80,19 @@ type Mutations struct {
 	AddSubs []Subscription
 	DelSubs []Subscription
 
-	// Steps, set instead of the fields above, are a Chain's mutations of
-	// its first len(Steps) steps (ChainMutations), each step's for its own
-	// state. A state store refuses them: they are committed step by step.
-	Steps []Mutations
+	// Tables, set instead of the fields above, are the mutations of each
+	// table's state of a join of more than two tables (PerTable). A state
+	// store refuses them: they are committed table by table.
+	Tables []Mutations
 }
 
-// ChainMutations wraps a Chain's per-step mutations in one Mutations.
-func ChainMutations(steps []Mutations) Mutations { return Mutations{Steps: steps} }
+// PerTable wraps the mutations of each table's state in one Mutations.
+func PerTable(tables []Mutations) Mutations { return Mutations{Tables: tables} }
 
 // Empty reports whether m changes nothing.
 func (m *Mutations) Empty() bool {
-	for i := range m.Steps {
-		if !m.Steps[i].Empty() {
+	for i := range m.Tables {
+		if !m.Tables[i].Empty() {
 			return false
 		}
 	}
@@ -100,11 +100,11 @@ func (m *Mutations) Empty() bool {
 		len(m.PutRight) == 0 && len(m.DelRight) == 0 && len(m.AddSubs) == 0 && len(m.DelSubs) == 0
 }
 
-// Clears reports whether m (or one of its steps) clears a side: old keys
+// Clears reports whether m (or one of its tables) clears a side: old keys
 // are then garbage to sweep.
 func (m *Mutations) Clears() bool {
-	for i := range m.Steps {
-		if m.Steps[i].Clears() {
+	for i := range m.Tables {
+		if m.Tables[i].Clears() {
 			return true
 		}
 	}

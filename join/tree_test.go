@@ -430,3 +430,42 @@ func describeTreeChanges(cs []join.TreeChange) string {
 	}
 	return b.String()
 }
+
+// tree is a random join of more than two tables: entry i references
+// parent[i] (-1: the left table), joined with typ[i]. Every table has a key
+// column and two value columns, then one foreign-key column per entry that
+// references it, in entry order.
+type tree struct {
+	parent []int
+	typ    []join.JoinType
+	// children[t+1] are the entries referencing table t (-1: the left one).
+	children [][]int
+}
+
+func randomTree(r *rand.Rand) tree {
+	n := 1 + r.IntN(4) // 2 to 5 tables
+	t := tree{children: make([][]int, n+1)}
+	depth := map[int]int{-1: 0}
+	for i := range n {
+		var cands []int
+		for p := -1; p < i; p++ {
+			if depth[p] < 3 {
+				cands = append(cands, p)
+			}
+		}
+		p := cands[r.IntN(len(cands))]
+		depth[i] = depth[p] + 1
+		t.parent = append(t.parent, p)
+		t.typ = append(t.typ, []join.JoinType{join.Inner, join.Left}[r.IntN(2)])
+		t.children[p+1] = append(t.children[p+1], i)
+	}
+	return t
+}
+
+func (t tree) String() string {
+	s := ""
+	for i, p := range t.parent {
+		s += fmt.Sprintf("[%d %s from %d]", i, t.typ[i], p)
+	}
+	return s
+}

@@ -37,8 +37,8 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) error
 	if lsn == 0 {
 		return errors.New("commit redis state: LSN 0 is invalid")
 	}
-	if m.Steps != nil {
-		return errors.New("commit redis state: a join chain's mutations are committed step by step, each in its own state")
+	if m.Tables != nil {
+		return errors.New("commit redis state: the mutations of a join of several tables are committed table by table, each in its own state")
 	}
 	return s.writeUnit(ctx, unitWrite{
 		what: "commit redis state at " + lsn.String(), name: "commit at " + lsn.String(),

@@ -66,8 +66,8 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn cdc.LSN
 	if txn == 0 {
 		return errors.New("commit partial redis state: transaction id 0 is invalid")
 	}
-	if m.Steps != nil {
-		return errors.New("commit partial redis state: a join chain's mutations are committed step by step, each in its own state")
+	if m.Tables != nil {
+		return errors.New("commit partial redis state: the mutations of a join of several tables are committed table by table, each in its own state")
 	}
 	var pre preImageSet
 	undo := s.keys.undo()

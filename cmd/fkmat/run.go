@@ -7,7 +7,6 @@ import (
 
 	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/cdc"
-	"github.com/fkmat/fkmat/join"
 )
 
 func runCommand() *cli.Command {
@@ -25,8 +24,8 @@ func runCommand() *cli.Command {
 				Usage: "compare every target with its SQL join in the background, one throttled round per interval (e.g. 1h; off by default)"},
 			&cli.IntFlag{Name: "redis-wait-replicas", EnvVars: []string{"FKMAT_REDIS_WAIT_REPLICAS"},
 				Usage: "wait (Redis WAIT, up to 1 s) until this many replicas of every Redis primary written to have each batch's state before acknowledging it; 0: do not wait"},
-			&cli.IntFlag{Name: "chain-page-rows", Value: join.DefaultChainPageRows, EnvVars: []string{"FKMAT_CHAIN_PAGE_ROWS"},
-				Usage: "joins of more than two tables: rows an entry passes on to the next (a fan-out through an entry before the last) before they are written in pages; bounds memory"},
+			&cli.IntFlag{Name: "chain-page-rows", EnvVars: []string{"FKMAT_CHAIN_PAGE_ROWS"}, Hidden: true,
+				Usage: "no longer used: a fan-out of a join of more than two tables writes no Redis state"},
 			&cli.DurationFlag{Name: "slot-busy-timeout", Value: cdc.DefaultSlotBusyTimeout, EnvVars: []string{"FKMAT_SLOT_BUSY_TIMEOUT"},
 				Usage: "how long to wait for the replication slot while another process streams from it (a previous run's walsender the server has not yet dropped) before exiting 1 naming that process"},
 			&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"FKMAT_METRICS_ADDR"},
@@ -42,8 +41,9 @@ func runCommand() *cli.Command {
 			if opts.RedisWaitReplicas = c.Int("redis-wait-replicas"); opts.RedisWaitReplicas < 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--redis-wait-replicas %d: use 0 (do not wait) or the number of replicas to wait for", opts.RedisWaitReplicas)}
 			}
-			if opts.ChainPageRows = c.Int("chain-page-rows"); opts.ChainPageRows < 1 {
-				return &exitError{code: exitUsage, err: fmt.Errorf("--chain-page-rows %d: use 1 or more", opts.ChainPageRows)}
+			if c.IsSet("chain-page-rows") {
+				opts.Logger.Warn("--chain-page-rows (FKMAT_CHAIN_PAGE_ROWS) is no longer used and is ignored: " +
+					"a fan-out of a join of more than two tables writes no Redis state, and its target writes go in pages of its own")
 			}
 			if opts.SlotBusyTimeout = c.Duration("slot-busy-timeout"); opts.SlotBusyTimeout <= 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--slot-busy-timeout %s: use a positive duration (e.g. 30s)", opts.SlotBusyTimeout)}

@@ -116,7 +116,7 @@ func (p *Pipeline) prepare(ctx context.Context, b *batch, inFlight []*commitJob)
 			return job.tx.Apply(ctx, &j.Plan().Target, out)
 		}
 		var err error
-		if job.muts[i], err = j.apply(ctx, perJoin[i], job.end, emit, nil); err != nil {
+		if job.muts[i], err = j.apply(ctx, perJoin[i], job.end, emit); err != nil {
 			if job.tx != nil {
 				_ = job.tx.Rollback(context.WithoutCancel(ctx))
 			}

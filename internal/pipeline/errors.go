@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/fkmat/fkmat/cdc"
 )
@@ -43,17 +42,3 @@ type TxnError struct {
 
 func (e *TxnError) Error() string { return e.err.Error() }
 func (e *TxnError) Unwrap() error { return e.err }
-
-// RebuildError is a change a join of more than two tables cannot follow
-// (join.ErrChainNullRight): its state must be dropped, once the pipeline
-// has stopped, and rebuilt.
-type RebuildError struct {
-	Join Join
-	Err  error // why
-}
-
-func (e *RebuildError) Error() string {
-	return fmt.Sprintf("join %q: %v; its state is dropped and rebuilt", e.Join.Plan().Name, e.Err)
-}
-
-func (e *RebuildError) Unwrap() []error { return []error{ErrStateChanged, e.Err} }

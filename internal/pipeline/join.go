@@ -13,13 +13,13 @@ import (
 
 // Join is one maintained join as the pipeline runs it: its plan, the
 // engine that joins its changes, and its Redis state. A two-table join is
-// a *Pair, a join of more than two tables a *Chain; the pipeline treats
+// a *Pair, a join of more than two tables a *Tree; the pipeline treats
 // both alike through this interface.
 type Join interface {
 	// Plan is the join's resolved definition.
 	Plan() *plan.JoinPlan
-	// Stores returns the join's Redis states: one, or one per entry of a
-	// chain (nil in the pipeline's unit tests, whose states are fakes).
+	// Stores returns the join's Redis states: one, or one per table of a
+	// tree (nil in the pipeline's unit tests, whose states are fakes).
 	Stores() []*redisstore.Store
 	// Stats returns the join's engine counters.
 	Stats() join.Stats
@@ -28,16 +28,12 @@ type Join interface {
 	// transaction a crash cut short.
 	Resume(ctx context.Context) (Resumed, error)
 
-	// apply joins a batch's changes. bound says what the batch brings: a
-	// chain step whose checkpoint is at least bound has it already (a
-	// replay after a crash between the steps' commits), and only the steps
-	// before it run. flush, inside a large transaction, writes a chain's
-	// pages of a fan-out through an entry before the last as partial state
-	// (join.Chain.ApplyPrefix); without it such a fan-out beyond a page
-	// fails with join.ErrChainFanOut, and the pipeline applies the batch's
-	// transactions as large ones.
-	apply(ctx context.Context, changes []join.Change, bound cdc.LSN, emit func(context.Context, join.Output) error,
-		flush func(context.Context, join.Mutations) error) (join.Mutations, error)
+	// apply joins a batch's changes, emitting the target's changes, and
+	// returns the state's mutations. bound says what the batch brings: a
+	// table of a tree whose checkpoint is at least bound has it already (a
+	// replay after a crash between the tables' commits), and its changes
+	// are left out; the target has the batch then.
+	apply(ctx context.Context, changes []join.Change, bound cdc.LSN, emit func(context.Context, join.Output) error) (join.Mutations, error)
 	// overlay sets the in-flight mutations the engine reads through: older
 	// (the batch in its state commit) and newer (the next one); nil for
 	// none.
@@ -56,14 +52,14 @@ type Join interface {
 // Resumed is what a join's state says at the start of a run.
 type Resumed struct {
 	// Checkpoint is the source position the state has applied through
-	// (the lowest of a chain's steps).
+	// (the lowest of a tree's tables).
 	Checkpoint cdc.LSN
 	// Undone says a large transaction a crash cut short was rolled back; it
 	// is replayed.
 	Undone bool
-	// Ahead are the checkpoints of a chain's steps ahead of its first step
-	// (a crash between the steps' commits), by step; the steps behind catch
-	// up first, and no batch straddles one of them.
+	// Ahead are the checkpoints of a tree's tables ahead of the lowest (a
+	// crash between the tables' commits), by table; the tables behind
+	// catch up first, and no batch straddles one of them.
 	Ahead map[int]cdc.LSN
 }
 

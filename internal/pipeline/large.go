@@ -9,31 +9,6 @@ import (
 	"github.com/fkmat/fkmat/join"
 )
 
-// applyEach applies a batch's transactions one at a time as large ones
-// (applyLarge), once the batches in flight are committed: a join chain's
-// fan-out through an entry before the last passed on more rows than a page
-// (join.ErrChainFanOut), and only a large transaction writes pages of its
-// state as it goes.
-func (p *Pipeline) applyEach(ctx context.Context, b *batch, inFlight []*commitJob) error {
-	if err := p.waitAll(inFlight); err != nil {
-		return err
-	}
-	for _, j := range p.joins {
-		_ = j.overlay(nil, nil)
-	}
-	p.log.Info("a join chain's fan-out is larger than a page; applying the batch's transactions one at a time, in pages",
-		"transactions", len(b.txns), "changes", b.changes)
-	for _, t := range b.txns {
-		if ctx.Err() != nil {
-			return nil // shutdown: the rest is replayed on restart
-		}
-		if err := p.applyLarge(ctx, t); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // applyLarge applies a transaction delivered in several chunks: all chunks
 // go into one target transaction, committed at the source commit, while each
 // chunk's Redis state is written at once with an undo log (CommitPartial),
@@ -112,9 +87,6 @@ func (p *Pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 					return nil
 				}
 				return tx.Apply(ctx, &j.Plan().Target, out)
-			}, func(ctx context.Context, m join.Mutations) error {
-				partial[i] = true // before the write: a write cut short is undone too
-				return j.state().CommitPartial(ctx, m, txnID)
 			})
 			if err != nil {
 				return nil, j.located([]txnSpan{{txn: chunk}}, fmt.Errorf("join %q: %w", j.Plan().Name, err))

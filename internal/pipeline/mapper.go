@@ -113,25 +113,25 @@ func newLayout(rel *cdc.Relation, tp *plan.TablePlan, s side) (*layout, error) {
 	return l, nil
 }
 
-// chainMapper turns cdc changes into the table changes of a list-form
-// join's join.Chain: table 0 is the left table (left changes, its values
-// the columns it carries through the chain), table i+1 is entry i (right
-// changes). A table joined several times (`as`) yields a change for each
-// entry it is.
-type chainMapper struct {
+// tableMapper turns cdc changes into the table changes of a list-form
+// join (pipeline.TreeLayout turns them into a join.Tree's): table 0 is the
+// left table (left changes, its values the columns it carries: plan.Carried),
+// table i+1 is entry i (right changes). A table joined several times (`as`)
+// yields a change for each entry it is.
+type tableMapper struct {
 	plan *plan.JoinPlan
-	// tables[t] is table t as the chain sees it: key, and the carried
+	// tables[t] is table t as the tree sees it: key, and the carried
 	// columns as values.
 	tables  []plan.TablePlan
-	layouts map[chainLayoutKey]*layout
+	layouts map[tableLayoutKey]*layout
 }
 
-type chainLayoutKey struct {
+type tableLayoutKey struct {
 	rel   *cdc.Relation
 	table int
 }
 
-func newChainMapper(p *plan.JoinPlan, l plan.ChainLayout) *chainMapper {
+func newTableMapper(p *plan.JoinPlan, l plan.Carried) *tableMapper {
 	carried := func(cols []plan.SourceColumn) []plan.OutputColumn {
 		out := make([]plan.OutputColumn, len(cols))
 		for i, c := range cols {
@@ -139,16 +139,16 @@ func newChainMapper(p *plan.JoinPlan, l plan.ChainLayout) *chainMapper {
 		}
 		return out
 	}
-	m := &chainMapper{plan: p, layouts: map[chainLayoutKey]*layout{}}
-	m.tables = append(m.tables, plan.TablePlan{Table: p.Left.Table, Key: p.Left.Key, Values: carried(l.Carried[0])})
+	m := &tableMapper{plan: p, layouts: map[tableLayoutKey]*layout{}}
+	m.tables = append(m.tables, plan.TablePlan{Table: p.Left.Table, Key: p.Left.Key, Values: carried(l.Columns[0])})
 	for i, e := range p.Edges {
-		m.tables = append(m.tables, plan.TablePlan{Table: e.Table.Table, Key: e.Table.Key, Values: carried(l.Carried[i+1])})
+		m.tables = append(m.tables, plan.TablePlan{Table: e.Table.Table, Key: e.Table.Key, Values: carried(l.Columns[i+1])})
 	}
 	return m
 }
 
-// tablesOf returns the chain's tables that rel is.
-func (m *chainMapper) tablesOf(rel *cdc.Relation) []int {
+// tablesOf returns the join's tables that rel is.
+func (m *tableMapper) tablesOf(rel *cdc.Relation) []int {
 	t := config.TableName{Schema: rel.Namespace, Name: rel.Name}
 	var out []int
 	for i, tp := range m.tables {
@@ -159,8 +159,8 @@ func (m *chainMapper) tablesOf(rel *cdc.Relation) []int {
 	return out
 }
 
-func (m *chainMapper) layoutOf(rel *cdc.Relation, t int) (*layout, error) {
-	if l, ok := m.layouts[chainLayoutKey{rel, t}]; ok {
+func (m *tableMapper) layoutOf(rel *cdc.Relation, t int) (*layout, error) {
+	if l, ok := m.layouts[tableLayoutKey{rel, t}]; ok {
 		return l, nil
 	}
 	s := sideRight
@@ -171,12 +171,12 @@ func (m *chainMapper) layoutOf(rel *cdc.Relation, t int) (*layout, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.layouts[chainLayoutKey{rel, t}] = l
+	m.layouts[tableLayoutKey{rel, t}] = l
 	return l, nil
 }
 
-// appendChanges maps one cdc change to the chain's table changes.
-func (m *chainMapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Change, error) {
+// appendChanges maps one cdc change to the join's table changes.
+func (m *tableMapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Change, error) {
 	switch c.Kind {
 	case cdc.ChangeTruncate:
 		for _, rel := range c.Truncate.Relations {
@@ -385,7 +385,7 @@ func fillToast(vs, from []join.Value) []join.Value {
 }
 
 // changeMapper turns cdc changes into a join's changes: the two-table
-// mapper, or the chainMapper of a join of more than two tables.
+// mapper, or the tableMapper of a join of more than two tables.
 type changeMapper interface {
 	appendChanges(dst []join.Change, c *cdc.Change) ([]join.Change, error)
 	uses(rel *cdc.Relation) bool
@@ -393,8 +393,8 @@ type changeMapper interface {
 
 var (
 	_ changeMapper = (*mapper)(nil)
-	_ changeMapper = (*chainMapper)(nil)
+	_ changeMapper = (*tableMapper)(nil)
 )
 
-// uses reports whether rel is a table of the chain.
-func (m *chainMapper) uses(rel *cdc.Relation) bool { return len(m.tablesOf(rel)) > 0 }
+// uses reports whether rel is a table of the join.
+func (m *tableMapper) uses(rel *cdc.Relation) bool { return len(m.tablesOf(rel)) > 0 }

@@ -227,8 +227,7 @@ func TestChainMapper(t *testing.T) {
 			tp.ForeignKey[i].TypeOID = oidText
 		}
 	}
-	l := plan.ChainOf(p)
-	m := newChainMapper(p, l)
+	m := newTableMapper(p, plan.CarriedOf(p))
 	orders := rel("orders", cdc.Column{Name: "id", Type: oidInt8}, cdc.Column{Name: "amount", Type: oidText},
 		cdc.Column{Name: "customer_id", Type: oidText}, cdc.Column{Name: "product_id", Type: oidText}, cdc.Column{Name: "seller_id", Type: oidText})
 	customers := rel("customers", cdc.Column{Name: "region_id", Type: oidText}, cdc.Column{Name: "id", Type: oidInt8},

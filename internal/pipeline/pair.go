@@ -59,8 +59,7 @@ func (j *Pair) Stats() join.Stats { return j.engine.Stats() }
 
 func (j *Pair) Resume(ctx context.Context) (Resumed, error) { return j.resume(ctx) }
 
-func (j *Pair) apply(ctx context.Context, changes []join.Change, _ cdc.LSN, emit func(context.Context, join.Output) error,
-	_ func(context.Context, join.Mutations) error) (join.Mutations, error) {
+func (j *Pair) apply(ctx context.Context, changes []join.Change, _ cdc.LSN, emit func(context.Context, join.Output) error) (join.Mutations, error) {
 	return j.engine.Apply(ctx, changes, emit)
 }
 

@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
-	"github.com/fkmat/fkmat/join"
 )
 
 // Config is what a Pipeline runs on.
@@ -26,9 +24,9 @@ type Config struct {
 	// TargetCheckpoint is the slot's checkpoint in the target database at
 	// the start: every transaction ending at or before it is already there.
 	TargetCheckpoint cdc.LSN
-	// Cuts are the checkpoints of chain steps ahead of their chain's first
-	// step (Resumed.Ahead): a batch ends at a transaction ending there, so
-	// that no batch straddles a step's checkpoint.
+	// Cuts are the checkpoints of the tables of a tree ahead of its lowest
+	// (Resumed.Ahead): a batch ends at a transaction ending there, so that
+	// no batch straddles a table's checkpoint.
 	Cuts []cdc.LSN
 	// OnBatch, when set, is called after every acknowledged batch.
 	OnBatch func()
@@ -241,17 +239,6 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 				_ = job.tx.Rollback(context.WithoutCancel(bctx))
 			}
 			cancel()
-			if errors.Is(err, join.ErrChainFanOut) {
-				// Nothing of the batch is written: apply its transactions
-				// one at a time as large ones, whose chain pages are
-				// written as they come.
-				err := p.applyEach(ctx, b, inFlight)
-				inFlight = nil
-				if err != nil {
-					return err
-				}
-				continue
-			}
 			return err
 		}
 		var prev *commitJob

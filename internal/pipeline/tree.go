@@ -20,7 +20,7 @@ type Tree struct {
 	joinBase
 	tree   *join.Tree
 	layout *TreeLayout
-	tables []*chainStep
+	tables []*tableState
 }
 
 var _ Join = (*Tree)(nil)
@@ -42,9 +42,9 @@ func NewTree(p *plan.JoinPlan, stores []*redisstore.Store, pageSize int) (*Tree,
 	t := &Tree{tree: jt, layout: l}
 	for _, store := range stores {
 		older := join.NewPending(store)
-		t.tables = append(t.tables, &chainStep{store: store, pending: join.NewPending(older), older: older})
+		t.tables = append(t.tables, &tableState{store: store, pending: join.NewPending(older), older: older})
 	}
-	t.joinBase = joinBase{plan: p, st: newChainState(t.tables), mapper: newChainMapper(p, l.chain)}
+	t.joinBase = joinBase{plan: p, st: newTreeState(t.tables), mapper: newTableMapper(p, l.carried)}
 	return t, nil
 }
 
@@ -86,8 +86,16 @@ func (t *Tree) Resume(ctx context.Context) (Resumed, error) {
 // tables ahead skip the batch (their commit is a no-op at a checkpoint
 // they have); the target has it already. A fan-out writes no state, so a
 // large transaction needs no pages of partial state.
-func (t *Tree) apply(ctx context.Context, changes []join.Change, _ cdc.LSN, emit func(context.Context, join.Output) error,
-	_ func(context.Context, join.Mutations) error) (join.Mutations, error) {
+func (t *Tree) apply(ctx context.Context, changes []join.Change, bound cdc.LSN, emit func(context.Context, join.Output) error) (join.Mutations, error) {
+	if t.ahead(bound) {
+		kept := make([]join.Change, 0, len(changes))
+		for _, c := range changes {
+			if t.tables[c.Table].store == nil || t.tables[c.Table].store.Checkpoint() < bound {
+				kept = append(kept, c)
+			}
+		}
+		changes = kept
+	}
 	tcs, err := t.layout.changes(changes)
 	if err != nil {
 		return join.Mutations{}, t.errorf(err)
@@ -101,13 +109,25 @@ func (t *Tree) apply(ctx context.Context, changes []join.Change, _ cdc.LSN, emit
 
 func (t *Tree) located(_ []txnSpan, err error) error { return err }
 
-// overlay sets each table's in-flight mutations, as Chain.overlay.
+// ahead reports whether some table has what a batch ending at bound
+// brings.
+func (t *Tree) ahead(bound cdc.LSN) bool {
+	for _, s := range t.tables {
+		if s.store != nil && s.store.Checkpoint() >= bound {
+			return true
+		}
+	}
+	return false
+}
+
+// overlay sets each table's in-flight mutations, as Pair.overlay does
+// for its one state.
 func (t *Tree) overlay(older, newer *join.Mutations) error {
 	table := func(m *join.Mutations, i int) *join.Mutations {
-		if m == nil || i >= len(m.Steps) {
+		if m == nil || i >= len(m.Tables) {
 			return nil
 		}
-		return &m.Steps[i]
+		return &m.Tables[i]
 	}
 	var first error
 	for i, s := range t.tables {
@@ -160,13 +180,13 @@ func EdgeKey(entry int, parent join.Key) join.Key {
 }
 
 // TreeLayout maps a join of more than two tables onto a join.Tree: the
-// carried columns of each table (plan.ChainLayout.Carried: its output
+// carried columns of each table (plan.Carried: its output
 // columns, then the foreign-key columns of the entries referencing it
 // that are not output) become the tree's rows, and those rows become each
 // table's Redis state.
 type TreeLayout struct {
-	Spec  join.TreeSpec
-	chain plan.ChainLayout
+	Spec    join.TreeSpec
+	carried plan.Carried
 	// fks[t][j] are the positions, in table t's carried columns, of the
 	// foreign key of the j-th entry referencing t.
 	fks [][][]int
@@ -177,22 +197,22 @@ type TreeLayout struct {
 // TreeLayoutOf lays out p's tree. Table 0 is the left table, table i+1
 // entry i.
 func TreeLayoutOf(p *plan.JoinPlan) *TreeLayout {
-	l := &TreeLayout{chain: plan.ChainOf(p), Spec: join.TreeSpec{Name: p.Name}}
+	l := &TreeLayout{carried: plan.CarriedOf(p), Spec: join.TreeSpec{Name: p.Name}}
 	n := len(p.Edges) + 1
 	l.fks, l.children = make([][][]int, n), make([][]int, n)
-	l.Spec.Tables = append(l.Spec.Tables, join.TreeTable{Key: plan.Families(p.Left.Key), Values: l.chain.Shown[0], From: -1})
+	l.Spec.Tables = append(l.Spec.Tables, join.TreeTable{Key: plan.Families(p.Left.Key), Values: l.carried.Shown[0], From: -1})
 	for i, e := range p.Edges {
 		typ := join.Left
 		if e.Type == config.JoinInner {
 			typ = join.Inner
 		}
-		l.Spec.Tables = append(l.Spec.Tables, join.TreeTable{Key: plan.Families(e.Table.Key), Values: l.chain.Shown[i+1],
+		l.Spec.Tables = append(l.Spec.Tables, join.TreeTable{Key: plan.Families(e.Table.Key), Values: l.carried.Shown[i+1],
 			From: e.Parent + 1, Type: typ})
 		from := e.Parent + 1
 		l.children[from] = append(l.children[from], i+1)
 		var pos []int
 		for _, fk := range e.Table.ForeignKey {
-			pos = append(pos, slices.IndexFunc(l.chain.Carried[from], func(s plan.SourceColumn) bool { return s.Name == fk.Name }))
+			pos = append(pos, slices.IndexFunc(l.carried.Columns[from], func(s plan.SourceColumn) bool { return s.Name == fk.Name }))
 		}
 		l.fks[from] = append(l.fks[from], pos)
 	}
@@ -206,15 +226,15 @@ func (l *TreeLayout) Columns(p *plan.JoinPlan, t int) []plan.SourceColumn {
 	if t > 0 {
 		key = p.Edges[t-1].Table.Key
 	}
-	return append(slices.Clone(key), l.chain.Carried[t]...)
+	return append(slices.Clone(key), l.carried.Columns[t]...)
 }
 
 // row returns table t's row of key and carried values.
 func (l *TreeLayout) row(t int, key, carried []join.Value) (join.TreeRow, error) {
-	if len(carried) != len(l.chain.Carried[t]) {
-		return join.TreeRow{}, fmt.Errorf("table %d: %d carried values, want %d", t, len(carried), len(l.chain.Carried[t]))
+	if len(carried) != len(l.carried.Columns[t]) {
+		return join.TreeRow{}, fmt.Errorf("table %d: %d carried values, want %d", t, len(carried), len(l.carried.Columns[t]))
 	}
-	r := join.TreeRow{Key: key, Values: carried[:l.chain.Shown[t]], FKs: make([][]join.Value, len(l.fks[t]))}
+	r := join.TreeRow{Key: key, Values: carried[:l.carried.Shown[t]], FKs: make([][]join.Value, len(l.fks[t]))}
 	for j, pos := range l.fks[t] {
 		fk := make([]join.Value, len(pos))
 		for k, p := range pos {
@@ -251,7 +271,8 @@ func stateOf(row *join.TreeRow) join.LeftState {
 	return join.LeftState{PK: row.Key, FK: fk, Values: row.Values}
 }
 
-// changes turns the chain mapper's table changes into the tree's.
+// changes turns the table changes of the mapper (tableMapper) into the
+// tree's.
 func (l *TreeLayout) changes(in []join.Change) ([]join.TreeChange, error) {
 	out := make([]join.TreeChange, 0, len(in))
 	for _, c := range in {
@@ -319,7 +340,7 @@ func (l *TreeLayout) Mutations(m join.TreeMutations) (join.Mutations, error) {
 			}
 		}
 	}
-	return join.ChainMutations(steps), nil
+	return join.PerTable(steps), nil
 }
 
 // Load returns the state of rows of table t read from the source (its

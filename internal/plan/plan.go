@@ -602,7 +602,7 @@ func Fingerprint(p *JoinPlan) string {
 // resolveList resolves the list form of a join (README, "Joins of more than
 // two tables"): every table, key, foreign key (in its `from` table),
 // FK/key types per edge, replica identities, unique keys, and output names.
-// A list form that resolves runs as a join.Chain (chainOf).
+// A list form that resolves runs as a join.Tree (pipeline.TreeLayoutOf).
 func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTable, error)) (*JoinPlan, []string, error) {
 	var probs []string
 	add := func(format string, args ...any) {
@@ -686,25 +686,20 @@ func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 	return p, nil, nil
 }
 
-// chainLayout is how the tables of a list-form join feed a join.Chain.
-type ChainLayout struct {
-	Steps []join.ChainStep
-	// Out are the positions, in the last step's rows, of the target's
-	// columns.
-	Out []int
-	// Carried[t+1] are the columns the rows of table t (-1: the left table)
-	// carry through the chain past their key, in order: the projected
-	// values, then the foreign-key columns of the entries that reference
-	// the table, when they are not projected.
-	Carried [][]SourceColumn
-	// Shown[t+1] is how many of Carried[t+1] the target shows.
+// Carried is what the rows of each table of a list-form join carry past
+// their key.
+type Carried struct {
+	// Columns[t] (t = 0 the left table, i+1 entry i) are, in order, the
+	// table's output columns, then the foreign-key columns of the entries
+	// that reference the table, when they are not output.
+	Columns [][]SourceColumn
+	// Shown[t] is how many of Columns[t] the target shows.
 	Shown []int
 }
 
-// chainOf lays out p's chain: each step's spec and foreign-key positions,
-// and the target's projection.
-func ChainOf(p *JoinPlan) ChainLayout {
-	var l ChainLayout
+// CarriedOf returns what the rows of each table of p carry.
+func CarriedOf(p *JoinPlan) Carried {
+	var l Carried
 	carry := func(values []OutputColumn, children []int) ([]SourceColumn, int) {
 		var cols []SourceColumn
 		for _, v := range values {
@@ -725,39 +720,10 @@ func ChainOf(p *JoinPlan) ChainLayout {
 		children[e.Parent+1] = append(children[e.Parent+1], i)
 	}
 	cols, shown := carry(p.Left.Values, children[0])
-	l.Carried, l.Shown = append(l.Carried, cols), append(l.Shown, shown)
+	l.Columns, l.Shown = append(l.Columns, cols), append(l.Shown, shown)
 	for i, e := range p.Edges {
 		cols, shown := carry(e.Table.Values, children[i+1])
-		l.Carried, l.Shown = append(l.Carried, cols), append(l.Shown, shown)
-	}
-	// offset[t+1] is where table t's carried columns start in a step row's
-	// values (past the key).
-	offset := make([]int, len(l.Carried))
-	for t := 1; t < len(offset); t++ {
-		offset[t] = offset[t-1] + len(l.Carried[t-1])
-	}
-	pk := Families(p.Left.Key)
-	for i, e := range p.Edges {
-		typ := join.Left
-		if e.Type == config.JoinInner {
-			typ = join.Inner
-		}
-		step := join.ChainStep{Spec: join.Spec{Name: p.Name, Type: typ, PK: pk, FK: Families(e.Table.ForeignKey),
-			RightKey: Families(e.Table.Key), LeftValues: offset[i+1], RightValues: len(l.Carried[i+1])}}
-		from := l.Carried[e.Parent+1]
-		for _, fk := range e.Table.ForeignKey {
-			at := slices.IndexFunc(from, func(s SourceColumn) bool { return s.Name == fk.Name })
-			step.FK = append(step.FK, offset[e.Parent+1]+at)
-		}
-		l.Steps = append(l.Steps, step)
-	}
-	for k := range p.Left.Key {
-		l.Out = append(l.Out, k)
-	}
-	for t, n := range l.Shown {
-		for k := range n {
-			l.Out = append(l.Out, len(p.Left.Key)+offset[t]+k)
-		}
+		l.Columns, l.Shown = append(l.Columns, cols), append(l.Shown, shown)
 	}
 	return l
 }

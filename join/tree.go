@@ -800,6 +800,9 @@ func (a *treeApply) recomputes(t int, path []Key) bool {
 	return true
 }
 
+// walkMinRefs is the fewest references a walk asks of each key per round.
+const walkMinRefs = 64
+
 // walk calls fn with pages of the root keys whose path reaches keys of
 // table t in the state after the segment, each with the index (from) it
 // came from. It stops at rows the segment changed, and skips root rows the
@@ -835,7 +838,10 @@ func (a *treeApply) walk(ctx context.Context, t int, keys []Key, from []int32,
 	active, activeFrom := keys, from
 	afters := make([]Key, len(keys))
 	for len(active) > 0 {
-		limit := max(1, page/len(active))
+		// A round asks each key for its share of a page, and at least
+		// walkMinRefs: most parents then take one round trip in all,
+		// and a round holds at most walkMinRefs pages.
+		limit := max(page/len(active), min(walkMinRefs, page))
 		got, err := a.ov.referencing(ctx, t, active, afters, limit)
 		if err != nil {
 			return err

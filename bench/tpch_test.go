@@ -1,0 +1,193 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/redisstore"
+)
+
+// w7 (TPC-H): the TPC-H schema's tables and keys, generated in SQL at scale
+// factor sf (lineitem 6M·sf rows, four per order), maintained as one join of
+// eight entries: lineitem → orders (inner) → customer → nation → region (a
+// four-level chain), part (inner), supplier, partsupp (a composite foreign
+// key), and the supplier's nation through `as`. Beside it, in the same
+// daemon, a two-table join of the same lineitems with a three-row
+// return-flag table.
+func w7(sf float64) *workload {
+	n := func(base int) int { return max(1, int(float64(base)*sf)) }
+	customers, suppliers, parts, orders := n(150_000), n(10_000), n(200_000), n(1_500_000)
+	return &workload{name: "W7", title: "TPC-H, 8 entries", orders: 4 * orders, yaml: w7YAML, setup: []string{`
+CREATE TABLE region (r_regionkey int PRIMARY KEY, r_name text, r_comment text);
+CREATE TABLE nation (n_nationkey int PRIMARY KEY, n_name text, n_regionkey int, n_comment text);
+CREATE TABLE customer (c_custkey bigint PRIMARY KEY, c_name text, c_nationkey int, c_mktsegment text, c_acctbal numeric(12,2));
+CREATE TABLE supplier (s_suppkey bigint PRIMARY KEY, s_name text, s_nationkey int, s_acctbal numeric(12,2));
+CREATE TABLE part (p_partkey bigint PRIMARY KEY, p_name text, p_brand text, p_type text);
+CREATE TABLE partsupp (ps_partkey bigint, ps_suppkey bigint, ps_supplycost numeric(12,2), ps_availqty int, PRIMARY KEY (ps_partkey, ps_suppkey));
+CREATE TABLE orders (o_orderkey bigint PRIMARY KEY, o_custkey bigint, o_orderdate date, o_totalprice numeric(12,2), o_orderstatus text);
+CREATE TABLE lineitem (l_orderkey bigint, l_linenumber int, l_partkey bigint, l_suppkey bigint, l_quantity numeric(12,2),
+	l_extendedprice numeric(12,2), l_discount numeric(12,2), l_shipdate date, l_returnflag text, PRIMARY KEY (l_orderkey, l_linenumber));
+CREATE TABLE returnflag (flag text PRIMARY KEY, label text);
+INSERT INTO region SELECT g, 'region ' || g, 'comment' FROM generate_series(0, 4) g;
+INSERT INTO nation SELECT g, 'nation ' || g, g % 5, 'comment' FROM generate_series(0, 24) g;
+INSERT INTO returnflag VALUES ('A', 'accepted'), ('N', 'none'), ('R', 'returned');`,
+		fmt.Sprintf(`INSERT INTO customer SELECT g, 'Customer#' || g, g %% 25, 'SEGMENT' || g %% 5, g %% 10000 FROM generate_series(1, %d) g`, customers),
+		fmt.Sprintf(`INSERT INTO supplier SELECT g, 'Supplier#' || g, g %% 25, g %% 10000 FROM generate_series(1, %d) g`, suppliers),
+		fmt.Sprintf(`INSERT INTO part SELECT g, 'part ' || g, 'Brand#' || g %% 25, 'TYPE ' || g %% 150 FROM generate_series(1, %d) g`, parts),
+		// Four suppliers per part, as TPC-H's partsupp.
+		fmt.Sprintf(`INSERT INTO partsupp SELECT p, 1 + (p + s * (%[2]d / 4 + 1)) %% %[2]d, (p * s) %% 1000, s FROM generate_series(1, %[1]d) p, generate_series(0, 3) s`,
+			parts, suppliers),
+		fmt.Sprintf(`INSERT INTO orders SELECT g, 1 + g %% %d, date '1995-01-01' + g %% 2000, g %% 100000, 'O' FROM generate_series(1, %d) g`, customers, orders),
+		// Each lineitem's (part, supplier) is a partsupp row.
+		fmt.Sprintf(`INSERT INTO lineitem SELECT o, l, 1 + (o * 7 + l) %% %[2]d, 1 + ((1 + (o * 7 + l) %% %[2]d) + (l %% 4) * (%[3]d / 4 + 1)) %% %[3]d,
+			1 + l, (o + l) %% 100000, 0.05, date '1995-01-01' + o %% 2000, (array['A', 'N', 'R'])[1 + (o + l) %% 3]
+			FROM generate_series(1, %[1]d) o, generate_series(1, 4) l`, orders, parts, suppliers),
+		`VACUUM ANALYZE`}}
+}
+
+const w7YAML = `
+joins:
+  - name: lineitem_wide
+    type: left
+    left:
+      table: lineitem
+      columns: [l_orderkey, l_linenumber, l_partkey, l_suppkey, l_quantity, l_extendedprice, l_discount, l_shipdate]
+    right:
+      - {table: orders, type: inner, foreign_key: [l_orderkey], columns: [o_orderdate, o_totalprice]}
+      - {table: customer, from: orders, foreign_key: [o_custkey], columns: [c_name, c_mktsegment]}
+      - {table: nation, from: customer, foreign_key: [c_nationkey], columns: [n_name]}
+      - {table: region, from: nation, foreign_key: [n_regionkey], columns: [r_name]}
+      - {table: part, type: inner, foreign_key: [l_partkey], columns: [p_name, p_brand]}
+      - {table: supplier, foreign_key: [l_suppkey], columns: [s_name]}
+      - {table: partsupp, foreign_key: [l_partkey, l_suppkey], columns: [ps_supplycost]}
+      - {table: nation, as: snation, from: supplier, foreign_key: [s_nationkey], columns: [n_name AS s_nation]}
+    target: {table: lineitem_wide}
+  - name: lineitem_flags
+    type: left
+    left: {table: lineitem, foreign_key: [l_returnflag], columns: [l_orderkey, l_linenumber, l_returnflag, l_quantity]}
+    right: {table: returnflag, columns: [label]}
+    target: {table: lineitem_flags}
+`
+
+// The SQL of each join, in the target's column order.
+const (
+	w7WideSQL = `SELECT l.l_orderkey, l.l_linenumber, l.l_partkey, l.l_suppkey, l.l_quantity, l.l_extendedprice, l.l_discount, l.l_shipdate,
+		o.o_orderdate, o.o_totalprice, c.c_name, c.c_mktsegment, n.n_name, r.r_name, p.p_name, p.p_brand, s.s_name, ps.ps_supplycost, sn.n_name
+	FROM lineitem l JOIN orders o ON l.l_orderkey = o.o_orderkey LEFT JOIN customer c ON o.o_custkey = c.c_custkey
+	LEFT JOIN nation n ON c.c_nationkey = n.n_nationkey LEFT JOIN region r ON n.n_regionkey = r.r_regionkey
+	JOIN part p ON l.l_partkey = p.p_partkey LEFT JOIN supplier s ON l.l_suppkey = s.s_suppkey
+	LEFT JOIN partsupp ps ON l.l_partkey = ps.ps_partkey AND l.l_suppkey = ps.ps_suppkey
+	LEFT JOIN nation sn ON s.s_nationkey = sn.n_nationkey`
+	w7WideTarget = `SELECT l_orderkey, l_linenumber, l_partkey, l_suppkey, l_quantity, l_extendedprice, l_discount, l_shipdate,
+		o_orderdate, o_totalprice, c_name, c_mktsegment, n_name, r_name, p_name, p_brand, s_name, ps_supplycost, s_nation FROM lineitem_wide`
+	w7FlagsSQL = `SELECT l.l_orderkey, l.l_linenumber, l.l_returnflag, l.l_quantity, f.label
+	FROM lineitem l LEFT JOIN returnflag f ON l.l_returnflag = f.flag`
+	w7FlagsTarget = `SELECT l_orderkey, l_linenumber, l_returnflag, l_quantity, label FROM lineitem_flags`
+)
+
+// w7ScaleFactor is the scale factor of W7: 0.1 in make bench,
+// FKMAT_BENCH_W7_SF to change it (1 for the figures of a release), tiny in
+// the smoke run.
+func w7ScaleFactor(full bool) float64 {
+	if v, err := strconv.ParseFloat(os.Getenv("FKMAT_BENCH_W7_SF"), 64); err == nil && v > 0 {
+		return v
+	}
+	if full {
+		return 0.1
+	}
+	return 0.001
+}
+
+// benchW7 measures the TPC-H join: the backfill against INSERT ... SELECT
+// of both joins' SQL, the Redis memory per lineitem of each table's state,
+// a region rename and customers changing nation (root rows written per
+// second) against a flag rename of the two-table join in the same daemon,
+// and fkmat's peak RSS; every target ends equal to its SQL.
+func benchW7(t *testing.T, s sizes, rep *report) {
+	sf := w7ScaleFactor(s.W1Orders >= fullSizes.W1Orders)
+	w := w7(sf)
+	name := fmt.Sprintf("%s %s (SF %g)", w.name, w.title, sf)
+	d := newDB(t, w)
+	lineitems := float64(d.int64(`SELECT count(*) FROM lineitem`))
+
+	// INSERT ... SELECT of both joins, the floor of a backfill.
+	start := time.Now()
+	d.exec(`CREATE TABLE w7_floor_wide AS `+w7WideSQL, `CREATE TABLE w7_floor_flags AS `+w7FlagsSQL)
+	floor := time.Since(start)
+	d.exec(`DROP TABLE w7_floor_wide, w7_floor_flags`)
+	bf := d.backfill()
+	d.assertQuery("lineitem_wide", w7WideTarget, w7WideSQL)
+	d.assertQuery("lineitem_flags", w7FlagsTarget, w7FlagsSQL)
+	rep.row(name, "backfill of both joins", bf.took.Seconds(), "s",
+		fmt.Sprintf("%.0f lineitems; %.0f rows/s; peak RSS %.0f MB", lineitems, lineitems/bf.took.Seconds(), bf.peakRSSMB), true)
+	rep.row(name, "INSERT ... SELECT of both joins' SQL", floor.Seconds(), "s", "", true)
+	ratio := bf.took.Seconds() / floor.Seconds()
+	rep.row(name, "backfill / INSERT ... SELECT", ratio, "x", "", false)
+
+	// Redis memory per lineitem, per table of the tree and in all.
+	var all float64
+	tables := []string{"lineitem", "orders", "customer", "nation", "region", "part", "supplier", "partsupp", "snation"}
+	for tab, table := range tables {
+		k := d.redisKeysOf(fkmat.RedisTablePrefix(d.Slot, "lineitem_wide", tab))
+		rows := k.bytes[redisstore.KindLeft] + k.bytes[redisstore.KindSubs]
+		all += rows
+		rep.row(name, "Redis memory per lineitem, "+table+" (rows and references)", rows/lineitems, "B",
+			k.encodingSummary(redisstore.KindLeft)+"; "+k.encodingSummary(redisstore.KindSubs), false)
+	}
+	rep.row(name, "Redis memory per lineitem, all of lineitem_wide", all/lineitems, "B", "", false)
+	k := d.redisKeysOf(fkmat.RedisPrefix(d.Slot, "lineitem_flags"))
+	rep.row(name, "Redis memory per lineitem, the two-table lineitem_flags",
+		(k.bytes[redisstore.KindLeft]+k.bytes[redisstore.KindSubs]+k.bytes[redisstore.KindRight])/lineitems, "B", "", false)
+
+	// rate runs sql and returns the rows per second until p has written n
+	// more target rows.
+	p := d.run("w7")
+	p.waitServing()
+	d.waitCaught(p)
+	rate := func(sql string, n int64) float64 {
+		t.Helper()
+		written := func() float64 {
+			return p.metric("fkmat_sink_rows_upserted_total") + p.metric("fkmat_sink_rows_deleted_total")
+		}
+		before := written()
+		start := time.Now()
+		d.exec(sql)
+		deadline := start.Add(20 * time.Minute)
+		for written() < before+float64(n) {
+			select {
+			case err := <-p.done:
+				t.Fatalf("fkmat run exited: %v\n%s", err, p.out)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %.0f of %d rows written after 20 minutes\n%s", sql, written()-before, n, p.out)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return float64(n) / time.Since(start).Seconds()
+	}
+	inRegion := d.int64(`SELECT count(*) FROM lineitem_wide WHERE r_name = 'region 1'`)
+	region := rate(`UPDATE region SET r_name = 'REGION ONE' WHERE r_regionkey = 1`, inRegion)
+	moved := d.int64(`SELECT count(*) FROM lineitem_wide w JOIN orders o ON w.l_orderkey = o.o_orderkey WHERE o.o_custkey % 10 = 0`)
+	nations := rate(`UPDATE customer SET c_nationkey = (c_nationkey + 1) % 25 WHERE c_custkey % 10 = 0`, moved)
+	flagged := d.int64(`SELECT count(*) FROM lineitem_flags WHERE l_returnflag = 'N'`)
+	flags := rate(`UPDATE returnflag SET label = 'no flag' WHERE flag = 'N'`, flagged)
+	d.waitCaught(p)
+	u := p.stop()
+	d.assertQuery("lineitem_wide", w7WideTarget, w7WideSQL)
+	d.assertQuery("lineitem_flags", w7FlagsTarget, w7FlagsSQL)
+	rep.row(name, fmt.Sprintf("region rename through the chain, %d lineitems", inRegion), region, "rows/s", "", true)
+	rep.row(name, fmt.Sprintf("a tenth of the customers change nation, %d lineitems", moved), nations, "rows/s", "", true)
+	rep.row(name, fmt.Sprintf("two-table fan-out, a flag label renamed, %d lineitems, same daemon", flagged), flags, "rows/s", "", true)
+	rep.row(name, "region rename / two-table fan-out, rows/s", region/flags, "x", "measured in one run", false)
+	rep.row(name, "fkmat peak RSS, backfill", bf.peakRSSMB, "MB", "", false)
+	rep.row(name, "fkmat peak RSS, run", u.peakRSSMB, "MB", "", false)
+	rep.rss = max(rep.rss, u.peakRSSMB, bf.peakRSSMB)
+	rep.target("W7 Redis per lineitem, all state of the 8-entry join", all/lineitems, "<=", 300, "B")
+	rep.target("W7 backfill within 3x of INSERT ... SELECT of its SQL", ratio, "<=", 3, "x")
+	rep.target("W7 a fan-out through a 4-level chain at 0.6x a two-table fan-out or better", region/flags, ">=", 0.6, "x")
+}

@@ -76,7 +76,7 @@ joins:
 // The SQL of each join, in the target's column order.
 const (
 	w7WideSQL = `SELECT l.l_orderkey, l.l_linenumber, l.l_partkey, l.l_suppkey, l.l_quantity, l.l_extendedprice, l.l_discount, l.l_shipdate,
-		o.o_orderdate, o.o_totalprice, c.c_name, c.c_mktsegment, n.n_name, r.r_name, p.p_name, p.p_brand, s.s_name, ps.ps_supplycost, sn.n_name
+		o.o_orderdate, o.o_totalprice, c.c_name, c.c_mktsegment, n.n_name, r.r_name, p.p_name, p.p_brand, s.s_name, ps.ps_supplycost, sn.n_name AS s_nation
 	FROM lineitem l JOIN orders o ON l.l_orderkey = o.o_orderkey LEFT JOIN customer c ON o.o_custkey = c.c_custkey
 	LEFT JOIN nation n ON c.c_nationkey = n.n_nationkey LEFT JOIN region r ON n.n_regionkey = r.r_regionkey
 	JOIN part p ON l.l_partkey = p.p_partkey LEFT JOIN supplier s ON l.l_suppkey = s.s_suppkey

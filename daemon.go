@@ -221,10 +221,27 @@ func (d *daemon) sizes(ctx context.Context, p *plan.JoinPlan) []redisstore.Size 
 		return []redisstore.Size{{LeftRows: d.estimate(ctx, p.Left.Table), RightRows: d.estimate(ctx, p.Right.Table)}}
 	}
 	// A table's state holds its rows and the references of the entries
-	// its rows reference.
-	out := []redisstore.Size{{LeftRows: d.estimate(ctx, p.Left.Table)}}
+	// its rows reference: the references to an entry with many rows
+	// referencing each of its keys (a supplier's lineitems) are spread
+	// over lanes, by its average.
+	rows := []int64{d.estimate(ctx, p.Left.Table)}
 	for _, e := range p.Edges {
-		out = append(out, redisstore.Size{LeftRows: d.estimate(ctx, e.Table.Table)})
+		rows = append(rows, d.estimate(ctx, e.Table.Table))
+	}
+	out := make([]redisstore.Size, len(rows))
+	for t := range out {
+		out[t].LeftRows = rows[t]
+	}
+	for i, e := range p.Edges {
+		from, entry := e.Parent+1, i+1
+		if rows[entry] > 0 && rows[from] > 0 {
+			if fan := redisstore.FanFor(float64(rows[from]) / float64(rows[entry])); fan > 1 {
+				if out[from].Fans == nil {
+					out[from].Fans = map[byte]int{}
+				}
+				out[from].Fans[pipeline.EdgeKey(entry, "")[0]] = fan
+			}
+		}
 	}
 	return out
 }

@@ -38,7 +38,7 @@ func TestClusterKeysParse(t *testing.T) {
 	t.Parallel()
 	k := newClusterKeys(Config{Prefix: "fk:1:j"}, 64)
 	m := Meta{LeftGen: 7, RightGen: 9, Shape: Shape{SubShards: 128, LeftBuckets: 1024, RightBuckets: 1024, Shards: 64}}
-	for _, key := range []string{k.left(m, "a"), k.right(m, "b"), k.subs(m, "c")} {
+	for _, key := range []string{k.left(m, "a"), k.right(m, "b"), k.subs(m, "c", "d")} {
 		kind, gen, ok := k.parse(key)
 		if !ok || (kind == kindRight) != (gen == 9) {
 			t.Errorf("parse(%q) = %c %d %t", key, kind, gen, ok)

@@ -228,7 +228,7 @@ func (s *Store) plan(m *join.Mutations, next Meta) writes {
 	w := newWrites()
 	if !m.ClearLeft {
 		for _, sub := range m.DelSubs {
-			k := s.keys.subs(next, string(sub.FK))
+			k := s.keys.subs(next, string(sub.FK), string(sub.PK))
 			w.zrem[k] = append(w.zrem[k], sub.Member())
 		}
 		for _, pk := range m.DelLeft {
@@ -243,7 +243,7 @@ func (s *Store) plan(m *join.Mutations, next Meta) writes {
 		}
 	}
 	for _, sub := range m.AddSubs {
-		k := s.keys.subs(next, string(sub.FK))
+		k := s.keys.subs(next, string(sub.FK), string(sub.PK))
 		w.zadd[k] = append(w.zadd[k], sub.Member())
 	}
 	var buf []byte

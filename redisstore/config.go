@@ -3,6 +3,8 @@ package redisstore
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -147,12 +149,74 @@ type Shape struct {
 	// Shards is the number of shards of a state on a Redis Cluster, 0 on
 	// one server.
 	Shards int
+	// Fans spread the subscriptions to one foreign key over several sets
+	// (lanes), by the first byte of the foreign key (a tree's entry):
+	// the subscriptions to a key with thousands of dependents then stay in
+	// sets small enough for the listpack encoding. A prefix absent has
+	// one lane.
+	Fans Fans
 }
 
+// Fans are the fans of a shape, by foreign-key prefix byte, in prefix
+// order; the unused ones have no lanes. An array keeps Shape comparable.
+type Fans [maxFans]Fan
+
+// Fan is the number of lanes of the subscriptions to the foreign keys
+// starting with Prefix.
+type Fan struct {
+	Prefix byte
+	Lanes  uint16
+}
+
+// maxFans bounds the prefixes with a fan in one state: a state holds the
+// subscriptions of the entries its table references.
+const maxFans = 16
+
+// lanes returns the lanes of prefix b (0 when it has no fan).
+func (f *Fans) lanes(b byte) int {
+	for _, x := range f {
+		if x.Lanes > 1 && x.Prefix == b {
+			return int(x.Lanes)
+		}
+	}
+	return 0
+}
+
+// MaxFan bounds a fan: a read of one foreign key reads every lane.
+const MaxFan = 256
+
+// fan returns the lanes of the subscriptions to fk.
+func (sh Shape) fan(fk string) int {
+	if len(fk) == 0 {
+		return 1
+	}
+	if n := sh.Fans.lanes(fk[0]); n > 1 {
+		return n
+	}
+	return 1
+}
+
+// FanFor returns the lanes that keep about subsPerLane subscriptions in
+// each set of a foreign key with perKey dependents on average: a power of
+// two, 1..MaxFan.
+func FanFor(perKey float64) int {
+	n := 1
+	for n < MaxFan && perKey/float64(n) > subsPerLane {
+		n <<= 1
+	}
+	return n
+}
+
+// subsPerLane is the subscriptions per set a fan aims at: half the 128
+// members of the listpack encoding, room for hot keys to double.
+const subsPerLane = 64
+
 // Size is what Init sizes the row buckets for: the expected rows of the
-// left and the right table (pg_class.reltuples), 0 when unknown.
+// left and the right table (pg_class.reltuples), 0 when unknown; and the
+// fans of the subscriptions (Shape.Fans, FanFor), none for one lane each.
 type Size struct {
 	LeftRows, RightRows int64
+	Fans                map[byte]int
 }
 
 // Bucket sizing: about rowsPerBucket rows per hash at the expected size
@@ -191,6 +255,13 @@ func (c Config) shape(sz Size, shards int) Shape {
 	if c.RowShards == 0 {
 		sh.LeftBuckets, sh.RightBuckets = bucketsFor(sz.LeftRows), bucketsFor(sz.RightRows)
 	}
+	i := 0
+	for _, b := range slices.Sorted(maps.Keys(sz.Fans)) {
+		if n := sz.Fans[b]; n > 1 && i < maxFans {
+			sh.Fans[i] = Fan{Prefix: b, Lanes: uint16(min(n, MaxFan))}
+			i++
+		}
+	}
 	return sh
 }
 
@@ -198,6 +269,15 @@ func (c Config) shape(sz Size, shards int) Shape {
 // the meta hash.
 func (sh Shape) layout() string {
 	l := fmt.Sprintf("v%d/sub_shards=%d/left_buckets=%d/right_buckets=%d", layoutVersion, sh.SubShards, sh.LeftBuckets, sh.RightBuckets)
+	var fans []string
+	for _, f := range sh.Fans {
+		if f.Lanes > 1 {
+			fans = append(fans, fmt.Sprintf("%d:%d", f.Prefix, f.Lanes))
+		}
+	}
+	if len(fans) > 0 {
+		l += "/fans=" + strings.Join(fans, ",")
+	}
 	if sh.Shards > 0 {
 		l += fmt.Sprintf("/cluster_shards=%d", sh.Shards)
 	}
@@ -210,7 +290,18 @@ func parseLayout(s string) (Shape, error) {
 	var sh Shape
 	var v int
 	base, cluster, _ := strings.Cut(s, "/cluster_shards=")
+	base, fans, _ := strings.Cut(base, "/fans=")
 	n, err := fmt.Sscanf(base, "v%d/sub_shards=%d/left_buckets=%d/right_buckets=%d", &v, &sh.SubShards, &sh.LeftBuckets, &sh.RightBuckets)
+	if err == nil && fans != "" {
+		for i, f := range strings.Split(fans, ",") {
+			var b, lanes int
+			if _, err = fmt.Sscanf(f, "%d:%d", &b, &lanes); err != nil || i >= maxFans || b < 0 || b > 255 || lanes < 2 || lanes > MaxFan {
+				err = errors.New("fan out of range")
+				break
+			}
+			sh.Fans[i] = Fan{Prefix: byte(b), Lanes: uint16(lanes)}
+		}
+	}
 	if err == nil && cluster != "" {
 		if sh.Shards, err = strconv.Atoi(cluster); err == nil && (sh.Shards < 1 || sh.Shards > clusterSlots) {
 			err = errors.New("cluster shards out of range")

@@ -128,10 +128,34 @@ func (k keys) right(m Meta, key string) string {
 	return k.name(kindRight, m.RightGen, shardOf(key, uint64(m.Shape.RightBuckets)))
 }
 
-// subs returns the sorted set holding the subscriptions of encoded FK fk in
-// state m.
-func (k keys) subs(m Meta, fk string) string {
-	return k.name(kindSubs, m.LeftGen, shardOf(fk, uint64(m.Shape.SubShards)))
+// subs returns the sorted set holding the subscription of encoded PK pk to
+// encoded FK fk in state m.
+func (k keys) subs(m Meta, fk, pk string) string {
+	return k.name(kindSubs, m.LeftGen, subShard(m.Shape, fk, pk))
+}
+
+// subsOf returns the sorted sets holding the subscriptions to encoded FK fk
+// in state m: one, or one per lane of its fan (Shape.Fans).
+func (k keys) subsOf(m Meta, fk string) []string {
+	fan := m.Shape.fan(fk)
+	base := xxhash.Sum64String(fk)
+	out := make([]string, fan)
+	for lane := range out {
+		out[lane] = k.name(kindSubs, m.LeftGen, (base+uint64(lane))%uint64(m.Shape.SubShards))
+	}
+	return out
+}
+
+// subShard returns the subscription set of pk's subscription to fk among
+// the shape's: xxhash64(fk) mod SubShards when fk has one lane, else the
+// set of lane xxhash64(pk) mod fan past it. The hashes are part of the
+// persistent layout.
+func subShard(sh Shape, fk, pk string) uint64 {
+	base := xxhash.Sum64String(fk)
+	if fan := sh.fan(fk); fan > 1 {
+		base += xxhash.Sum64String(pk) % uint64(fan)
+	}
+	return base % uint64(sh.SubShards)
 }
 
 // parse returns the kind and generation of a data key of this store, and

@@ -80,7 +80,7 @@ func (l *Loader) Add(ctx context.Context, m join.Mutations) error {
 	}
 	for _, sub := range m.AddSubs {
 		member := sub.Member()
-		l.subs = append(l.subs, loadEntry{kind: kindSubs, shard: shardOf(string(sub.FK), uint64(sh.SubShards)), field: member})
+		l.subs = append(l.subs, loadEntry{kind: kindSubs, shard: subShard(sh, string(sub.FK), string(sub.PK)), field: member})
 		l.bytes += len(member) + 48
 	}
 	if l.bytes >= l.limit {

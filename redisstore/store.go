@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -579,18 +580,11 @@ func (s *Store) Dependents(ctx context.Context, fk, after join.Key, limit int) (
 	if err != nil {
 		return nil, fmt.Errorf("read dependents: %w", err)
 	}
-	lo, hi := depRange(fk, after)
-	var members []string
-	err = retryRead(ctx, s.rdb, func() (err error) {
-		members, err = s.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{
-			Key: s.keys.subs(m, string(fk)), Start: lo, Stop: hi, ByLex: true, Count: int64(limit),
-		}).Result()
-		return err
-	})
+	out, err := s.dependentsPages(ctx, m, []join.Key{fk}, []join.Key{after}, []int{limit})
 	if err != nil {
-		return nil, fmt.Errorf("read dependents: %w", err)
+		return nil, err
 	}
-	return memberKeys(fk, members)
+	return out[0], nil
 }
 
 // DependentsMany implements join.ManyDependentsReader: the first page of
@@ -634,7 +628,8 @@ func (s *Store) DependentsAfter(ctx context.Context, fks, afters []join.Key, lim
 // dependentsPages reads a page of dependents of each fks[i], after
 // afters[i] (nil: from the start), in one pipeline.
 func (s *Store) dependentsPages(ctx context.Context, m Meta, fks, afters []join.Key, limits []int) ([][]join.Key, error) {
-	cmds := make([]*redis.StringSliceCmd, len(fks))
+	// One range read per set of each key: one, or one per lane of its fan.
+	cmds := make([][]*redis.StringSliceCmd, len(fks))
 	err := retryRead(ctx, s.rdb, func() error {
 		p := s.rdb.Pipeline()
 		for i, fk := range fks {
@@ -643,9 +638,11 @@ func (s *Store) dependentsPages(ctx context.Context, m Meta, fks, afters []join.
 				after = afters[i]
 			}
 			lo, hi := depRange(fk, after)
-			cmds[i] = p.ZRangeArgs(ctx, redis.ZRangeArgs{
-				Key: s.keys.subs(m, string(fk)), Start: lo, Stop: hi, ByLex: true, Count: int64(limits[i]),
-			})
+			sets := s.keys.subsOf(m, string(fk))
+			cmds[i] = make([]*redis.StringSliceCmd, len(sets))
+			for j, set := range sets {
+				cmds[i][j] = p.ZRangeArgs(ctx, redis.ZRangeArgs{Key: set, Start: lo, Stop: hi, ByLex: true, Count: int64(limits[i])})
+			}
 		}
 		_, err := p.Exec(ctx)
 		return err
@@ -655,7 +652,18 @@ func (s *Store) dependentsPages(ctx context.Context, m Meta, fks, afters []join.
 	}
 	out := make([][]join.Key, len(fks))
 	for i, fk := range fks {
-		pks, err := memberKeys(fk, cmds[i].Val())
+		members := cmds[i][0].Val()
+		if len(cmds[i]) > 1 {
+			// Each lane's page holds its smallest members after the
+			// cursor: the smallest of all of them are the key's.
+			members = nil
+			for _, c := range cmds[i] {
+				members = append(members, c.Val()...)
+			}
+			slices.Sort(members)
+			members = members[:min(len(members), limits[i])]
+		}
+		pks, err := memberKeys(fk, members)
 		if err != nil {
 			return nil, err
 		}

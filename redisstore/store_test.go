@@ -57,7 +57,7 @@ func TestKeysParse(t *testing.T) {
 	}{
 		{k.name(kindLeft, 12345, 7), kindLeft, 12345, true},
 		{k.name(kindSubs, 1<<32, 0), kindSubs, 1 << 32, true},
-		{k.right(Meta{RightGen: 99, Shape: Shape{1, 10, 10, 0}}, "x"), kindRight, 99, true},
+		{k.right(Meta{RightGen: 99, Shape: Shape{SubShards: 1, LeftBuckets: 10, RightBuckets: 10}}, "x"), kindRight, 99, true},
 		{k.meta(), 0, 0, false},
 		{"fk:1:j:x5:{1}", 0, 0, false},
 		{"fk:1:j:l5:{}", 0, 0, false},
@@ -201,7 +201,7 @@ func TestSizedShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	meta, err := s.Meta(ctx)
-	if err != nil || meta.Layout != "v2/sub_shards=64/left_buckets=16384/right_buckets=1024" || meta.Shape != (Shape{64, 16384, 1024, 0}) {
+	if err != nil || meta.Layout != "v2/sub_shards=64/left_buckets=16384/right_buckets=1024" || meta.Shape != (Shape{SubShards: 64, LeftBuckets: 16384, RightBuckets: 1024}) {
 		t.Fatalf("meta = %+v, %v", meta, err)
 	}
 	if err := s.CheckLayout(meta); err != nil {

@@ -125,6 +125,7 @@ func benchW7(t *testing.T, s sizes, rep *report) {
 	rep.row(name, "backfill of both joins", bf.took.Seconds(), "s",
 		fmt.Sprintf("%.0f lineitems; %.0f rows/s; peak RSS %.0f MB", lineitems, lineitems/bf.took.Seconds(), bf.peakRSSMB), true)
 	rep.row(name, "INSERT ... SELECT of both joins' SQL", floor.Seconds(), "s", "", true)
+	rep.row(name, "backfill CPU: fkmat, redis-server", bf.cpu, "s", fmt.Sprintf("redis-server %.1f s", bf.redisCPU), false)
 	ratio := bf.took.Seconds() / floor.Seconds()
 	rep.row(name, "backfill / INSERT ... SELECT", ratio, "x", "", false)
 

@@ -641,6 +641,10 @@ func (j JoinConfig) ParentOf(i int) (int, error) {
 }
 
 // validateList checks the list form of right: what needs no database.
+// MaxEntries is the most entries a join of more than two tables may have:
+// the Redis state numbers them in a byte.
+const MaxEntries = 255
+
 func validateList(j JoinConfig) []string {
 	var p []string
 	add := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
@@ -649,6 +653,9 @@ func validateList(j JoinConfig) []string {
 	}
 	if len(j.Rights) == 0 {
 		add("right is an empty list; add one entry per joined table")
+	}
+	if len(j.Rights) > MaxEntries {
+		add("right has %d entries, at most %d are supported; split the join into several joins", len(j.Rights), MaxEntries)
 	}
 	seen := map[string]int{strings.ToLower(j.Left.Table.Name): -1}
 	for i, r := range j.Rights {

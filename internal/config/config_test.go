@@ -303,6 +303,10 @@ func TestListFormErrors(t *testing.T) {
 			"    left: {table: orders, typo: 1}\n    right:\n      - {table: customers, foreign_key: [customer_id]}\n",
 			[]string{`left has no key "typo"`},
 		},
+		"too many entries": {
+			"    left: {table: orders}\n    right:\n" + strings.Repeat("      - {table: customers, foreign_key: [customer_id]}\n", MaxEntries+1),
+			[]string{"right has 256 entries, at most 255 are supported"},
+		},
 	} {
 		cfg, err := ParseConfig([]byte(head + tc.yaml))
 		if err == nil {

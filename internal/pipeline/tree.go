@@ -29,6 +29,9 @@ var _ Join = (*Tree)(nil)
 // per table (stores: the left table, then each entry's), walking pageSize
 // keys at a time.
 func NewTree(p *plan.JoinPlan, stores []*redisstore.Store, pageSize int) (*Tree, error) {
+	if len(p.Edges) > config.MaxEntries {
+		return nil, fmt.Errorf("join %q: %d entries, at most %d are supported", p.Name, len(p.Edges), config.MaxEntries)
+	}
 	l := TreeLayoutOf(p)
 	if len(stores) != len(l.Spec.Tables) {
 		return nil, fmt.Errorf("join %q: %d states for %d tables", p.Name, len(stores), len(l.Spec.Tables))

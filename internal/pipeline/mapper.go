@@ -243,6 +243,19 @@ func positions(rel *cdc.Relation, cols []plan.SourceColumn, inTarget map[string]
 			return nil, fmt.Errorf("%w: column %q of %s.%s, used by the join, changed type (was %s, type oid %d now %d); %s",
 				ErrSchemaChanged, c.Name, rel.Namespace, rel.Name, c.Type, c.TypeOID, rel.Columns[j].Type, fix)
 		}
+		if c.HasTypeMod && rel.Columns[j].TypeMod != c.TypeMod {
+			// The same type with another precision, scale or length
+			// (numeric(12,2) to numeric(14,4), varchar(10) to
+			// varchar(20)): the target column keeps the old one, and would
+			// round or refuse the new values.
+			fix := "run fkmat backfill --force to rebuild the join with it"
+			if inTarget[c.Name] {
+				fix = "run fkmat backfill --force to rebuild the join and its target with it " +
+					"(the target keeps its rows until the rebuild replaces them)"
+			}
+			return nil, fmt.Errorf("%w: column %q of %s.%s, used by the join, changed its type modifier (was %s, typmod %d now %d); %s",
+				ErrSchemaChanged, c.Name, rel.Namespace, rel.Name, c.Type, c.TypeMod, rel.Columns[j].TypeMod, fix)
+		}
 		pos[i] = j
 	}
 	return pos, nil

@@ -23,7 +23,12 @@ type SourceColumn struct {
 	Name    string
 	Type    string // format_type, e.g. "numeric(12,2)"
 	TypeOID uint32
-	NotNull bool
+	// TypeMod is the type's modifier (atttypmod: numeric's precision and
+	// scale, varchar's length, -1 for none) when HasTypeMod says the
+	// catalog gave it.
+	TypeMod    int32
+	HasTypeMod bool
+	NotNull    bool
 }
 
 // OutputColumn maps a source column to a target column.
@@ -184,14 +189,14 @@ func describeTable(ctx context.Context, db Querier, t config.TableName) (*catalo
 	}
 	ct.exists = true
 	rows, err := db.Query(ctx, `
-		SELECT attname, format_type(atttypid, atttypmod), atttypid, attnotnull FROM pg_attribute
+		SELECT attname, format_type(atttypid, atttypmod), atttypid, atttypmod, attnotnull FROM pg_attribute
 		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, oid)
 	if err != nil {
 		return nil, fmt.Errorf("describe table %s: %w", t, err)
 	}
 	for rows.Next() {
-		var c SourceColumn
-		if err := rows.Scan(&c.Name, &c.Type, &c.TypeOID, &c.NotNull); err != nil {
+		c := SourceColumn{HasTypeMod: true}
+		if err := rows.Scan(&c.Name, &c.Type, &c.TypeOID, &c.TypeMod, &c.NotNull); err != nil {
 			return nil, err
 		}
 		ct.columns = append(ct.columns, c)

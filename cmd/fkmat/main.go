@@ -88,7 +88,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	app := &cli.App{
 		Name:      "fkmat",
-		Usage:     "keep a foreign-key join of two Postgres tables materialized, from logical replication",
+		Usage:     "keep a foreign-key join of Postgres tables (two, or stars and chains of several) materialized, from logical replication",
 		Version:   buildinfo.Version(),
 		Flags:     commonFlags(),
 		Writer:    stdout,

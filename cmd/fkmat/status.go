@@ -48,7 +48,7 @@ func statusCommand() *cli.Command {
 				if s.Subscriptions < 0 {
 					subs = "unknown"
 				}
-				if len(s.Edges) > 0 { // per entry of a join of more than two tables
+				if len(s.Edges) > 0 { // per table of a join of more than two tables: its references
 					var per []string
 					for _, e := range s.Edges {
 						per = append(per, fmt.Sprintf("%s=%d", e.Entry, e.Subscriptions))

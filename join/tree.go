@@ -157,8 +157,6 @@ func (m *TreeMutations) Empty() bool {
 type TreeStats struct {
 	// Walked counts the root keys reached by walks.
 	Walked uint64
-	// Evaluated counts subtrees evaluated (before and after a change).
-	Evaluated uint64
 }
 
 // ErrTreeSpec is a TreeSpec that does not describe a tree.
@@ -213,9 +211,6 @@ func NewTree(spec TreeSpec) (*Tree, error) {
 
 // Spec returns the tree's spec, defaults filled.
 func (tr *Tree) Spec() TreeSpec { return tr.spec }
-
-// Width returns the number of target columns.
-func (tr *Tree) Width() int { return tr.width }
 
 // Stats returns the cumulative counters. Not safe during Apply.
 func (tr *Tree) Stats() TreeStats { return tr.stats }
@@ -516,7 +511,6 @@ func (a *treeApply) rowsIn(ctx context.Context, t int, keys []Key, v view) (map[
 // inner entry of the subtree is reached.
 func (a *treeApply) eval(ctx context.Context, t int, rows []*TreeRow, v view, outs [][]Value, paths [][]Key) ([]bool, error) {
 	tr := a.tr
-	a.tr.stats.Evaluated += uint64(len(rows))
 	sat := make([]bool, len(rows))
 	for i, r := range rows {
 		if r == nil {

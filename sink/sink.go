@@ -420,24 +420,13 @@ func upsertSQL(t *Table) string {
 // updateRightSQL renders the statement of UpdateRight: the keys as text
 // arrays $1..$k, then one text parameter per right column.
 func updateRightSQL(t *Table) string {
-	from, exprs := unnestFrom(t.Columns[:t.KeyCount])
-	cond := make([]string, t.KeyCount)
-	for i, c := range t.Columns[:t.KeyCount] {
-		cond[i] = "t." + pgx.Identifier{c.Name}.Sanitize() + " = " + exprs[i]
+	cols := make([]int, 0, len(t.Columns)-t.RightFrom)
+	for c := t.RightFrom; c < len(t.Columns); c++ {
+		cols = append(cols, c)
 	}
-	right := t.Columns[t.RightFrom:]
-	set := make([]string, len(right))
-	cur := make([]string, len(right))
-	vals := make([]string, len(right))
-	for i, c := range right {
-		n := pgx.Identifier{c.Name}.Sanitize()
-		vals[i] = fmt.Sprintf("$%d::text::%s", t.KeyCount+i+1, c.Type)
-		set[i] = n + " = " + vals[i]
-		cur[i] = "t." + n
-	}
-	return "UPDATE " + t.Ident() + " AS t SET " + strings.Join(set, ", ") + " FROM " + from +
-		" WHERE " + strings.Join(cond, " AND ") +
-		" AND ROW(" + strings.Join(cur, ", ") + ") IS DISTINCT FROM ROW(" + strings.Join(vals, ", ") + ")"
+	// The right columns are value columns of the table: no error.
+	sql, _ := updateColumnsSQL(t, cols)
+	return sql
 }
 
 // updateColumnsSQL is updateRightSQL for the value columns cols.

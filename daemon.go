@@ -62,6 +62,10 @@ type Options struct {
 	// the joined partitioned tables with the ones it knows; zero means
 	// DefaultPartitionCheckInterval.
 	PartitionCheckInterval time.Duration
+	// GrowCheckInterval is how often run compares the joined tables' sizes
+	// with their Redis states' layouts and resizes the states they
+	// outgrew; zero means DefaultGrowCheckInterval.
+	GrowCheckInterval time.Duration
 	// ProgressBars, when set (a terminal), shows backfill progress bars on
 	// it; otherwise progress goes to Logger as periodic lines.
 	ProgressBars io.Writer
@@ -115,6 +119,7 @@ func (o *Options) setDefaults() {
 	orDefault(&o.MaxInactive, DefaultMaxInactive)
 	orDefault(&o.SlotCheckInterval, 10*time.Second)
 	orDefault(&o.PartitionCheckInterval, DefaultPartitionCheckInterval)
+	orDefault(&o.GrowCheckInterval, DefaultGrowCheckInterval)
 	o.Batch.SetDefaults()
 }
 

@@ -82,12 +82,15 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 	return total, nil
 }
 
-// estimate is pg_class.reltuples of a table, summed over its partitions
-// for a partitioned table (whose own reltuples autovacuum never sets); 0
-// when unknown (never vacuumed nor analyzed).
+// estimate is the rows of a table: the larger of pg_class.reltuples (set
+// by ANALYZE and VACUUM) and the statistics' live rows (n_live_tup, kept
+// by every write, so it follows a table growing between two analyses),
+// summed over its partitions for a partitioned table; 0 when empty or
+// unknown.
 func (d *daemon) estimate(ctx context.Context, t config.TableName) int64 {
 	var n float64
-	err := d.source.QueryRow(ctx, `SELECT coalesce(sum(greatest(c.reltuples, 0)), 0) FROM pg_class c
+	err := d.source.QueryRow(ctx, `SELECT coalesce(sum(greatest(c.reltuples, s.n_live_tup, 0)), 0)
+		FROM pg_class c LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
 		WHERE (c.oid = to_regclass($1) AND c.relkind <> 'p')
 		   OR c.oid IN (SELECT relid FROM pg_partition_tree(to_regclass($1)) WHERE isleaf)`, tableIdent(t)).Scan(&n)
 	if err != nil {

@@ -94,6 +94,10 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	})
 	g.Go(func() error { return d.watchPartitions(gctx, watch, stream) })
 	g.Go(func() error { return d.monitor(gctx, p) })
+	g.Go(func() error {
+		d.grow(gctx, p)
+		return nil
+	})
 	g.Go(func() error { return d.verifyLoop(gctx, p, rs.verify) })
 	g.Go(func() error {
 		runErr := p.Run(gctx)

@@ -35,6 +35,10 @@ type observer struct {
 	slot *cdc.SlotInfo
 	// restarts counts the pipeline restarts after an error.
 	restarts int64
+	// resizes and resizeSeconds count the Redis states resized as their
+	// tables grew, and the time the stream waited for them.
+	resizes       int64
+	resizeSeconds float64
 	// verify are the background verifier's counters (nil: none).
 	verify *verifyCounters
 	// batchSeconds is the time batches spend in each phase.
@@ -86,6 +90,11 @@ func (o *observer) setVerify(v *verifyCounters) { o.locked(func() { o.verify = v
 
 // restarted counts a pipeline restart after an error.
 func (o *observer) restarted() { o.locked(func() { o.restarts++ }) }
+
+// resized counts a state resized in took.
+func (o *observer) resized(_ string, took time.Duration) {
+	o.locked(func() { o.resizes++; o.resizeSeconds += took.Seconds() })
+}
 
 // setSlot records a sample of the slot.
 func (o *observer) setSlot(s *cdc.SlotInfo) { o.locked(func() { o.slot = s }) }
@@ -170,6 +179,8 @@ var (
 	mWALStatus  = desc("fkmat_slot_wal_status", "1 for the slot's current wal_status, 0 for the others.", "status")
 	mSlotActive = desc("fkmat_slot_active", "1 while a walsender streams from the slot.")
 	mWaitShort  = desc("fkmat_redis_wait_short_total", "Redis writes that run --redis-wait-replicas could not confirm on that many replicas within the WAIT timeout (or at all: written through a redirect).")
+	mResizes    = desc("fkmat_redis_resizes_total", "Redis states moved to more buckets or lanes as their tables grew.")
+	mResizeTime = desc("fkmat_redis_resize_seconds_total", "Time the stream waited for Redis states to be resized.")
 	mSlotLag    = desc("fkmat_slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn of the slot, at the last sample.")
 )
 
@@ -186,6 +197,7 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	o.mu.Lock()
 	c := o.countersLocked()
 	p, phase, stall, slot, restarts, verify := o.p, o.phase, o.stall, o.slot, o.restarts, o.verify
+	resizes, resizeSeconds := o.resizes, o.resizeSeconds
 	o.mu.Unlock()
 	o.batchSeconds.Collect(ch)
 	counter := func(d *prometheus.Desc, v float64) {
@@ -202,6 +214,8 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	counter(mDrops, float64(c.join.InnerNullFKDrops))
 	counter(mReconnects, float64(c.reconnects))
 	counter(mRestarts, float64(restarts))
+	counter(mResizes, float64(resizes))
+	counter(mResizeTime, resizeSeconds)
 	if verify != nil {
 		counter(mVerified, float64(verify.checked.Load()))
 		gaugeOf(mVerifyDiff, float64(verify.differences()))

@@ -332,6 +332,28 @@ func KeyValues(k string) ([]Value, error) {
 	return vals, nil
 }
 
+// KeyLen returns the length of the first n values of key k, read by their
+// tags: the length of the encoded foreign key of n columns that starts a
+// subscription's member (FK ++ PK).
+func KeyLen(k string, n int) (int, error) {
+	off := 0
+	for i := range n {
+		if off >= len(k) {
+			return 0, fmt.Errorf("decode key column %d: %w", i+1, errShortKey)
+		}
+		f, ok := tagFamily(k[off])
+		if !ok {
+			return 0, fmt.Errorf("decode key column %d: unexpected tag 0x%02x", i+1, k[off])
+		}
+		_, l, err := decodeValue(f, k[off:])
+		if err != nil {
+			return 0, fmt.Errorf("decode key column %d: %w", i+1, err)
+		}
+		off += l
+	}
+	return off, nil
+}
+
 // tagFamily returns the family whose encodings start with tag t.
 func tagFamily(t byte) (Family, bool) {
 	switch {

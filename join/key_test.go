@@ -176,6 +176,25 @@ func TestKeyValues(t *testing.T) {
 	}
 }
 
+func TestKeyLen(t *testing.T) {
+	t.Parallel()
+	fams := []Family{FamilyInt, FamilyText, FamilyUUID, FamilyNumeric, FamilyBpchar, FamilyFloat, FamilyExact, FamilyInt}
+	vals := texts("-300", "a\x00b", "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11", "1.50", "x  ", "-0", "2024-01-01", "7")
+	for n := range len(fams) + 1 {
+		prefix := string(mustKey(t, fams[:n], vals[:n]...))
+		whole := prefix + string(mustKey(t, fams[n:], vals[n:]...))
+		if got, err := KeyLen(whole, n); err != nil || got != len(prefix) {
+			t.Errorf("KeyLen(.., %d) = %d, %v, want %d", n, got, err, len(prefix))
+		}
+	}
+	k := string(mustKey(t, fams[:2], vals[:2]...))
+	for _, bad := range []string{"\x01", k[:4], k} {
+		if got, err := KeyLen(bad, 3); err == nil {
+			t.Errorf("KeyLen(%q, 3) = %d, want an error", bad, got)
+		}
+	}
+}
+
 func TestCheckKeyTypes(t *testing.T) {
 	t.Parallel()
 	tests := []struct {

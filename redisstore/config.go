@@ -18,12 +18,6 @@ const (
 	// 3M it costs 20.3 B per subscription, against 17.1 B for the best count
 	// (65536) and 110.6 B for too few sets (16384).
 	DefaultSubShards = 1 << 20
-	// DefaultRowShards is the number of row buckets of a side whose size is
-	// not known at Init (Size 0: a table never analyzed): it keeps buckets
-	// within 512 fields, the listpack limit of hashes, up to some 100M rows;
-	// at 3M rows of 32 bytes it costs 67 B per row (57 B with 16384 buckets,
-	// 155 B as one string per row).
-	DefaultRowShards = 1 << 18
 	// DefaultPageSize bounds the arguments of one command and the keys of
 	// one sweep step.
 	DefaultPageSize = 512
@@ -211,8 +205,8 @@ func FanFor(perKey float64) int {
 // members of the listpack encoding, room for hot keys to double.
 const subsPerLane = 64
 
-// Size is what Init sizes the row buckets for: the expected rows of the
-// left and the right table (pg_class.reltuples), 0 when unknown; and the
+// Size is what Init (and Outgrown) sizes the row buckets for: the expected
+// rows of the left and the right table, 0 when empty or unknown; and the
 // fans of the subscriptions (Shape.Fans, FanFor), none for one lane each.
 type Size struct {
 	LeftRows, RightRows int64
@@ -222,8 +216,8 @@ type Size struct {
 // Bucket sizing: about rowsPerBucket rows per hash at the expected size
 // leaves room for the table to grow 8 times before a bucket passes 512
 // fields and leaves the listpack encoding, which costs 2-3 times the memory
-// (see the package documentation). A state that outgrows it keeps working,
-// less compactly, until a backfill (fkmat backfill --force) sizes it again.
+// (see the package documentation). A state whose tables grow is moved to
+// more buckets by Resize (see Outgrown) before that.
 const (
 	// BucketFields is the most fields a row bucket holds in Redis's compact
 	// listpack encoding (hash-max-listpack-entries, 512 by default).
@@ -235,12 +229,9 @@ const (
 
 // bucketsFor returns the row buckets of a side with rows expected rows: a
 // power of two with at most rowsPerBucket rows each, within
-// minSizedBuckets..maxSizedBuckets, or DefaultRowShards when rows is
-// unknown.
+// minSizedBuckets..maxSizedBuckets. An empty table (or one of unknown
+// size) starts at minSizedBuckets and grows with Resize.
 func bucketsFor(rows int64) int {
-	if rows <= 0 {
-		return DefaultRowShards
-	}
 	n := minSizedBuckets
 	for n < maxSizedBuckets && int64(n)*rowsPerBucket < rows {
 		n <<= 1

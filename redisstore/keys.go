@@ -161,36 +161,46 @@ func subShard(sh Shape, fk, pk string) uint64 {
 // parse returns the kind and generation of a data key of this store, and
 // false for any other key (meta, foreign keys under the prefix).
 func (k keys) parse(key string) (kind byte, gen uint64, ok bool) {
+	kind, gen, _, ok = k.parseKey(key)
+	return kind, gen, ok
+}
+
+// parseKey is parse, with the data key's bucket (or subscription shard).
+func (k keys) parseKey(key string) (kind byte, gen, bucket uint64, ok bool) {
 	rest, ok := strings.CutPrefix(key, k.prefix+":")
 	if !ok || len(rest) < 2 {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	kind = rest[0]
 	if kind != kindLeft && kind != kindRight && kind != kindSubs {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	g, tag, ok := strings.Cut(rest[1:], ":{")
 	if !ok {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	if tag, ok = strings.CutSuffix(tag, "}"); !ok || tag == "" {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
+	b := tag
 	if k.shards != nil {
 		// <gen>:<bucket>:{<tag>}
-		var bucket string
-		if g, bucket, ok = strings.Cut(g, ":"); !ok || bucket == "" || strings.Trim(bucket, "0123456789") != "" {
-			return 0, 0, false
+		if g, b, ok = strings.Cut(g, ":"); !ok {
+			return 0, 0, 0, false
 		}
 		if _, ok := k.shards.index[tag]; !ok {
-			return 0, 0, false
+			return 0, 0, 0, false
 		}
-	} else if strings.Trim(tag, "0123456789") != "" {
-		return 0, 0, false
 	}
-	gen, err := strconv.ParseUint(g, 36, 64)
+	if b == "" || strings.Trim(b, "0123456789") != "" {
+		return 0, 0, 0, false
+	}
+	bucket, err := strconv.ParseUint(b, 10, 64)
 	if err != nil {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
-	return kind, gen, true
+	if gen, err = strconv.ParseUint(g, 36, 64); err != nil {
+		return 0, 0, 0, false
+	}
+	return kind, gen, bucket, true
 }

@@ -40,6 +40,9 @@ type Loader struct {
 	// commands and entries count the HSETs and ZADDs sent and the rows and
 	// subscriptions they carried.
 	commands, entries int
+	// moving is set when the loader moves existing state to new
+	// generations (Resize): the subscription count stays as it is.
+	moving bool
 }
 
 // loadEntry is one hash field (field, value) or sorted-set member (field)
@@ -93,6 +96,23 @@ func (l *Loader) Add(ctx context.Context, m join.Mutations) error {
 	return nil
 }
 
+// add gathers one row (kindLeft, kindRight: field and value) or
+// subscription (kindSubs: member in field) of the key of kind in shard,
+// writing what was gathered once it passes the loader's size.
+func (l *Loader) add(ctx context.Context, kind byte, shard uint64, field, value string) error {
+	e := loadEntry{kind, shard, field, value}
+	if kind == kindSubs {
+		l.subs = append(l.subs, e)
+	} else {
+		l.rows = append(l.rows, e)
+	}
+	l.bytes += len(field) + len(value) + 48
+	if l.bytes >= l.limit {
+		return l.Flush(ctx)
+	}
+	return nil
+}
+
 // Flush writes what the loader gathered.
 func (l *Loader) Flush(ctx context.Context) error {
 	if len(l.rows) == 0 && len(l.subs) == 0 {
@@ -129,7 +149,7 @@ func (l *Loader) Flush(ctx context.Context) error {
 		}
 	}
 	// Loaded rows have distinct keys, so every add is a new member.
-	if len(l.subs) > 0 {
+	if len(l.subs) > 0 && !l.moving {
 		p.HIncrBy(ctx, s.keys.meta(), fieldSubs, int64(len(l.subs)))
 	}
 	_, err := p.Exec(ctx)

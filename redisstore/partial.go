@@ -298,7 +298,8 @@ func (s *Store) FinishPartial(ctx context.Context, lsn cdc.LSN) error {
 // deletes the log and clears the marker. Every step is idempotent and leaves
 // the marker in place, so after a failure (or a crash) Recover is simply
 // called again. The daemon calls it at startup and whenever the replication
-// stream restarts a transaction from its first chunk.
+// stream restarts a transaction from its first chunk. It also forgets a
+// Resize that never switched: its new generations become garbage.
 func (s *Store) Recover(ctx context.Context) (rolledBack bool, err error) {
 	defer s.right.drop()
 	if s.Cluster() {
@@ -321,6 +322,13 @@ func (s *Store) Recover(ctx context.Context) (rolledBack bool, err error) {
 	}
 	if err != nil {
 		return false, fmt.Errorf("recover redis state: %w", err)
+	}
+	if stored.Resizing != [2]uint64{} {
+		// A Resize that never switched: its generations are garbage.
+		if err := s.rdb.HDel(ctx, s.keys.meta(), fieldResize).Err(); err != nil {
+			return false, fmt.Errorf("recover redis state: %w", err)
+		}
+		stored.Resizing = [2]uint64{}
 	}
 	if stored.InFlight == 0 {
 		s.mu.Lock()

@@ -76,6 +76,10 @@ type Meta struct {
 	// Write is the id of the last write on a Redis Cluster, which every
 	// shard's checkpoint must reach (see cluster.go); "" on one server.
 	Write string
+	// Resizing are the left and right generations a Resize is filling
+	// (0: none), which Sweep spares until the resize switches to them or
+	// Recover forgets them.
+	Resizing [2]uint64
 }
 
 // Fields of the meta hash.
@@ -89,9 +93,10 @@ const (
 	fieldInFlight    = "inflight"
 	fieldSubs        = "subs"
 	fieldWrite       = "write"
+	fieldResize      = "resize"
 )
 
-var metaFields = []string{fieldEpoch, fieldFingerprint, fieldLayout, fieldCheckpoint, fieldLeftGen, fieldRightGen, fieldInFlight, fieldSubs, fieldWrite}
+var metaFields = []string{fieldEpoch, fieldFingerprint, fieldLayout, fieldCheckpoint, fieldLeftGen, fieldRightGen, fieldInFlight, fieldSubs, fieldWrite, fieldResize}
 
 // Store keeps one join's state in Redis: subscriptions, left and right rows
 // and the meta hash. It implements join.StateReader; Commit persists a
@@ -437,6 +442,11 @@ func readMeta(ctx context.Context, c redis.Cmdable, key string) (Meta, error) {
 		}
 	}
 	m.Checkpoint, m.InFlight = cdc.LSN(checkpoint), cdc.LSN(inFlight)
+	if str[9] != "" {
+		if _, err := fmt.Sscanf(str[9], "%d,%d", &m.Resizing[0], &m.Resizing[1]); err != nil {
+			return Meta{}, fmt.Errorf("read redis meta %s: field %s is %q", key, fieldResize, str[9])
+		}
+	}
 	return m, nil
 }
 

@@ -173,7 +173,7 @@ func TestSizedShape(t *testing.T) {
 	for _, tt := range []struct {
 		rows int64
 		want int
-	}{{0, DefaultRowShards}, {-1, DefaultRowShards}, {1, 1024}, {65536, 1024}, {65537, 2048},
+	}{{0, 1024}, {-1, 1024}, {1, 1024}, {65536, 1024}, {65537, 2048},
 		{1_000_000, 16384}, {10_000_000, 1 << 18}, {1e12, 1 << 22}} {
 		if got := bucketsFor(tt.rows); got != tt.want {
 			t.Errorf("bucketsFor(%d) = %d, want %d", tt.rows, got, tt.want)

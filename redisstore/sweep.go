@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -114,16 +115,16 @@ func (s *Store) isStale(key string, m Meta) bool {
 		return false
 	}
 	if kind == kindRight {
-		return gen != m.RightGen
+		return gen != m.RightGen && gen != m.Resizing[1]
 	}
-	return gen != m.LeftGen
+	return gen != m.LeftGen && gen != m.Resizing[0]
 }
 
 // sweepCluster is Sweep on a cluster: it SCANs every primary, and unlinks
 // the garbage of each page in one write of the store (see cluster.go),
 // decided under WATCH of the meta hash like sweepStep.
 func (s *Store) sweepCluster(ctx context.Context) (int, error) {
-	total := 0
+	var swept atomic.Int64 // the primaries are swept concurrently
 	err := s.masters(ctx, func(ctx context.Context, c redis.Cmdable) error {
 		var cursor uint64
 		for {
@@ -132,7 +133,7 @@ func (s *Store) sweepCluster(ctx context.Context) (int, error) {
 				return err
 			}
 			n, err := s.sweepUnit(ctx, keys)
-			total += n
+			swept.Add(int64(n))
 			if err != nil {
 				return err
 			}
@@ -142,6 +143,7 @@ func (s *Store) sweepCluster(ctx context.Context) (int, error) {
 			cursor = next
 		}
 	})
+	total := int(swept.Load())
 	if errors.Is(err, errPaused) {
 		return total, nil
 	}

@@ -72,7 +72,17 @@ type Pipeline struct {
 	inLarge atomic.Bool
 	// cuts are Config.Cuts.
 	cuts map[cdc.LSN]bool
+	// between is the work Between asked for, not yet run.
+	between atomic.Pointer[func(context.Context)]
 }
+
+// Between runs fn on the batch loop before its next batch, once every
+// batch in flight has committed and been acknowledged and nothing is
+// overlaid: each join's state is exactly at its checkpoint, and nothing
+// else writes it until fn returns (a Resize). The next batch waits for fn;
+// an fn not yet run when Between is called again is replaced. An idle
+// pipeline runs it when the next change arrives.
+func (p *Pipeline) Between(fn func(context.Context)) { p.between.Store(&fn) }
 
 // New returns a pipeline; Run runs it.
 func New(cfg Config) *Pipeline {
@@ -191,6 +201,18 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 			// Shutdown: the stream still returns what it has queued, but
 			// only the batches in hand are finished.
 			return nil
+		}
+		if fn := p.between.Swap(nil); fn != nil {
+			err := p.waitAll(inFlight)
+			inFlight = nil
+			if err != nil {
+				return err
+			}
+			for _, j := range p.joins {
+				_ = j.overlay(nil, nil)
+			}
+			(*fn)(ctx)
+			continue
 		}
 		first, err := p.nextWhile(ctx, inFlight)
 		if err != nil {

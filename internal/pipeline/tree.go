@@ -182,6 +182,30 @@ func EdgeKey(entry int, parent join.Key) join.Key {
 	return join.Key(string([]byte{byte(entry)}) + string(parent))
 }
 
+// MemberFK returns, for the Redis state of table t of join p (0 for the
+// one state of a two-table join), the length of the foreign key that a
+// subscription's member (FK ++ PK) starts with: for a tree the entry's
+// byte and its table's key (EdgeKey), for a two-table join the left
+// table's foreign key. redisstore.Store.Resize needs it to find a
+// member's lane.
+func MemberFK(p *plan.JoinPlan) func(member string) (int, error) {
+	if p.Edges == nil {
+		n := len(p.Right.Key)
+		return func(m string) (int, error) { return join.KeyLen(m, n) }
+	}
+	arity := make([]int, len(p.Edges)+1)
+	for i, e := range p.Edges {
+		arity[i+1] = len(e.Table.Key)
+	}
+	return func(m string) (int, error) {
+		if m == "" || m[0] == 0 || int(m[0]) >= len(arity) {
+			return 0, fmt.Errorf("join %q: a reference %x of no entry", p.Name, m)
+		}
+		n, err := join.KeyLen(m[1:], arity[m[0]])
+		return 1 + n, err
+	}
+}
+
 // TreeLayout maps a join of more than two tables onto a join.Tree: the
 // carried columns of each table (plan.Carried: its output
 // columns, then the foreign-key columns of the entries referencing it

@@ -611,6 +611,11 @@ func (d *db) redisKeysOf(prefix string) redisKeys {
 	if err != nil {
 		d.b.Fatal(err)
 	}
+	// Only the current generations: the garbage of a TRUNCATE or a resize
+	// goes first.
+	if _, err := store.Sweep(ctx); err != nil {
+		d.b.Fatal(err)
+	}
 	out := redisKeys{bytes: map[byte]float64{}, encodings: map[byte]map[string]int{}}
 	iter := d.Redis.Scan(ctx, 0, prefix+":*", 1000).Iterator()
 	var names []string

@@ -13,7 +13,7 @@
 // Every key starts with Config.Prefix (e.g. "fkmat:<slot>:<join>"), so a Redis
 // ACL user can be limited to "~<prefix>:*":
 //
-//	<prefix>:meta               hash: epoch, fingerprint, layout (version and Shape), checkpoint, gen_left, gen_right, inflight, subs
+//	<prefix>:meta               hash: epoch, fingerprint, layout (version and Shape), checkpoint, gen_left, gen_right, inflight, subs, resize
 //	<prefix>:undo               hash: undo log of the partial transaction in flight
 //	<prefix>:s<gen>:{<shard>}   sorted set, all scores 0, member = FK ++ PK (join.Subscription.Member)
 //	<prefix>:l<gen>:{<bucket>}  hash: encoded left PK -> left row
@@ -26,21 +26,31 @@
 // Dependents is one ZRANGE <set> (k++after (PrefixEnd(k) BYLEX LIMIT 0 n:
 // exclusive bounds, paging by the last member, never by a growing offset.
 //
-// # Shape: bucket counts sized at Init
+// # Shape: bucket counts sized at Init, and Resize
 //
 // The counts are the state's Shape, recorded in the meta hash's layout
-// field ("v2/sub_shards=S/left_buckets=L/right_buckets=R") and read from it
-// by every store that opens the state. Init sizes each side's buckets for
-// its expected rows (Size, from pg_class.reltuples): a power of two giving
-// at most 64 rows per bucket, 2^10..2^22, or 2^18 when the size is unknown.
-// A hash stays in Redis's compact listpack encoding up to 512 fields of at
-// most 64 bytes, so a table may grow 8 times before its buckets leave it;
-// past that they become hashtables, correct but 2-3 times larger, until a
-// backfill sizes the state again. Few, full buckets matter at small sizes:
-// at 1M orders, 2^18 buckets (4 rows each) cost 95 B per left row in
-// MEMORY USAGE, 16384 buckets (61 each) 65 B. Config.RowShards fixes the
-// counts instead (tests), and a state of other counts is then ErrLayout.
+// field ("v2/sub_shards=S/left_buckets=L/right_buckets=R", then the fans)
+// and read from it by every store that opens the state. Init sizes each
+// side's buckets for its expected rows (Size): a power of two giving at
+// most 64 rows per bucket, 2^10..2^22 (2^10 for an empty table). A hash
+// stays in Redis's compact listpack encoding up to 512 fields of at most
+// 64 bytes; past that it becomes a hashtable, correct but 2-3 times
+// larger. Few, full buckets matter at small sizes: at 1M orders, 2^18
+// buckets (4 rows each) cost 95 B per left row in MEMORY USAGE, 16384
+// buckets (61 each) 65 B. Config.RowShards fixes the counts instead
+// (tests), and a state of other counts is then ErrLayout.
 //
+// A state whose tables grow is resized (resize.go): Outgrown compares
+// the shape Init would give it now with its own, and once some side's
+// buckets would be 4 times as many, or a fan's lanes twice, Resize writes
+// that side's rows (and members) to new generations laid out for the new
+// shape, then switches layout and generations in one write of the meta
+// hash. Keys whose contents stay together (the subscription sets when only
+// the row buckets change) are copied on the server. Until the switch the
+// meta field resize names the new generations, which Sweep spares; a
+// Resize cut short is forgotten by Recover and its keys are swept. Nothing
+// else may write the state meanwhile: the daemon runs it between batches.
+
 // Rows are a lean binary encoding (see codec.go): the value of a row's
 // field holds only what the field (the encoded key) does not say: the
 // projected values, the foreign key as references to the projected values

@@ -28,6 +28,8 @@ func runCommand() *cli.Command {
 				Usage: "no longer used: a fan-out of a join of more than two tables writes no Redis state"},
 			&cli.DurationFlag{Name: "slot-busy-timeout", Value: cdc.DefaultSlotBusyTimeout, EnvVars: []string{"FKMAT_SLOT_BUSY_TIMEOUT"},
 				Usage: "how long to wait for the replication slot while another process streams from it (a previous run's walsender the server has not yet dropped) before exiting 1 naming that process"},
+			&cli.DurationFlag{Name: "grow-check-interval", Value: fkmat.DefaultGrowCheckInterval, EnvVars: []string{"FKMAT_GROW_CHECK_INTERVAL"},
+				Usage: "how often to compare the joined tables' sizes with their Redis states' layouts, and resize the states they outgrew (the stream waits about a second per million rows moved)"},
 			&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"FKMAT_METRICS_ADDR"},
 				Usage: "serve Prometheus /metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9187)"},
 		},
@@ -47,6 +49,9 @@ func runCommand() *cli.Command {
 			}
 			if opts.SlotBusyTimeout = c.Duration("slot-busy-timeout"); opts.SlotBusyTimeout <= 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--slot-busy-timeout %s: use a positive duration (e.g. 30s)", opts.SlotBusyTimeout)}
+			}
+			if opts.GrowCheckInterval = c.Duration("grow-check-interval"); opts.GrowCheckInterval <= 0 {
+				return &exitError{code: exitUsage, err: fmt.Errorf("--grow-check-interval %s: use a positive duration (e.g. 1m)", opts.GrowCheckInterval)}
 			}
 			if opts.VerifyInterval = c.Duration("verify-interval"); opts.VerifyInterval < 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--verify-interval %s: use a positive duration, or leave it out", opts.VerifyInterval)}

@@ -37,6 +37,33 @@ func testPlan() *plan.JoinPlan {
 	}
 }
 
+// testTreePlan is orders LEFT JOIN customers LEFT JOIN regions (through
+// the customers' region_id): a tree of three tables.
+func testTreePlan() *plan.JoinPlan {
+	col := func(n string, oid uint32, typ string) plan.SourceColumn {
+		return plan.SourceColumn{Name: n, TypeOID: oid, Type: typ}
+	}
+	id, name := col("id", oidInt8, "bigint"), col("name", oidText, "text")
+	return &plan.JoinPlan{
+		Name: "ocr", Type: config.JoinLeft,
+		Left: plan.TablePlan{
+			Table:  config.TableName{Schema: "public", Name: "orders"},
+			Key:    []plan.SourceColumn{id},
+			Values: []plan.OutputColumn{{Source: col("customer_id", oidInt8, "bigint")}, {Source: col("note", oidText, "text")}},
+		},
+		Edges: []plan.EdgePlan{
+			{Alias: "customers", Parent: -1, Type: config.JoinLeft, Table: plan.TablePlan{
+				Table: config.TableName{Schema: "public", Name: "customers"}, Key: []plan.SourceColumn{id},
+				ForeignKey: []plan.SourceColumn{col("customer_id", oidInt8, "bigint")},
+				Values:     []plan.OutputColumn{{Source: name, Name: "customer_name"}}}},
+			{Alias: "regions", Parent: 0, Type: config.JoinLeft, Table: plan.TablePlan{
+				Table: config.TableName{Schema: "public", Name: "regions"}, Key: []plan.SourceColumn{id},
+				ForeignKey: []plan.SourceColumn{col("region_id", oidInt8, "bigint")},
+				Values:     []plan.OutputColumn{{Source: name, Name: "region_name"}}}},
+		},
+	}
+}
+
 func rel(name string, cols ...cdc.Column) *cdc.Relation {
 	return &cdc.Relation{Namespace: "public", Name: name, Columns: cols}
 }

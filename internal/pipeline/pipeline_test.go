@@ -45,13 +45,17 @@ type fakeWorld struct {
 	target     *jointest.Target
 	targetLSN  cdc.LSN
 	targetOpen int
-	// state: rows and checkpoint, committed together
-	state    *jointest.Store
-	stateLSN cdc.LSN
+	// state: rows and checkpoint, committed together; one per table of a
+	// tree (tree set), one for a pair
+	states    []*jointest.Store
+	stateLSNs []cdc.LSN
+	tree      bool
 
 	// failTarget and failState, when set, fail the commit of a batch
-	// ending at that LSN (once); blockTarget blocks it until released.
+	// ending at that LSN (once), failState that of table failTable's
+	// state; blockTarget blocks it until released.
 	failTarget, failState cdc.LSN
+	failTable             int
 	blockTarget           cdc.LSN
 	blocked, release      chan struct{}
 	violations            []string
@@ -64,8 +68,25 @@ type fakeWorld struct {
 func newFakeWorld(t *testing.T, txns []*cdc.Txn) *fakeWorld {
 	jp := testPlan()
 	jp.Spec = plan.SpecOf(jp)
-	return &fakeWorld{t: t, plan: jp, txns: txns, target: jointest.NewTarget(jp.Spec), state: jointest.NewStore()}
+	return &fakeWorld{t: t, plan: jp, txns: txns, target: jointest.NewTarget(jp.Spec),
+		states: []*jointest.Store{jointest.NewStore()}, stateLSNs: make([]cdc.LSN, 1)}
 }
+
+// newTreeWorld is newFakeWorld for the tree orders → customers → regions
+// (testTreePlan): one state per table.
+func newTreeWorld(t *testing.T) *fakeWorld {
+	jp := testTreePlan()
+	spec := join.Spec{Name: jp.Name, PK: []join.Family{join.FamilyInt}, LeftValues: 4}
+	w := &fakeWorld{t: t, plan: jp, target: jointest.NewTarget(spec), tree: true, stateLSNs: make([]cdc.LSN, 3)}
+	w.target.Rewrites = true
+	for range 3 {
+		w.states = append(w.states, jointest.NewStore())
+	}
+	return w
+}
+
+// stateLSN is the lowest checkpoint of the states (the caller holds mu).
+func (w *fakeWorld) stateLSN() cdc.LSN { return slices.Min(w.stateLSNs) }
 
 func (w *fakeWorld) violate(format string, args ...any) {
 	w.violations = append(w.violations, fmt.Sprintf(format, args...))
@@ -101,8 +122,8 @@ func (s fakeSource) Ack(lsn cdc.LSN) {
 	if lsn < w.acked {
 		w.violate("ack %s after %s", lsn, w.acked)
 	}
-	if lsn > w.stateLSN || lsn > w.targetLSN && w.targetLSN != 0 {
-		w.violate("ack %s ahead of the commits (state %s, target %s)", lsn, w.stateLSN, w.targetLSN)
+	if lsn > w.stateLSN() || lsn > w.targetLSN && w.targetLSN != 0 {
+		w.violate("ack %s ahead of the commits (state %s, target %s)", lsn, w.stateLSN(), w.targetLSN)
 	}
 	if w.counted != nil {
 		want := 0
@@ -191,44 +212,48 @@ func (tx *fakeTx) Rollback(context.Context) error {
 
 func (tx *fakeTx) Counts() sink.Stats { return sink.Stats{} }
 
-// fakeState is the world as the join's State. Reads and commits
-// run on different goroutines, as on Redis.
-type fakeState struct{ w *fakeWorld }
+// fakeState is the world as the join's State: table i's of a tree, the
+// one of a pair. Reads and commits run on different goroutines, as on
+// Redis.
+type fakeState struct {
+	w *fakeWorld
+	i int
+}
 
 func (s fakeState) GetLeft(ctx context.Context, keys []join.Key) (map[join.Key]join.LeftState, error) {
 	s.w.mu.Lock()
 	defer s.w.mu.Unlock()
-	return s.w.state.GetLeft(ctx, keys)
+	return s.w.states[s.i].GetLeft(ctx, keys)
 }
 
 func (s fakeState) GetRight(ctx context.Context, keys []join.Key) (map[join.Key]join.RightState, error) {
 	s.w.mu.Lock()
 	defer s.w.mu.Unlock()
-	return s.w.state.GetRight(ctx, keys)
+	return s.w.states[s.i].GetRight(ctx, keys)
 }
 
 func (s fakeState) Dependents(ctx context.Context, fk, after join.Key, limit int) ([]join.Key, error) {
 	s.w.mu.Lock()
 	defer s.w.mu.Unlock()
-	return s.w.state.Dependents(ctx, fk, after, limit)
+	return s.w.states[s.i].Dependents(ctx, fk, after, limit)
 }
 
 func (s fakeState) DependentsMany(ctx context.Context, fks []join.Key, limits []int) ([][]join.Key, error) {
 	s.w.mu.Lock()
 	defer s.w.mu.Unlock()
-	return s.w.state.DependentsMany(ctx, fks, limits)
+	return s.w.states[s.i].DependentsMany(ctx, fks, limits)
 }
 
 func (s fakeState) Meta(context.Context) (redisstore.Meta, error) {
 	s.w.mu.Lock()
 	defer s.w.mu.Unlock()
-	return redisstore.Meta{Epoch: "e", Checkpoint: s.w.stateLSN}, nil
+	return redisstore.Meta{Epoch: "e", Checkpoint: s.w.stateLSNs[s.i]}, nil
 }
 
 func (s fakeState) Checkpoint() cdc.LSN {
 	s.w.mu.Lock()
 	defer s.w.mu.Unlock()
-	return s.w.stateLSN
+	return s.w.stateLSNs[s.i]
 }
 
 // Commit applies m strictly (jointest.Store refuses mutations that are not
@@ -237,20 +262,20 @@ func (s fakeState) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) er
 	w := s.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.failState == lsn {
+	if w.failState == lsn && w.failTable == s.i {
 		w.failState = 0
 		return errors.New("injected state commit failure")
 	}
-	if lsn <= w.stateLSN {
+	if lsn <= w.stateLSNs[s.i] {
 		return nil
 	}
 	if lsn > w.targetLSN {
 		w.violate("state commit at %s ahead of the target's %s", lsn, w.targetLSN)
 	}
-	if err := w.state.Apply(ctx, m); err != nil {
-		w.violate("state commit at %s: %v", lsn, err)
+	if err := w.states[s.i].Apply(ctx, m); err != nil {
+		w.violate("state %d commit at %s: %v", s.i, lsn, err)
 	}
-	w.stateLSN = lsn
+	w.stateLSNs[s.i] = lsn
 	return nil
 }
 
@@ -264,16 +289,40 @@ func (fakeState) Recover(context.Context) (bool, error)                        {
 // checkpoints as run.go does: the source replays from the older one.
 func (w *fakeWorld) pipeline(limits BatchLimits) *Pipeline {
 	w.t.Helper()
-	j, err := newPair(w.plan, fakeState{w}, 3) // several pages per fan-out
-	if err != nil {
-		w.t.Fatal(err)
+	var (
+		j    Join
+		cuts []cdc.LSN
+	)
+	if w.tree {
+		stores := make([]State, len(w.states))
+		for i := range stores {
+			stores[i] = fakeState{w, i}
+		}
+		tj, err := newTree(w.plan, stores, 3) // several pages per walk
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		r, err := tj.Resume(context.Background())
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		for _, cp := range r.Ahead {
+			cuts = append(cuts, cp)
+		}
+		j = tj
+	} else {
+		pj, err := newPair(w.plan, fakeState{w, 0}, 3) // several pages per fan-out
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		pj.epoch = "e"
+		j = pj
 	}
-	j.epoch = "e"
-	p := New(Config{Slot: "s", Joins: []Join{j}, Target: fakeTarget{w}, Source: fakeSource{w}, Limits: limits})
+	p := New(Config{Slot: "s", Joins: []Join{j}, Target: fakeTarget{w}, Source: fakeSource{w}, Limits: limits, Cuts: cuts})
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	p.targetLSN.Store(uint64(w.targetLSN))
-	start := min(w.stateLSN, w.targetLSN)
+	start := min(w.stateLSN(), w.targetLSN)
 	w.next = 0
 	for w.next < len(w.txns) && w.txns[w.next].EndLSN <= start {
 		w.next++
@@ -327,8 +376,10 @@ func (w *fakeWorld) check(want map[cdc.LSN]map[join.Key]join.Row) {
 	if !maps.EqualFunc(w.target.Rows, rows, func(a, b join.Row) bool { return join.ValuesEqual(a, b) }) {
 		w.t.Errorf("target at %s: %d rows, want %d:\n got %v\nwant %v", w.targetLSN, len(w.target.Rows), len(rows), w.target.Rows, rows)
 	}
-	if err := w.state.Check(w.plan.Spec); err != nil {
-		w.t.Errorf("state: %v", err)
+	if !w.tree {
+		if err := w.states[0].Check(w.plan.Spec); err != nil {
+			w.t.Errorf("state: %v", err)
+		}
 	}
 	if w.targetOpen != 0 {
 		w.t.Errorf("%d target transactions left open", w.targetOpen)
@@ -338,12 +389,13 @@ func (w *fakeWorld) check(want map[cdc.LSN]map[join.Key]join.Row) {
 // shopModel generates transactions on orders (id, customer_id, note) and
 // customers (id, name) and computes the SQL join after each one.
 type shopModel struct {
-	r                *rand.Rand
-	orders, customer *cdc.Relation
-	spec             join.Spec
-	ord              map[int]order
-	cust             map[int]string
-	lsn              cdc.LSN
+	r                         *rand.Rand
+	orders, customer, regions *cdc.Relation
+	spec                      join.Spec
+	ord                       map[int]order
+	cust                      map[int]customer
+	reg                       map[int]string
+	lsn                       cdc.LSN
 }
 
 type order struct {
@@ -351,32 +403,55 @@ type order struct {
 	note string
 }
 
-func newShopModel(seed uint64, spec join.Spec) *shopModel {
-	return &shopModel{
+type customer struct {
+	name   string
+	region *int
+}
+
+// newShopModel returns the model of orders and customers, and with
+// regions of the customers' regions too (the tree's third table).
+func newShopModel(seed uint64, spec join.Spec, regions bool) *shopModel {
+	m := &shopModel{
 		r: rand.New(rand.NewPCG(seed, 7)),
 		orders: rel("orders", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "customer_id", Type: oidInt8},
 			cdc.Column{Name: "note", Type: oidText}),
-		customer: rel("customers", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "name", Type: oidText}),
-		spec:     spec, ord: map[int]order{}, cust: map[int]string{},
+		customer: rel("customers", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "name", Type: oidText},
+			cdc.Column{Name: "region_id", Type: oidInt8}),
+		spec: spec, ord: map[int]order{}, cust: map[int]customer{}, reg: map[int]string{},
 	}
+	if regions {
+		m.regions = rel("regions", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "name", Type: oidText})
+	}
+	return m
 }
 
 func itxt(n int) cdc.Value { return txt(strconv.Itoa(n)) }
 
+// optional returns n's value, or NULL.
+func optional(n *int) cdc.Value {
+	if n == nil {
+		return cNull
+	}
+	return itxt(*n)
+}
+
 // change returns one random change, applied to the model: every kind on
-// both tables, NULL and dangling foreign keys, TOAST markers, key changes
-// and a hot customer.
+// every table, NULL and dangling foreign keys, TOAST markers, key changes,
+// a hot customer, and (with regions) a TRUNCATE of the last table.
 func (m *shopModel) change() cdc.Change {
 	r := m.r
 	id := 1 + r.IntN(30)
-	switch k := r.IntN(10); {
+	kinds := 10
+	if m.regions != nil {
+		kinds = 12
+	}
+	switch k := r.IntN(kinds); {
 	case k < 4: // order insert or update, maybe keeping its TOASTed note
 		o, exists := m.ord[id]
 		var cust *int
-		fk := cNull
 		if r.IntN(8) != 0 {
 			c := 1 + r.IntN(7) // 6 and 7 are often dangling
-			cust, fk = &c, itxt(c)
+			cust = &c
 		}
 		note, nv := "n"+strconv.Itoa(r.IntN(1000)), cdc.Value{}
 		nv = txt(note)
@@ -388,7 +463,7 @@ func (m *shopModel) change() cdc.Change {
 		if exists {
 			kind = cdc.ChangeUpdate
 		}
-		return cdc.Change{Kind: kind, Relation: m.orders, New: []cdc.Value{itxt(id), fk, nv}}
+		return cdc.Change{Kind: kind, Relation: m.orders, New: []cdc.Value{itxt(id), optional(cust), nv}}
 	case k < 5: // order key change, with its note unchanged
 		o, exists := m.ord[id]
 		to := 1 + r.IntN(30)
@@ -397,38 +472,68 @@ func (m *shopModel) change() cdc.Change {
 		}
 		delete(m.ord, id)
 		m.ord[to] = o
-		fk := cNull
-		if o.cust != nil {
-			fk = itxt(*o.cust)
-		}
 		return cdc.Change{Kind: cdc.ChangeUpdate, Relation: m.orders, OldKind: cdc.OldKey,
-			Old: []cdc.Value{itxt(id), cNull, cNull}, New: []cdc.Value{itxt(to), fk, cToast}}
+			Old: []cdc.Value{itxt(id), cNull, cNull}, New: []cdc.Value{itxt(to), optional(o.cust), cToast}}
 	case k < 6: // order delete
 		if _, exists := m.ord[id]; !exists {
 			return m.change()
 		}
 		delete(m.ord, id)
 		return cdc.Change{Kind: cdc.ChangeDelete, Relation: m.orders, OldKind: cdc.OldKey, Old: []cdc.Value{itxt(id), cNull, cNull}}
-	case k < 9: // customer upsert; customer 1 is hot
+	case k < 9: // customer upsert; customer 1 is hot; region 4 often dangles
 		c := 1 + r.IntN(7)
 		if r.IntN(2) == 0 {
 			c = 1
 		}
-		_, exists := m.cust[c]
-		name := "c" + strconv.Itoa(r.IntN(1000))
-		m.cust[c] = name
+		old, exists := m.cust[c]
+		cu := customer{name: "c" + strconv.Itoa(r.IntN(1000)), region: old.region}
+		if !exists || r.IntN(2) == 0 {
+			cu.region = nil
+			if r.IntN(6) != 0 {
+				reg := 1 + r.IntN(4)
+				cu.region = &reg
+			}
+		}
+		m.cust[c] = cu
 		kind := cdc.ChangeInsert
 		if exists {
 			kind = cdc.ChangeUpdate
 		}
-		return cdc.Change{Kind: kind, Relation: m.customer, New: []cdc.Value{itxt(c), txt(name)}}
-	default: // customer delete
+		return cdc.Change{Kind: kind, Relation: m.customer, New: []cdc.Value{itxt(c), txt(cu.name), optional(cu.region)}}
+	case k < 10: // customer delete
 		c := 1 + r.IntN(7)
 		if _, exists := m.cust[c]; !exists {
 			return m.change()
 		}
 		delete(m.cust, c)
-		return cdc.Change{Kind: cdc.ChangeDelete, Relation: m.customer, OldKind: cdc.OldKey, Old: []cdc.Value{itxt(c), cNull}}
+		return cdc.Change{Kind: cdc.ChangeDelete, Relation: m.customer, OldKind: cdc.OldKey, Old: []cdc.Value{itxt(c), cNull, cNull}}
+	case r.IntN(20) == 0: // TRUNCATE regions
+		clear(m.reg)
+		return cdc.Change{Kind: cdc.ChangeTruncate, Truncate: &cdc.Truncate{Relations: []*cdc.Relation{m.regions}}}
+	case k < 11: // region upsert or key change
+		g := 1 + r.IntN(4)
+		_, exists := m.reg[g]
+		if to := 1 + r.IntN(4); exists && to != g && r.IntN(3) == 0 {
+			if _, taken := m.reg[to]; !taken {
+				m.reg[to] = m.reg[g]
+				delete(m.reg, g)
+				return cdc.Change{Kind: cdc.ChangeUpdate, Relation: m.regions, OldKind: cdc.OldKey,
+					Old: []cdc.Value{itxt(g), cNull}, New: []cdc.Value{itxt(to), txt(m.reg[to])}}
+			}
+		}
+		m.reg[g] = "r" + strconv.Itoa(r.IntN(1000))
+		kind := cdc.ChangeInsert
+		if exists {
+			kind = cdc.ChangeUpdate
+		}
+		return cdc.Change{Kind: kind, Relation: m.regions, New: []cdc.Value{itxt(g), txt(m.reg[g])}}
+	default: // region delete
+		g := 1 + r.IntN(4)
+		if _, exists := m.reg[g]; !exists {
+			return m.change()
+		}
+		delete(m.reg, g)
+		return cdc.Change{Kind: cdc.ChangeDelete, Relation: m.regions, OldKind: cdc.OldKey, Old: []cdc.Value{itxt(g), cNull}}
 	}
 }
 
@@ -446,29 +551,42 @@ func (m *shopModel) txn() *cdc.Txn {
 }
 
 // join returns SELECT o.id, o.customer_id, o.note, c.name FROM orders o
-// LEFT JOIN customers c ON c.id = o.customer_id, keyed like the target.
+// LEFT JOIN customers c ON c.id = o.customer_id, keyed like the target;
+// with regions, r.name too (LEFT JOIN regions r ON r.id = c.region_id).
 func (m *shopModel) join(t *testing.T) map[join.Key]join.Row {
 	rows := map[join.Key]join.Row{}
 	for id, o := range m.ord {
-		k, err := join.EncodeKey(m.spec.PK, []join.Value{join.TextValue(strconv.Itoa(id))})
+		fams := m.spec.PK
+		if fams == nil { // the tree's target
+			fams = []join.Family{join.FamilyInt}
+		}
+		k, err := join.EncodeKey(fams, []join.Value{join.TextValue(strconv.Itoa(id))})
 		if err != nil {
 			t.Fatal(err)
 		}
-		fk, name := join.NullValue(), join.NullValue()
+		fk, name, region := join.NullValue(), join.NullValue(), join.NullValue()
 		if o.cust != nil {
 			fk = join.TextValue(strconv.Itoa(*o.cust))
-			if n, ok := m.cust[*o.cust]; ok {
-				name = join.TextValue(n)
+			if c, ok := m.cust[*o.cust]; ok {
+				name = join.TextValue(c.name)
+				if c.region != nil {
+					if n, ok := m.reg[*c.region]; ok {
+						region = join.TextValue(n)
+					}
+				}
 			}
 		}
 		rows[k] = join.Row{join.TextValue(strconv.Itoa(id)), fk, join.TextValue(o.note), name}
+		if m.regions != nil {
+			rows[k] = append(rows[k], region)
+		}
 	}
 	return rows
 }
 
 // workload returns n transactions and the SQL join after each (and at 0).
-func workload(t *testing.T, seed uint64, n int, spec join.Spec) ([]*cdc.Txn, map[cdc.LSN]map[join.Key]join.Row) {
-	m := newShopModel(seed, spec)
+func workload(t *testing.T, seed uint64, n int, spec join.Spec, regions bool) ([]*cdc.Txn, map[cdc.LSN]map[join.Key]join.Row) {
+	m := newShopModel(seed, spec, regions)
 	want := map[cdc.LSN]map[join.Key]join.Row{0: {}}
 	txns := make([]*cdc.Txn, n)
 	for i := range txns {
@@ -491,17 +609,91 @@ func TestPipelineWithFakes(t *testing.T) {
 		t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
 			t.Parallel()
 			w := newFakeWorld(t, nil)
-			txns, want := workload(t, seed, 400, w.plan.Spec)
+			txns, want := workload(t, seed, 400, w.plan.Spec, false)
 			w.txns = txns
 			last := txns[len(txns)-1].EndLSN
 			if err := w.runUntil(w.pipeline(smallBatches), last); err != nil {
 				t.Fatal(err)
 			}
 			w.check(want)
-			if w.targetLSN != last || w.stateLSN != last || w.acked != last {
-				t.Errorf("checkpoints target %s, state %s, acked %s; want %s", w.targetLSN, w.stateLSN, w.acked, last)
+			if w.targetLSN != last || w.stateLSN() != last || w.acked != last {
+				t.Errorf("checkpoints target %s, state %s, acked %s; want %s", w.targetLSN, w.stateLSN(), w.acked, last)
 			}
 		})
+	}
+}
+
+// TestPipelineTreeWithFakes is TestPipelineWithFakes for a join of three
+// tables (orders → customers → regions), each table's state on its own:
+// every kind of change on every table, TRUNCATE of regions, in
+// overlapping batches; the target equals the SQL join at every
+// acknowledgement.
+func TestPipelineTreeWithFakes(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(4) {
+		t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
+			t.Parallel()
+			w := newTreeWorld(t)
+			txns, want := workload(t, seed, 400, join.Spec{}, true)
+			w.txns = txns
+			last := txns[len(txns)-1].EndLSN
+			if err := w.runUntil(w.pipeline(smallBatches), last); err != nil {
+				t.Fatal(err)
+			}
+			w.check(want)
+			if w.targetLSN != last || w.stateLSN() != last || w.acked != last {
+				t.Errorf("checkpoints target %s, state %s, acked %s; want %s", w.targetLSN, w.stateLSN(), w.acked, last)
+			}
+		})
+	}
+}
+
+// TestPipelineTreeCrashBetweenTables: a tree commits its tables' states
+// one after the other; the commit of the middle table fails after the
+// last table's went through (a crash between them). Nothing after is
+// acknowledged, and a restart from the checkpoints (the last table ahead
+// of the others, the target ahead of both) converges to the SQL join:
+// each table gets exactly what it lacks. Every table's failure point is
+// tried over several seeds.
+func TestPipelineTreeCrashBetweenTables(t *testing.T) {
+	t.Parallel()
+	for table := range 3 {
+		for seed := range uint64(3) {
+			t.Run(fmt.Sprintf("table %d/%d", table, seed), func(t *testing.T) {
+				t.Parallel()
+				w := newTreeWorld(t)
+				txns, want := workload(t, 20+seed, 300, join.Spec{}, true)
+				w.txns = txns
+				w.failTable = table
+				hook := &failAfter{w: w, at: txns[99].EndLSN, fail: &w.failState}
+				p := w.pipeline(smallBatches)
+				p.stages = &commitStages{target: hook.wrap(p.commitTarget, true), state: hook.wrap(p.commitState, false)}
+				err := w.runUntil(p, txns[len(txns)-1].EndLSN)
+				if err == nil || !strings.Contains(err.Error(), "injected state commit failure") {
+					t.Fatalf("run = %v, want the injected failure", err)
+				}
+				w.mu.Lock()
+				failed, lsns := hook.failed, slices.Clone(w.stateLSNs)
+				if lsns[table] >= failed || w.acked >= failed {
+					t.Errorf("after the failure of table %d's commit at %s: states %v, acked %s", table, failed, lsns, w.acked)
+				}
+				if table < 2 && lsns[2] < failed {
+					t.Errorf("the last table's state is at %s, want the failed batch %s committed (tables commit last first)", lsns[2], failed)
+				}
+				w.mu.Unlock()
+				w.check(want)
+				// The restart collects other batches: without its cuts at
+				// the checkpoints ahead, one would straddle them.
+				other := BatchLimits{Changes: 29, Delay: time.Millisecond, Idle: time.Millisecond}
+				if err := w.runUntil(w.pipeline(other), txns[len(txns)-1].EndLSN); err != nil {
+					t.Fatal(err)
+				}
+				w.check(want)
+				if last := txns[len(txns)-1].EndLSN; w.stateLSN() != last || w.targetLSN != last {
+					t.Errorf("after the restart: states %v, target %s; want %s", w.stateLSNs, w.targetLSN, last)
+				}
+			})
+		}
 	}
 }
 
@@ -516,7 +708,7 @@ func TestPipelineFailureDiscardsLater(t *testing.T) {
 		t.Run(stage, func(t *testing.T) {
 			t.Parallel()
 			w := newFakeWorld(t, nil)
-			txns, want := workload(t, 11, 300, w.plan.Spec)
+			txns, want := workload(t, 11, 300, w.plan.Spec, false)
 			w.txns = txns
 			// Batches end at transaction ends the test cannot predict: fail
 			// the first commit at or after the 100th transaction.
@@ -537,8 +729,8 @@ func TestPipelineFailureDiscardsLater(t *testing.T) {
 			}
 			w.mu.Lock()
 			failed := hook.failed
-			if w.targetLSN >= failed && stage == "target" || w.stateLSN >= failed || w.acked >= failed {
-				t.Errorf("after the failure of the batch ending at %s: target %s, state %s, acked %s", failed, w.targetLSN, w.stateLSN, w.acked)
+			if w.targetLSN >= failed && stage == "target" || w.stateLSN() >= failed || w.acked >= failed {
+				t.Errorf("after the failure of the batch ending at %s: target %s, state %s, acked %s", failed, w.targetLSN, w.stateLSN(), w.acked)
 			}
 			w.mu.Unlock()
 			w.check(want)
@@ -578,7 +770,7 @@ func (h *failAfter) wrap(stage func(context.Context, *commitJob) error, target b
 func TestPipelineShutdownMidBatch(t *testing.T) {
 	t.Parallel()
 	w := newFakeWorld(t, nil)
-	txns, want := workload(t, 5, 200, w.plan.Spec)
+	txns, want := workload(t, 5, 200, w.plan.Spec, false)
 	w.txns = txns
 	p := w.pipeline(smallBatches)
 	w.blocked, w.release = make(chan struct{}), make(chan struct{})
@@ -610,8 +802,8 @@ func TestPipelineShutdownMidBatch(t *testing.T) {
 	}
 	w.mu.Lock()
 	blocked := w.blockTarget
-	if w.targetLSN < blocked || w.stateLSN < blocked || w.acked < blocked {
-		t.Errorf("the batch in hand (ending at %s) did not finish: target %s, state %s, acked %s", blocked, w.targetLSN, w.stateLSN, w.acked)
+	if w.targetLSN < blocked || w.stateLSN() < blocked || w.acked < blocked {
+		t.Errorf("the batch in hand (ending at %s) did not finish: target %s, state %s, acked %s", blocked, w.targetLSN, w.stateLSN(), w.acked)
 	}
 	if w.acked == txns[len(txns)-1].EndLSN {
 		t.Errorf("every transaction was applied after the shutdown")

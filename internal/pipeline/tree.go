@@ -29,6 +29,15 @@ var _ Join = (*Tree)(nil)
 // per table (stores: the left table, then each entry's), walking pageSize
 // keys at a time.
 func NewTree(p *plan.JoinPlan, stores []*redisstore.Store, pageSize int) (*Tree, error) {
+	states := make([]State, len(stores))
+	for i, s := range stores {
+		states[i] = s
+	}
+	return newTree(p, states, pageSize)
+}
+
+// newTree returns the tree over any States (the unit tests' fakes).
+func newTree(p *plan.JoinPlan, stores []State, pageSize int) (*Tree, error) {
 	if len(p.Edges) > config.MaxEntries {
 		return nil, fmt.Errorf("join %q: %d entries, at most %d are supported", p.Name, len(p.Edges), config.MaxEntries)
 	}
@@ -54,7 +63,11 @@ func NewTree(p *plan.JoinPlan, stores []*redisstore.Store, pageSize int) (*Tree,
 func (t *Tree) Stores() []*redisstore.Store {
 	out := make([]*redisstore.Store, len(t.tables))
 	for i, s := range t.tables {
-		out[i] = s.store
+		rs, ok := s.store.(*redisstore.Store)
+		if !ok {
+			return nil // the unit tests' fakes
+		}
+		out[i] = rs
 	}
 	return out
 }

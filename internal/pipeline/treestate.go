@@ -15,7 +15,7 @@ var _ State = (*treeState)(nil)
 // tableState is one table's Redis state and the overlays the engine reads
 // it through (as Pair's pending and older).
 type tableState struct {
-	store          *redisstore.Store
+	store          State
 	pending, older *join.Pending
 }
 

@@ -15,6 +15,9 @@ type Target struct {
 	spec    join.Spec
 	Rows    map[join.Key]join.Row
 	written map[join.Key]bool
+	// Rewrites lets a batch write a row more than once: a Tree emits a
+	// batch's outputs change by change, each net for its change.
+	Rewrites bool
 }
 
 // NewTarget returns an empty target for spec.
@@ -41,6 +44,13 @@ func (t *Target) Apply(o join.Output) error {
 		}
 		t.Begin()
 	}
+	for _, c := range o.NullColumns { // a Tree's TRUNCATE of an entry's table
+		for k, row := range t.Rows {
+			row = slices.Clone(row)
+			row[c] = join.NullValue()
+			t.Rows[k] = row
+		}
+	}
 	for _, pk := range o.Deletes {
 		k, err := t.write(pk)
 		if err != nil {
@@ -54,6 +64,29 @@ func (t *Target) Apply(o join.Output) error {
 	for _, row := range o.Upserts {
 		if err := t.upsert(row); err != nil {
 			return err
+		}
+	}
+	// A Tree's column updates: rows that are absent, or whose columns
+	// have the values already, are left alone (the target's statement
+	// writes only rows that differ).
+	for _, cu := range o.ColumnUpdates {
+		if len(cu.Columns) != len(cu.Values) {
+			return fmt.Errorf("column update of %d columns with %d values", len(cu.Columns), len(cu.Values))
+		}
+		for _, pk := range cu.Keys {
+			k, err := join.EncodeKey(t.spec.PK, pk)
+			if err != nil {
+				return fmt.Errorf("encode target key: %w", err)
+			}
+			old, ok := t.Rows[k]
+			if !ok {
+				continue
+			}
+			row := slices.Clone(old)
+			for i, c := range cu.Columns {
+				row[c] = cu.Values[i]
+			}
+			t.Rows[k] = row
 		}
 	}
 	for _, u := range o.RightUpdates {
@@ -105,7 +138,7 @@ func (t *Target) write(pk []join.Value) (join.Key, error) {
 	if err != nil {
 		return "", fmt.Errorf("encode target key: %w", err)
 	}
-	if t.written[k] {
+	if t.written[k] && !t.Rewrites {
 		return "", fmt.Errorf("row %v written twice in one batch", pk)
 	}
 	t.written[k] = true

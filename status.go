@@ -339,7 +339,7 @@ func statusStore(ctx context.Context, rdb redis.UniversalClient, prefix string, 
 			s.RedisState = "other_layout"
 			s.Problems = append(s.Problems, fmt.Sprintf("the Redis state of join %q has another layout (%s): fkmat run rebuilds it, or run fkmat backfill --force", p.Name, meta.Layout))
 		} else if perBucket := meta.Subscriptions / int64(meta.Shape.LeftBuckets); perBucket > redisstore.BucketFields {
-			s.Problems = append(s.Problems, fmt.Sprintf("the Redis state of join %q outgrew its %d left-row buckets (some %d rows each, over %d: Redis keeps them, but 2-3 times less compactly); fkmat run resizes it within --grow-check-interval of its start",
+			s.Problems = append(s.Problems, fmt.Sprintf("the Redis state of join %q outgrew its %d left-row buckets (some %d rows each, over %d: Redis keeps them, but 2-3 times less compactly); fkmat run resizes it within --grow-check-interval of its start (fkmat backfill --force sizes it at once)",
 				p.Name, meta.Shape.LeftBuckets, perBucket, redisstore.BucketFields))
 		}
 	}

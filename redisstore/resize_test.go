@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -66,14 +67,7 @@ func testResize(t *testing.T, s *Store) {
 	}
 	check := func(what string) {
 		t.Helper()
-		keys := slices.Collect(func(yield func(join.Key) bool) {
-			for k := range want.PutLeft {
-				if !yield(k) {
-					return
-				}
-			}
-		})
-		left, err := s.GetLeft(ctx, keys)
+		left, err := s.GetLeft(ctx, slices.Collect(maps.Keys(want.PutLeft)))
 		if err != nil || len(left) != len(want.PutLeft) {
 			t.Fatalf("%s: GetLeft = %d rows, %v; want %d", what, len(left), err, len(want.PutLeft))
 		}
@@ -82,14 +76,7 @@ func testResize(t *testing.T, s *Store) {
 				t.Fatalf("%s: left row %x = %v, want %v", what, string(k), left[k], row)
 			}
 		}
-		rkeys := slices.Collect(func(yield func(join.Key) bool) {
-			for k := range want.PutRight {
-				if !yield(k) {
-					return
-				}
-			}
-		})
-		right, err := s.GetRight(ctx, rkeys)
+		right, err := s.GetRight(ctx, slices.Collect(maps.Keys(want.PutRight)))
 		if err != nil || len(right) != len(want.PutRight) {
 			t.Fatalf("%s: GetRight = %d rows, %v; want %d", what, len(right), err, len(want.PutRight))
 		}

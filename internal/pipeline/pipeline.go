@@ -203,13 +203,10 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 			return nil
 		}
 		if fn := p.between.Swap(nil); fn != nil {
-			err := p.waitAll(inFlight)
+			err := p.settle(inFlight)
 			inFlight = nil
 			if err != nil {
 				return err
-			}
-			for _, j := range p.joins {
-				_ = j.overlay(nil, nil)
 			}
 			(*fn)(ctx)
 			continue
@@ -222,14 +219,11 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 			return err
 		}
 		if !first.Final {
-			err := p.waitAll(inFlight)
+			// Chunks commit their state as they go: nothing may be overlaid.
+			err := p.settle(inFlight)
 			inFlight = nil
 			if err != nil {
 				return err
-			}
-			// Chunks commit their state as they go: nothing may be overlaid.
-			for _, j := range p.joins {
-				_ = j.overlay(nil, nil)
 			}
 			if err := p.applyLarge(ctx, first); err != nil {
 				return err
@@ -269,6 +263,19 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 		}
 		inFlight = append(inFlight, p.startCommit(bctx, cancel, job, prev))
 	}
+}
+
+// settle waits until every batch in flight has committed and been
+// acknowledged, and clears the joins' overlays: each state is then exactly
+// at its checkpoint.
+func (p *Pipeline) settle(inFlight []*commitJob) error {
+	if err := p.waitAll(inFlight); err != nil {
+		return err
+	}
+	for _, j := range p.joins {
+		_ = j.overlay(nil, nil)
+	}
+	return nil
 }
 
 // shutdownGrace is how long the batch in hand may still take after shutdown

@@ -602,49 +602,31 @@ var smallBatches = BatchLimits{Changes: 12, Delay: time.Millisecond, Idle: time.
 
 // TestPipelineWithFakes: the whole workload through run(), every kind of
 // change in overlapping batches; the target equals the SQL join, the acks
-// grow and never pass a commit, target transactions never overlap.
+// grow and never pass a commit, target transactions never overlap. For a
+// two-table join, and for a join of three tables (orders → customers →
+// regions, each table's state on its own, TRUNCATE of regions too).
 func TestPipelineWithFakes(t *testing.T) {
 	t.Parallel()
-	for seed := range uint64(4) {
-		t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
-			t.Parallel()
-			w := newFakeWorld(t, nil)
-			txns, want := workload(t, seed, 400, w.plan.Spec, false)
-			w.txns = txns
-			last := txns[len(txns)-1].EndLSN
-			if err := w.runUntil(w.pipeline(smallBatches), last); err != nil {
-				t.Fatal(err)
-			}
-			w.check(want)
-			if w.targetLSN != last || w.stateLSN() != last || w.acked != last {
-				t.Errorf("checkpoints target %s, state %s, acked %s; want %s", w.targetLSN, w.stateLSN(), w.acked, last)
-			}
-		})
-	}
-}
-
-// TestPipelineTreeWithFakes is TestPipelineWithFakes for a join of three
-// tables (orders → customers → regions), each table's state on its own:
-// every kind of change on every table, TRUNCATE of regions, in
-// overlapping batches; the target equals the SQL join at every
-// acknowledgement.
-func TestPipelineTreeWithFakes(t *testing.T) {
-	t.Parallel()
-	for seed := range uint64(4) {
-		t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
-			t.Parallel()
-			w := newTreeWorld(t)
-			txns, want := workload(t, seed, 400, join.Spec{}, true)
-			w.txns = txns
-			last := txns[len(txns)-1].EndLSN
-			if err := w.runUntil(w.pipeline(smallBatches), last); err != nil {
-				t.Fatal(err)
-			}
-			w.check(want)
-			if w.targetLSN != last || w.stateLSN() != last || w.acked != last {
-				t.Errorf("checkpoints target %s, state %s, acked %s; want %s", w.targetLSN, w.stateLSN(), w.acked, last)
-			}
-		})
+	for _, tree := range []bool{false, true} {
+		for seed := range uint64(4) {
+			t.Run(fmt.Sprintf("tree %v/%d", tree, seed), func(t *testing.T) {
+				t.Parallel()
+				w := newFakeWorld(t, nil)
+				if tree {
+					w = newTreeWorld(t)
+				}
+				txns, want := workload(t, seed, 400, w.plan.Spec, tree)
+				w.txns = txns
+				last := txns[len(txns)-1].EndLSN
+				if err := w.runUntil(w.pipeline(smallBatches), last); err != nil {
+					t.Fatal(err)
+				}
+				w.check(want)
+				if w.targetLSN != last || w.stateLSN() != last || w.acked != last {
+					t.Errorf("checkpoints target %s, state %s, acked %s; want %s", w.targetLSN, w.stateLSN(), w.acked, last)
+				}
+			})
+		}
 	}
 }
 
@@ -662,7 +644,7 @@ func TestPipelineTreeCrashBetweenTables(t *testing.T) {
 			t.Run(fmt.Sprintf("table %d/%d", table, seed), func(t *testing.T) {
 				t.Parallel()
 				w := newTreeWorld(t)
-				txns, want := workload(t, 20+seed, 300, join.Spec{}, true)
+				txns, want := workload(t, 20+seed, 300, w.plan.Spec, true)
 				w.txns = txns
 				w.failTable = table
 				hook := &failAfter{w: w, at: txns[99].EndLSN, fail: &w.failState}

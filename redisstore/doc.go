@@ -50,6 +50,9 @@
 // meta field resize names the new generations, which Sweep spares; a
 // Resize cut short is forgotten by Recover and its keys are swept. Nothing
 // else may write the state meanwhile: the daemon runs it between batches.
+// On a cluster a second scan checks that no key of the old generations
+// was missed (a slot migrating from a primary not yet scanned to one
+// already scanned); one that was fails the resize, which is tried again.
 
 // Rows are a lean binary encoding (see codec.go): the value of a row's
 // field holds only what the field (the encoded key) does not say: the

@@ -177,6 +177,28 @@ func (s *Store) Resize(ctx context.Context, sh Shape, fkLen func(member string) 
 	if err == nil && rehashSubs && cur.Subscriptions >= 0 && int64(st.Subscriptions) != cur.Subscriptions {
 		err = fmt.Errorf("moved %d subscriptions, the state counts %d; was it written meanwhile, or did a slot move?", st.Subscriptions, cur.Subscriptions)
 	}
+	if s.afterMove != nil {
+		s.afterMove()
+	}
+	if err == nil && s.Cluster() {
+		// A key that a slot migration moved from a primary not yet
+		// scanned to one already scanned was missed: a second scan
+		// finds every key of the old generations moved.
+		err = s.masters(ctx, func(ctx context.Context, c redis.Cmdable) error {
+			iter := c.Scan(ctx, 0, s.keys.pattern(), int64(s.cfg.PageSize)).Iterator()
+			for iter.Next(ctx) {
+				mu.Lock()
+				kind, gen, bucket, ok := s.keys.parseKey(iter.Val())
+				moved, _ := move(kind, gen, bucket)
+				missed := ok && moved
+				mu.Unlock()
+				if missed {
+					return fmt.Errorf("key %s was not moved (a slot migrated meanwhile?); the resize is tried again later", iter.Val())
+				}
+			}
+			return iter.Err()
+		})
+	}
 	if err != nil {
 		return fail(err)
 	}

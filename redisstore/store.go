@@ -138,6 +138,9 @@ type Store struct {
 	// beforeExec, when set by tests, runs after a commit's commands are
 	// queued and before EXEC.
 	beforeExec func(context.Context, redis.Pipeliner)
+	// afterMove, when set by tests, runs in Resize between the move of
+	// the keys and the check that none was missed.
+	afterMove func()
 	// afterRestore, when set by tests, runs after each page Recover restores,
 	// with the number of undo entries in it; an error stops Recover there.
 	afterRestore func(entries int) error

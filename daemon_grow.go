@@ -46,10 +46,7 @@ func (d *daemon) grow(ctx context.Context, p *pipeline.Pipeline) {
 		var due []growth
 		for _, j := range d.joins {
 			sizes := d.sizes(ctx, j.Plan())
-			for i, store := range j.Stores() {
-				if i >= len(sizes) {
-					break
-				}
+			for i, store := range j.Stores() { // sizes has one per state
 				sh, grew, err := store.Outgrown(ctx, sizes[i])
 				if err != nil {
 					if ctx.Err() == nil && warned.allow(j.Plan().Name, time.Now()) {
@@ -75,7 +72,7 @@ func (d *daemon) grow(ctx context.Context, p *pipeline.Pipeline) {
 					d.log.Warn("resizing the redis state failed; it stays as it was and is tried again", "join", g.join, "table", g.table, "err", err)
 					continue
 				}
-				d.obs.resized(g.join, time.Since(start))
+				d.obs.resized(time.Since(start))
 				d.log.Info("resized the redis state to its tables' size", "join", g.join, "table", g.table,
 					"rows", st.Rows, "subscriptions", st.Subscriptions, "keys_copied", st.Copied,
 					"took", time.Since(start).Round(time.Millisecond))

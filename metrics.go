@@ -92,7 +92,7 @@ func (o *observer) setVerify(v *verifyCounters) { o.locked(func() { o.verify = v
 func (o *observer) restarted() { o.locked(func() { o.restarts++ }) }
 
 // resized counts a state resized in took.
-func (o *observer) resized(_ string, took time.Duration) {
+func (o *observer) resized(took time.Duration) {
 	o.locked(func() { o.resizes++; o.resizeSeconds += took.Seconds() })
 }
 

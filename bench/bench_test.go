@@ -28,7 +28,7 @@ func TestMain(m *testing.M) {
 }
 
 // TestBench runs every workload against every contender and writes the
-// results table. With FKMAT_BENCH=full (make bench) it uses issue 8's sizes
+// results table. With FKMAT_BENCH=full (make bench) it uses the full sizes
 // and writes bench/results/; otherwise it is the smoke run of make test:
 // the same code at tiny sizes (seconds), results in a temporary directory,
 // and the targets are not judged.
@@ -358,7 +358,7 @@ func benchW2(t *testing.T, s sizes, rep *report) {
 	rep.rss = max(rep.rss, u.peakRSSMB, bf.peakRSSMB)
 	rep.target("W2 ≥ 10x faster than triggers", trigAll.Seconds()/took.Seconds(), ">=", 10, "x")
 	// Decoding W2's 200 renames takes milliseconds: its catch-up is the
-	// fan-out. As issue 14 measured it, the catch-up's rate in target rows
+	// fan-out. As the figures of 2026-12-02 measure it, the catch-up's rate in target rows
 	// is compared with the decode limit's rate in changes, W1's in this run.
 	if w1Decode > 0 {
 		rowRate := catchRows / catchUp.Seconds()

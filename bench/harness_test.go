@@ -395,6 +395,34 @@ func (p *daemon) metric(name string) float64 {
 	return v
 }
 
+// written returns the target rows p has written (committed: the counters
+// move after the commit).
+func (p *daemon) written() float64 {
+	return p.metric("fkmat_sink_rows_upserted_total") + p.metric("fkmat_sink_rows_deleted_total")
+}
+
+// writeRows runs sql and returns the time until p has written n more
+// target rows; it fails the benchmark after limit, or if p exits.
+func (p *daemon) writeRows(sql string, n int64, limit time.Duration) time.Duration {
+	b := p.d.b
+	b.Helper()
+	before := p.written()
+	start := time.Now()
+	p.d.exec(sql)
+	for p.written() < before+float64(n) {
+		select {
+		case err := <-p.done:
+			b.Fatalf("fkmat run exited: %v\n%s", err, p.out)
+		default:
+		}
+		if time.Since(start) > limit {
+			b.Fatalf("%s: %.0f of %d rows written after %s\n%s", sql, p.written()-before, n, limit, p.out)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
 // waitServing waits until p serves its metrics: a daemon started after
 // another finds the slot caught up and streaming before it listens.
 func (p *daemon) waitServing() {

@@ -86,28 +86,10 @@ func benchW6(t *testing.T, s sizes, rep *report) {
 	rep.row(name, "Redis memory, two-table accounts: per left row", (k.bytes[redisstore.KindLeft]+k.bytes[redisstore.KindSubs])/float64(n), "B", "", false)
 
 	// fanOut runs sql and returns the time until p has written n more
-	// target rows (committed: the counters move after the commit).
+	// target rows.
 	fanOut := func(p *daemon, sql string) time.Duration {
 		t.Helper()
-		written := func() float64 {
-			return p.metric("fkmat_sink_rows_upserted_total") + p.metric("fkmat_sink_rows_deleted_total")
-		}
-		before := written()
-		start := time.Now()
-		d.exec(sql)
-		deadline := start.Add(10 * time.Minute)
-		for written() < before+float64(n) {
-			select {
-			case err := <-p.done:
-				t.Fatalf("fkmat run exited: %v\n%s", err, p.out)
-			default:
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %.0f of %d rows written after 10 minutes\n%s", sql, written()-before, n, p.out)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		return time.Since(start)
+		return p.writeRows(sql, int64(n), 10*time.Minute)
 	}
 	p := d.run("nway")
 	p.waitServing()

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// pgbenchYAML is the pgbench case of issue 14: every TPC-B transaction
+// pgbenchYAML is the pgbench case: every TPC-B transaction
 // updates one branch, whose change fans out to the branch's accounts
 // (100,000 per scale unit) and tellers.
 const pgbenchYAML = `

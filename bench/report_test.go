@@ -40,7 +40,7 @@ type row struct {
 	Chart    bool    `json:"-"`
 }
 
-// target is one of issue 8's goals, judged on a ratio of this run.
+// target is one of the benchmark's goals, judged on a ratio of this run.
 type target struct {
 	Goal  string  `json:"goal"`
 	Value float64 `json:"value"`

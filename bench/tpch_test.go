@@ -144,32 +144,14 @@ func benchW7(t *testing.T, s sizes, rep *report) {
 	rep.row(name, "Redis memory per lineitem, the two-table lineitem_flags",
 		(k.bytes[redisstore.KindLeft]+k.bytes[redisstore.KindSubs]+k.bytes[redisstore.KindRight])/lineitems, "B", "", false)
 
-	// rate runs sql and returns the rows per second until p has written n
-	// more target rows.
 	p := d.run("w7")
 	p.waitServing()
 	d.waitCaught(p)
+	// rate runs sql and returns the rows per second until p has written n
+	// more target rows.
 	rate := func(sql string, n int64) float64 {
 		t.Helper()
-		written := func() float64 {
-			return p.metric("fkmat_sink_rows_upserted_total") + p.metric("fkmat_sink_rows_deleted_total")
-		}
-		before := written()
-		start := time.Now()
-		d.exec(sql)
-		deadline := start.Add(20 * time.Minute)
-		for written() < before+float64(n) {
-			select {
-			case err := <-p.done:
-				t.Fatalf("fkmat run exited: %v\n%s", err, p.out)
-			default:
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %.0f of %d rows written after 20 minutes\n%s", sql, written()-before, n, p.out)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		return float64(n) / time.Since(start).Seconds()
+		return float64(n) / p.writeRows(sql, n, 20*time.Minute).Seconds()
 	}
 	inRegion := d.int64(`SELECT count(*) FROM lineitem_wide WHERE r_name = 'region 1'`)
 	region := rate(`UPDATE region SET r_name = 'REGION ONE' WHERE r_regionkey = 1`, inRegion)

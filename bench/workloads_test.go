@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 )
 
-// schema is the one every workload starts from (issue 8).
+// schema is the one every workload starts from.
 const schema = `
 CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text);
 CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint, amount numeric(12,2), note text);
@@ -115,7 +115,7 @@ func orderTxns(first, last, per int, customer func(id int) *int64) []txn {
 
 func ptr(v int64) *int64 { return &v }
 
-// sizes are the workload sizes: issue 8's in full, tiny in the smoke run.
+// sizes are the workload sizes: the reference ones in full, tiny in the smoke run.
 type sizes struct {
 	W1Customers, W1Orders, W1Updates       int
 	W1Paced, W1PacedRate                   int // freshness phase: changes at changes/s

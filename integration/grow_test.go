@@ -3,8 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"os"
 	"testing"
 	"time"
 
@@ -59,7 +57,7 @@ func TestStateGrowsWithItsTables(t *testing.T) {
 		`INSERT INTO regions SELECT g, 'region ' || g FROM generate_series(1, 3) g`,
 		`INSERT INTO customers SELECT g, 'customer ' || g, g % 4, NULL FROM generate_series(1, 20) g`)
 	cfg := daemonConfig(t, tc, growYAML)
-	d := startDaemon(t, cfg, fkmat.Options{GrowCheckInterval: 300 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+	d := startDaemon(t, cfg, fkmat.Options{GrowCheckInterval: 300 * time.Millisecond})
 	waitCaughtUp(t, tc, d)
 	pair := joinStates(t, tc.Redis, tc.Slot, cfg.Joins[0])[0]
 	tree := joinStates(t, tc.Redis, tc.Slot, cfg.Joins[1])

@@ -612,6 +612,29 @@ func (s *Store) masters(ctx context.Context, fn func(context.Context, redis.Cmda
 	return fn(ctx, s.rdb)
 }
 
+// scanPages calls fn with each page (about Config.PageSize keys) of the
+// store's keys that SCAN returns on every primary, and the primary's
+// client. The primaries of a cluster are scanned concurrently, and SCAN
+// may return a key twice.
+func (s *Store) scanPages(ctx context.Context, fn func(ctx context.Context, c redis.Cmdable, keys []string) error) error {
+	return s.masters(ctx, func(ctx context.Context, c redis.Cmdable) error {
+		var cursor uint64
+		for {
+			keys, next, err := c.Scan(ctx, cursor, s.keys.pattern(), int64(s.cfg.PageSize)).Result()
+			if err != nil {
+				return err
+			}
+			if err := fn(ctx, c, keys); err != nil {
+				return err
+			}
+			if next == 0 {
+				return nil
+			}
+			cursor = next
+		}
+	})
+}
+
 // Drop deletes every key of the store, of every generation, on every
 // primary (SCAN and UNLINK in pages), for teardown: the state is gone
 // afterwards (ErrNoState). The meta hash goes first, so that a Drop cut
@@ -625,36 +648,16 @@ func (s *Store) Drop(ctx context.Context) error {
 	s.mu.Lock()
 	s.meta = nil
 	s.mu.Unlock()
-	err := s.masters(ctx, func(ctx context.Context, c redis.Cmdable) error {
-		iter := c.Scan(ctx, 0, s.keys.pattern(), int64(s.cfg.PageSize)).Iterator()
-		var batch []string
-		flush := func() error {
-			if len(batch) == 0 {
-				return nil
+	err := s.scanPages(ctx, func(ctx context.Context, c redis.Cmdable, keys []string) error {
+		// One UNLINK per key: on a cluster the keys of a page lie in
+		// many slots.
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, k := range keys {
+				p.Unlink(ctx, k)
 			}
-			// One UNLINK per key: on a cluster the keys of a page lie in
-			// many slots.
-			_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-				for _, k := range batch {
-					p.Unlink(ctx, k)
-				}
-				return nil
-			})
-			batch = batch[:0]
-			return err
-		}
-		for iter.Next(ctx) {
-			batch = append(batch, iter.Val())
-			if len(batch) == s.cfg.PageSize {
-				if err := flush(); err != nil {
-					return err
-				}
-			}
-		}
-		if err := iter.Err(); err != nil {
-			return err
-		}
-		return flush()
+			return nil
+		})
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("drop redis state %s: %w", s.cfg.Prefix, err)

@@ -16,7 +16,7 @@ import (
 	"github.com/fkmat/fkmat/join"
 )
 
-// The layout benchmark's reference workload (issue 3): 3M subscriptions, 15
+// The layout benchmark's reference workload: 3M subscriptions, 15
 // per foreign key, 200k foreign keys, bigint keys; 3M left rows.
 const (
 	layoutFKs   = 200_000

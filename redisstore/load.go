@@ -77,29 +77,21 @@ func (l *Loader) Add(ctx context.Context, m join.Mutations) error {
 	var buf []byte
 	for pk, st := range m.PutLeft {
 		buf = appendLeft(buf[:0], string(pk), st)
-		l.rows = append(l.rows, loadEntry{kindLeft, shardOf(string(pk), uint64(sh.LeftBuckets)), string(pk), string(buf)})
-		l.bytes += len(pk) + len(buf) + 48
+		l.gather(kindLeft, shardOf(string(pk), uint64(sh.LeftBuckets)), string(pk), string(buf))
 	}
 	for rk, st := range m.PutRight {
 		buf = appendRight(buf[:0], string(rk), st)
-		l.rows = append(l.rows, loadEntry{kindRight, shardOf(string(rk), uint64(sh.RightBuckets)), string(rk), string(buf)})
-		l.bytes += len(rk) + len(buf) + 48
+		l.gather(kindRight, shardOf(string(rk), uint64(sh.RightBuckets)), string(rk), string(buf))
 	}
 	for _, sub := range m.AddSubs {
-		member := sub.Member()
-		l.subs = append(l.subs, loadEntry{kind: kindSubs, shard: subShard(sh, string(sub.FK), string(sub.PK)), field: member})
-		l.bytes += len(member) + 48
+		l.gather(kindSubs, subShard(sh, string(sub.FK), string(sub.PK)), sub.Member(), "")
 	}
-	if l.bytes >= l.limit {
-		return l.Flush(ctx)
-	}
-	return nil
+	return l.flushFull(ctx)
 }
 
-// add gathers one row (kindLeft, kindRight: field and value) or
-// subscription (kindSubs: member in field) of the key of kind in shard,
-// writing what was gathered once it passes the loader's size.
-func (l *Loader) add(ctx context.Context, kind byte, shard uint64, field, value string) error {
+// gather gathers one row (kindLeft, kindRight: field and value) or
+// subscription (kindSubs: member in field) of the key of kind in shard.
+func (l *Loader) gather(kind byte, shard uint64, field, value string) {
 	e := loadEntry{kind, shard, field, value}
 	if kind == kindSubs {
 		l.subs = append(l.subs, e)
@@ -107,6 +99,10 @@ func (l *Loader) add(ctx context.Context, kind byte, shard uint64, field, value 
 		l.rows = append(l.rows, e)
 	}
 	l.bytes += len(field) + len(value) + 48
+}
+
+// flushFull writes what was gathered once it passes the loader's size.
+func (l *Loader) flushFull(ctx context.Context) error {
 	if l.bytes >= l.limit {
 		return l.Flush(ctx)
 	}

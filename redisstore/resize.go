@@ -132,44 +132,31 @@ func (s *Store) Resize(ctx context.Context, sh Shape, fkLen func(member string) 
 		return st, fmt.Errorf("resize redis state: %w", err)
 	}
 	l := &Loader{s: s, meta: next, limit: DefaultLoadBytes, moving: true}
-	// SCAN may return a key twice (the keyspace grows meanwhile): each
-	// bucket is moved once.
-	seen := map[byte]*bitset{kindLeft: newBitset(cur.Shape.LeftBuckets), kindRight: newBitset(cur.Shape.RightBuckets),
+	// take reports whether the key of kind, gen and bucket moves and was
+	// not taken before, and whether it is rehashed (else copied whole);
+	// it marks it taken. SCAN may return a key twice (the keyspace grows
+	// meanwhile): each bucket is moved once.
+	taken := map[byte]*bitset{kindLeft: newBitset(cur.Shape.LeftBuckets), kindRight: newBitset(cur.Shape.RightBuckets),
 		kindSubs: newBitset(cur.Shape.SubShards)}
-	move := func(kind byte, gen, bucket uint64) (moves, rehash bool) {
-		var ok bool
+	take := func(kind byte, gen, bucket uint64) (moves, rehash bool) {
 		switch {
 		case kind == kindLeft && gen == cur.LeftGen:
-			moves, rehash, ok = leftMoves, rehashRows, true
+			moves, rehash = leftMoves, rehashRows
 		case kind == kindSubs && gen == cur.LeftGen:
-			moves, rehash, ok = leftMoves, rehashSubs, true
+			moves, rehash = leftMoves, rehashSubs
 		case kind == kindRight && gen == cur.RightGen:
-			moves, rehash, ok = rightMoves, true, true
+			moves, rehash = rightMoves, true
 		}
-		if !ok || !moves || !seen[kind].add(bucket) {
+		if !moves || !taken[kind].add(bucket) {
 			return false, false
 		}
-		return moves, rehash
+		return true, rehash
 	}
-	var mu sync.Mutex
-	err = s.masters(ctx, func(ctx context.Context, c redis.Cmdable) error {
-		var cursor uint64
-		for {
-			keys, nextCursor, err := c.Scan(ctx, cursor, s.keys.pattern(), int64(s.cfg.PageSize)).Result()
-			if err != nil {
-				return err
-			}
-			mu.Lock() // the primaries are scanned concurrently
-			err = s.movePage(ctx, c, l, keys, next, move, fkLen, &st)
-			mu.Unlock()
-			if err != nil {
-				return err
-			}
-			if nextCursor == 0 {
-				return nil
-			}
-			cursor = nextCursor
-		}
+	var mu sync.Mutex // the primaries are scanned concurrently
+	err = s.scanPages(ctx, func(ctx context.Context, c redis.Cmdable, keys []string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return s.movePage(ctx, c, l, keys, take, fkLen, &st)
 	})
 	if err == nil {
 		err = l.Flush(ctx)
@@ -183,20 +170,18 @@ func (s *Store) Resize(ctx context.Context, sh Shape, fkLen func(member string) 
 	if err == nil && s.Cluster() {
 		// A key that a slot migration moved from a primary not yet
 		// scanned to one already scanned was missed: a second scan
-		// finds every key of the old generations moved.
-		err = s.masters(ctx, func(ctx context.Context, c redis.Cmdable) error {
-			iter := c.Scan(ctx, 0, s.keys.pattern(), int64(s.cfg.PageSize)).Iterator()
-			for iter.Next(ctx) {
-				mu.Lock()
-				kind, gen, bucket, ok := s.keys.parseKey(iter.Val())
-				moved, _ := move(kind, gen, bucket)
-				missed := ok && moved
-				mu.Unlock()
-				if missed {
-					return fmt.Errorf("key %s was not moved (a slot migrated meanwhile?); the resize is tried again later", iter.Val())
+		// finds every key of the old generations not taken.
+		err = s.scanPages(ctx, func(_ context.Context, _ redis.Cmdable, keys []string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, k := range keys {
+				if kind, gen, bucket, ok := s.keys.parseKey(k); ok {
+					if missed, _ := take(kind, gen, bucket); missed {
+						return fmt.Errorf("key %s was not moved (a slot migrated meanwhile?); the resize is tried again later", k)
+					}
 				}
 			}
-			return iter.Err()
+			return nil
 		})
 	}
 	if err != nil {
@@ -230,8 +215,8 @@ func (s *Store) Resize(ctx context.Context, sh Shape, fkLen func(member string) 
 // movePage moves the keys of one SCAN page that Resize moves: the ones
 // whose contents keep together are copied on the server, the others read
 // and gathered in l under their new keys.
-func (s *Store) movePage(ctx context.Context, c redis.Cmdable, l *Loader, keys []string, next Meta,
-	move func(kind byte, gen, bucket uint64) (moves, rehash bool), fkLen func(string) (int, error), st *ResizeStats) error {
+func (s *Store) movePage(ctx context.Context, c redis.Cmdable, l *Loader, keys []string,
+	take func(kind byte, gen, bucket uint64) (moves, rehash bool), fkLen func(string) (int, error), st *ResizeStats) error {
 	type read struct {
 		kind byte
 		rows *redis.MapStringStringCmd
@@ -244,7 +229,7 @@ func (s *Store) movePage(ctx context.Context, c redis.Cmdable, l *Loader, keys [
 			if !ok {
 				continue
 			}
-			moves, rehash := move(kind, gen, bucket)
+			moves, rehash := take(kind, gen, bucket)
 			switch {
 			case !moves:
 			case !rehash:
@@ -262,7 +247,7 @@ func (s *Store) movePage(ctx context.Context, c redis.Cmdable, l *Loader, keys [
 	if err != nil {
 		return err
 	}
-	sh := next.Shape
+	sh := l.meta.Shape
 	for _, r := range reads {
 		if r.kind == kindSubs {
 			for _, member := range r.subs.Val() {
@@ -270,9 +255,7 @@ func (s *Store) movePage(ctx context.Context, c redis.Cmdable, l *Loader, keys [
 				if err != nil {
 					return fmt.Errorf("subscription %q: %w", member, err)
 				}
-				if err := l.add(ctx, kindSubs, subShard(sh, member[:n], member[n:]), member, ""); err != nil {
-					return err
-				}
+				l.gather(kindSubs, subShard(sh, member[:n], member[n:]), member, "")
 				st.Subscriptions++
 			}
 			continue
@@ -282,13 +265,11 @@ func (s *Store) movePage(ctx context.Context, c redis.Cmdable, l *Loader, keys [
 			buckets = sh.RightBuckets
 		}
 		for field, value := range r.rows.Val() {
-			if err := l.add(ctx, r.kind, shardOf(field, uint64(buckets)), field, value); err != nil {
-				return err
-			}
+			l.gather(r.kind, shardOf(field, uint64(buckets)), field, value)
 			st.Rows++
 		}
 	}
-	return nil
+	return l.flushFull(ctx)
 }
 
 // bitset is a set of buckets 0..n-1.

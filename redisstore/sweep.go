@@ -125,23 +125,10 @@ func (s *Store) isStale(key string, m Meta) bool {
 // decided under WATCH of the meta hash like sweepStep.
 func (s *Store) sweepCluster(ctx context.Context) (int, error) {
 	var swept atomic.Int64 // the primaries are swept concurrently
-	err := s.masters(ctx, func(ctx context.Context, c redis.Cmdable) error {
-		var cursor uint64
-		for {
-			keys, next, err := c.Scan(ctx, cursor, s.keys.pattern(), int64(s.cfg.PageSize)).Result()
-			if err != nil {
-				return err
-			}
-			n, err := s.sweepUnit(ctx, keys)
-			swept.Add(int64(n))
-			if err != nil {
-				return err
-			}
-			if next == 0 {
-				return nil
-			}
-			cursor = next
-		}
+	err := s.scanPages(ctx, func(ctx context.Context, _ redis.Cmdable, keys []string) error {
+		n, err := s.sweepUnit(ctx, keys)
+		swept.Add(int64(n))
+		return err
 	})
 	total := int(swept.Load())
 	if errors.Is(err, errPaused) {

@@ -47,14 +47,8 @@ for _ in $(seq 1 60); do
 	sleep 0.5
 done
 
-say "sample data: 1,000 customers, 20,000 orders"
-sql <<'SQL'
-CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text);
-CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint, amount numeric(12,2), note text);
-CREATE INDEX ON orders (customer_id);
-INSERT INTO customers SELECT g, 'customer ' || g, (ARRAY['bronze','silver','gold'])[1 + g % 3] FROM generate_series(1, 1000) g;
-INSERT INTO orders SELECT g, 1 + g % 1000, (g % 500) * 1.25, 'order ' || g FROM generate_series(1, 20000) g;
-SQL
+say "sample data (demo/sample.sql): 3 regions, 1,000 customers, 20,000 orders"
+sql <demo/sample.sql
 
 export FKMAT_CONFIG=demo/fkmat.yaml
 export FKMAT_SOURCE_URL="postgres://postgres:demo@127.0.0.1:$pgport/shop?sslmode=disable"
@@ -67,10 +61,14 @@ say "fkmat run (backfills, then streams; logs in demo-run.log)"
 bin/fkmat run --log-level info >demo-run.log 2>&1 &
 daemon_pid=$!
 for _ in $(seq 1 120); do
-	phase=$(bin/fkmat status --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["phase"])' 2>/dev/null || true)
+	phase=$(bin/fkmat status --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["joins"][0]["phase"])' 2>/dev/null || true)
 	[ "$phase" = streaming ] && break
 	sleep 0.5
 done
+show
+
+say "region 3 renamed: every order of every customer in it follows (a fan-out through the chain)"
+sql -c "UPDATE regions SET name = 'Asia-Pacific' WHERE id = 3"
 show
 
 say "customer 2 renamed: every order of customer 2 follows (fan-out)"

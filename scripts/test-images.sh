@@ -18,7 +18,12 @@ local_redis=fkmat-test/redis:7
 
 "$here/ensure-docker.sh"
 
-have() { docker image inspect "$1" >/dev/null 2>&1; }
+# An image built from other entrypoints than scripts/testimages/ holds is
+# built again: the label carries their hash.
+entrypoints=$(cat "$here"/testimages/*.sh | sha256sum | cut -c1-16)
+have() {
+	[ "$(docker image inspect -f '{{index .Config.Labels "fkmat.entrypoints"}}' "$1" 2>/dev/null)" = "$entrypoints" ]
+}
 
 # Images chosen by the user (official ones, say) are theirs to provide.
 want=()
@@ -68,13 +73,13 @@ for w in "${want[@]}"; do
 			-c 'ENV PATH=/usr/lib/postgresql/15/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
 			-c 'ENV PGDATA=/var/lib/postgresql/data' \
 			-c 'ENTRYPOINT ["/usr/local/bin/postgres-entrypoint.sh"]' \
-			-c 'CMD ["postgres"]' -c 'EXPOSE 5432' \
+			-c 'CMD ["postgres"]' -c 'EXPOSE 5432' -c "LABEL fkmat.entrypoints=$entrypoints" \
 			- "$local_pg" >/dev/null
 		;;
 	redis)
 		tar -C "$rootfs" -c . | docker import \
 			-c 'ENTRYPOINT ["/usr/local/bin/redis-entrypoint.sh"]' \
-			-c 'CMD ["redis-server"]' -c 'EXPOSE 6379' -c 'WORKDIR /data' \
+			-c 'CMD ["redis-server"]' -c 'EXPOSE 6379' -c 'WORKDIR /data' -c "LABEL fkmat.entrypoints=$entrypoints" \
 			- "$local_redis" >/dev/null
 		;;
 	esac

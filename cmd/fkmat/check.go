@@ -1,27 +1,157 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/internal/config"
 )
 
 func checkCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "check",
-		Usage: "validate the configuration against the databases and Redis; print every problem with its fix",
+		Usage: "validate the configuration against the databases and Redis; print every problem with its fix (--plan: what run will create, and its cost)",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "plan", Usage: "also print what run will create (slot, publication, targets' DDL, Redis keys) and estimate the Redis memory and the backfill time"},
+			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON on stdout, problems and errors included"},
+		},
 		Action: func(c *cli.Context) error {
-			cfg, opts, err := setup(c)
+			res := checkResult{}
+			err := runCheck(c, &res)
+			if err != nil {
+				res.Error = err.Error()
+				var ce *config.ConfigError
+				if errors.As(err, &ce) {
+					res.Problems = ce.Problems
+				}
+			}
+			res.OK = err == nil
+			if c.Bool("json") {
+				enc := json.NewEncoder(c.App.Writer)
+				enc.SetIndent("", "  ")
+				if jerr := enc.Encode(res); jerr != nil && err == nil {
+					return jerr
+				}
+				return err
+			}
 			if err != nil {
 				return err
 			}
-			if err := fkmat.Check(c.Context, cfg, opts); err != nil {
-				return err
-			}
 			fmt.Fprintln(c.App.Writer, "ok: configuration, databases and Redis are ready")
+			if res.Plan != nil {
+				return printPlan(c.App.Writer, res.Plan)
+			}
 			return nil
 		},
 	}
+}
+
+// checkResult is `check --json`.
+type checkResult struct {
+	OK       bool           `json:"ok"`
+	Problems []string       `json:"problems,omitempty"`
+	Error    string         `json:"error,omitempty"`
+	Plan     *fkmat.RunPlan `json:"plan,omitempty"`
+}
+
+// runCheck checks the configuration and, with --plan, plans the run.
+func runCheck(c *cli.Context, res *checkResult) error {
+	cfg, opts, err := setup(c)
+	if err != nil {
+		return err
+	}
+	if err := fkmat.Check(c.Context, cfg, opts); err != nil {
+		return err
+	}
+	if c.Bool("plan") {
+		if res.Plan, err = fkmat.Plan(c.Context, cfg, opts); err != nil {
+			return fmt.Errorf("plan: %w", err)
+		}
+	}
+	return nil
+}
+
+// printPlan writes a RunPlan for a reader.
+func printPlan(w io.Writer, p *fkmat.RunPlan) error {
+	step := func(what string, s fkmat.PlanStep) {
+		if s.Exists {
+			fmt.Fprintf(w, "  %s %s: exists, kept\n", what, s.Name)
+		} else {
+			fmt.Fprintf(w, "  %s %s: %s\n", what, s.Name, s.Statement)
+		}
+	}
+	fmt.Fprintln(w, "\nfkmat run will use:")
+	step("slot", p.Slot)
+	step("publication", p.Publication)
+	step("metadata schema", p.Metadata)
+	for _, j := range p.Joins {
+		fmt.Fprintf(w, "\njoin %s:\n", j.Name)
+		if j.Target.Exists {
+			fmt.Fprintf(w, "  target %s: exists (its shape was checked); a backfill replaces its rows\n", j.Target.Name)
+		} else {
+			fmt.Fprintf(w, "  target %s: %s\n", j.Target.Name, j.Target.Statement)
+		}
+		fmt.Fprintf(w, "  redis keys: %s*\n", j.RedisPrefix)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "  table\trows\tB/row\treferences\tB/ref\tstate\t")
+		for _, t := range j.Tables {
+			refs, refBytes := "-", "-"
+			if t.References > 0 {
+				refs, refBytes = count(t.References), fmt.Sprint(t.RefBytes)
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s\t\n", t.Table, count(t.Rows), t.RowBytes, refs, refBytes, planBytes(t.StateBytes))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "  estimate: Redis %s, backfill %s (%s rows)\n", planBytes(j.RedisBytes), seconds(j.BackfillSeconds), count(j.BackfillRows))
+	}
+	fmt.Fprintf(w, "\nestimate, all joins: Redis %s, backfill %s\n", planBytes(p.RedisBytes), seconds(p.BackfillSeconds))
+	fmt.Fprintf(w, "from: %s\n", p.Basis)
+	return nil
+}
+
+// count writes n with thousands separators.
+func count(n int64) string {
+	s := fmt.Sprint(n)
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && (len(s)-i)%3 == 0 && s[i-1] != '-' {
+			b.WriteByte(',')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// seconds writes a duration estimate in seconds or minutes.
+func seconds(s float64) string {
+	switch {
+	case s < 90:
+		return fmt.Sprintf("~%.0f s", max(s, 1))
+	case s < 5400:
+		return fmt.Sprintf("~%.0f min", s/60)
+	default:
+		return fmt.Sprintf("~%.1f h", s/3600)
+	}
+}
+
+// planBytes writes n bytes in Postgres's binary units.
+func planBytes(n int64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	f, u := float64(n), 0
+	for f >= 1024 && u < len(units)-1 {
+		f, u = f/1024, u+1
+	}
+	if u == 0 {
+		return fmt.Sprintf("%d B", n)
+	}
+	return fmt.Sprintf("%.1f %s", f, units[u])
 }

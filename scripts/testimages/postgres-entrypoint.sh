@@ -1,8 +1,11 @@
 #!/bin/sh
 # Entrypoint of fkmat's locally built Postgres test image. It mimics the parts of
-# the official postgres image that fkmat's tests use: POSTGRES_USER,
-# POSTGRES_PASSWORD, POSTGRES_DB, POSTGRES_HOST_AUTH_METHOD, PGDATA, and server
-# arguments passed through ("-c wal_level=logical").
+# the official postgres image that fkmat's tests and quick start use:
+# POSTGRES_USER, POSTGRES_PASSWORD, POSTGRES_DB, POSTGRES_HOST_AUTH_METHOD,
+# PGDATA, server arguments passed through ("-c wal_level=logical"), and the
+# *.sql files of /docker-entrypoint-initdb.d run once, at the first start, on
+# a server that listens on its socket only (so a TCP health check passes
+# only once they are loaded).
 set -eu
 PGBIN=/usr/lib/postgresql/15/bin
 : "${PGDATA:=/var/lib/postgresql/data}"
@@ -45,6 +48,14 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
 	if [ "$POSTGRES_DB" != postgres ]; then
 		echo "CREATE DATABASE \"$POSTGRES_DB\";" |
 			runas "$PGBIN/postgres" --single -D "$PGDATA" -j postgres >/dev/null
+	fi
+	if ls /docker-entrypoint-initdb.d/*.sql >/dev/null 2>&1; then
+		runas "$PGBIN/pg_ctl" -D "$PGDATA" -o "-c listen_addresses=" -w start >/dev/null
+		for f in /docker-entrypoint-initdb.d/*.sql; do
+			echo "fkmat test image: running $f"
+			runas "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -U "$POSTGRES_USER" -d "$POSTGRES_DB" -f "$f"
+		done
+		runas "$PGBIN/pg_ctl" -D "$PGDATA" -m fast -w stop >/dev/null
 	fi
 	echo "fkmat test image: database initialised"
 fi

@@ -1,0 +1,275 @@
+package fkmat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/pipeline"
+	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/sink"
+)
+
+// RunPlan is what `fkmat run` will create for a configuration and what it
+// will cost: `fkmat check --plan`. It changes nothing to compute it.
+type RunPlan struct {
+	Slot        PlanStep   `json:"slot"`
+	Publication PlanStep   `json:"publication"`
+	Metadata    PlanStep   `json:"metadata"`
+	Joins       []JoinCost `json:"joins"`
+	// RedisBytes and BackfillSeconds are the joins' sums.
+	RedisBytes      int64   `json:"redis_bytes_estimate"`
+	BackfillSeconds float64 `json:"backfill_seconds_estimate"`
+	// Basis says which figures the estimates come from.
+	Basis string `json:"estimate_basis"`
+}
+
+// PlanStep is one object run creates, or finds already there.
+type PlanStep struct {
+	Name      string `json:"name"`
+	Exists    bool   `json:"exists"`
+	Statement string `json:"statement,omitempty"` // what run executes when it does not exist
+}
+
+// JoinCost is one join's part of the plan.
+type JoinCost struct {
+	Name   string   `json:"name"`
+	Target PlanStep `json:"target"`
+	// RedisPrefix starts every Redis key of the join's state.
+	RedisPrefix     string      `json:"redis_prefix"`
+	Tables          []TableCost `json:"tables"`
+	RedisBytes      int64       `json:"redis_bytes_estimate"`
+	BackfillRows    int64       `json:"backfill_rows"`
+	BackfillSeconds float64     `json:"backfill_seconds_estimate"`
+}
+
+// TableCost is one table of a join in the estimate: its rows, the bytes
+// of state per row, and the references its rows hold (one per row and
+// foreign key the join follows).
+type TableCost struct {
+	Table       string `json:"table"`
+	Rows        int64  `json:"rows"`
+	RowBytes    int64  `json:"state_bytes_per_row"`
+	References  int64  `json:"references"`
+	RefBytes    int64  `json:"state_bytes_per_reference"`
+	StateBytes  int64  `json:"state_bytes"`
+	WidthSource string `json:"width_source"` // pg_stats (analyzed) or types (not analyzed)
+}
+
+// The estimate's figures, from `make bench` on the 2-core development
+// machine (docs/performance.md): a row in the state costs its encoded
+// columns plus rowOverhead (listpack entry, field and bucket share: W4's
+// left rows took 65 B for 52 B of values), a reference its parent key and
+// foreign key plus refOverhead (W4: 18 B per subscription of two bigints);
+// a backfill loads backfillRowsPerSecond rows of all its tables together
+// (W4: 1.05M rows in 4.5 s, W7: 1.5M rows of 9 tables in 10.3 s), plus
+// backfillSetup for the slot, the snapshot and the swap.
+const (
+	rowOverhead           = 14
+	refOverhead           = 4
+	backfillRowsPerSecond = 150_000
+	backfillSetup         = 1.0
+)
+
+// estimateBasis is RunPlan.Basis.
+const estimateBasis = "rows: max(pg_class.reltuples, n_live_tup); widths: pg_stats.avg_width (the type's length where a column was never analyzed); " +
+	"Redis: 14 B per row plus its columns, 4 B per reference plus its keys (make bench W4: 65 B per order row, 18 B per subscription); " +
+	"backfill: 150k rows/s of all tables together, plus 1 s (make bench W4 236k/s, W7 143k/s, on 2 cores). " +
+	"Expect the Redis estimate within 2x of the real state; the time varies with the machine"
+
+// Plan computes the RunPlan of cfg: which slot, publication, metadata
+// schema and targets exist, the statements that create the others, and
+// the estimates. Run Check first: Plan reports connection and catalog
+// errors as they come, not every problem at once.
+func Plan(ctx context.Context, cfg *config.Config, opts Options) (*RunPlan, error) {
+	opts.setDefaults()
+	source, err := connectPostgres(ctx, cfg.Source, "source")
+	if err != nil {
+		return nil, err
+	}
+	defer source.Close()
+	plans, err := plan.Resolve(ctx, source, cfg)
+	if err != nil {
+		return nil, err
+	}
+	target := source
+	if cfg.Target != cfg.Source {
+		if target, err = connectPostgres(ctx, cfg.Target, "target"); err != nil {
+			return nil, err
+		}
+		defer target.Close()
+	}
+	rp := &RunPlan{Basis: estimateBasis}
+	rp.Slot = PlanStep{Name: cfg.Slot, Statement: "CREATE_REPLICATION_SLOT " + pgx.Identifier{cfg.Slot}.Sanitize() + " LOGICAL pgoutput EXPORT_SNAPSHOT"}
+	if err := source.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)`, cfg.Slot).Scan(&rp.Slot.Exists); err != nil {
+		return nil, fmt.Errorf("look up slot %q: %w", cfg.Slot, err)
+	}
+	var tables []string
+	for _, t := range publishedTables(plans) {
+		tables = append(tables, t.Sanitize())
+	}
+	rp.Publication = PlanStep{Name: cfg.Publication, Statement: "CREATE PUBLICATION " + pgx.Identifier{cfg.Publication}.Sanitize() +
+		" FOR TABLE " + strings.Join(tables, ", ") + " WITH (publish_via_partition_root = true)"}
+	if err := source.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)`, cfg.Publication).Scan(&rp.Publication.Exists); err != nil {
+		return nil, fmt.Errorf("look up publication %q: %w", cfg.Publication, err)
+	}
+	rp.Metadata = PlanStep{Name: "fkmat", Statement: "CREATE SCHEMA fkmat (checkpoints, join states, the daemon's heartbeat; fkmat migrate)"}
+	if err := target.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = 'fkmat')`).Scan(&rp.Metadata.Exists); err != nil {
+		return nil, fmt.Errorf("look up fkmat's metadata schema: %w", err)
+	}
+	for _, p := range plans {
+		jc, err := joinCost(ctx, source, target, cfg.Slot, p)
+		if err != nil {
+			return nil, fmt.Errorf("join %q: %w", p.Name, err)
+		}
+		rp.Joins = append(rp.Joins, jc)
+		rp.RedisBytes += jc.RedisBytes
+		rp.BackfillSeconds += jc.BackfillSeconds
+	}
+	return rp, nil
+}
+
+// joinCost is the plan of one join.
+func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p *plan.JoinPlan) (JoinCost, error) {
+	jc := JoinCost{Name: p.Name, RedisPrefix: RedisPrefix(slot, p.Name),
+		Target: PlanStep{Name: p.Target.Ident(), Statement: sink.CreateSQL(&p.Target)}}
+	if err := target.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, p.Target.Ident()).Scan(&jc.Target.Exists); err != nil {
+		return jc, fmt.Errorf("look up target %s: %w", p.Target.Ident(), err)
+	}
+	// Each table's state row: its key and the columns it keeps; each
+	// reference: the referencing row's key and its foreign key.
+	type stateTable struct {
+		name       string
+		table      config.TableName
+		cols, refs [][]plan.SourceColumn // refs: per edge from this table, its FK columns
+		key        []plan.SourceColumn
+	}
+	var st []stateTable
+	if p.Edges == nil {
+		cols := slices.Concat(p.Left.Key, p.Left.ForeignKey, sourcesOf(p.Left.Values))
+		st = append(st,
+			stateTable{name: p.Left.Table.String(), table: p.Left.Table, cols: [][]plan.SourceColumn{cols}, key: p.Left.Key,
+				refs: [][]plan.SourceColumn{p.Left.ForeignKey}},
+			stateTable{name: p.Right.Table.String(), table: p.Right.Table,
+				cols: [][]plan.SourceColumn{slices.Concat(p.Right.Key, sourcesOf(p.Right.Values))}, key: p.Right.Key})
+	} else {
+		layout := pipeline.TreeLayoutOf(p)
+		for t := range len(p.Edges) + 1 {
+			s := stateTable{name: p.Left.Table.String(), table: p.Left.Table, key: p.Left.Key,
+				cols: [][]plan.SourceColumn{layout.Columns(p, t)}}
+			if t > 0 {
+				e := p.Edges[t-1]
+				s.name, s.table, s.key = e.Alias, e.Table.Table, e.Table.Key
+			}
+			for _, e := range p.Edges {
+				if e.Parent+1 == t {
+					s.refs = append(s.refs, e.Table.ForeignKey)
+				}
+			}
+			st = append(st, s)
+		}
+	}
+	for _, s := range st {
+		rows, err := tableRows(ctx, source, s.table)
+		if err != nil {
+			return jc, err
+		}
+		widths, analyzed, err := columnWidths(ctx, source, s.table)
+		if err != nil {
+			return jc, err
+		}
+		tc := TableCost{Table: s.name, Rows: rows, RowBytes: rowOverhead + width(widths, s.cols[0]), WidthSource: "pg_stats"}
+		if !analyzed {
+			tc.WidthSource = "types"
+		}
+		for _, fk := range s.refs {
+			tc.References += rows
+			tc.RefBytes = refOverhead + width(widths, s.key) + width(widths, fk)
+			tc.StateBytes += rows * tc.RefBytes
+		}
+		tc.StateBytes += rows * tc.RowBytes
+		jc.Tables = append(jc.Tables, tc)
+		jc.RedisBytes += tc.StateBytes
+		jc.BackfillRows += rows
+	}
+	jc.BackfillSeconds = backfillSetup + float64(jc.BackfillRows)/backfillRowsPerSecond
+	return jc, nil
+}
+
+func sourcesOf(vals []plan.OutputColumn) []plan.SourceColumn {
+	out := make([]plan.SourceColumn, len(vals))
+	for i, v := range vals {
+		out[i] = v.Source
+	}
+	return out
+}
+
+// width sums the average widths of cols (a column twice counts once: the
+// state keeps a foreign key that is also an output column once).
+func width(widths map[string]int64, cols []plan.SourceColumn) int64 {
+	var n int64
+	seen := map[string]bool{}
+	for _, c := range cols {
+		if !seen[c.Name] {
+			seen[c.Name] = true
+			n += widths[c.Name]
+		}
+	}
+	return n
+}
+
+// tableRows is the rows of a table as the backfill sizes it (see
+// daemon.estimate).
+func tableRows(ctx context.Context, db *pgxpool.Pool, t config.TableName) (int64, error) {
+	var n float64
+	err := db.QueryRow(ctx, `SELECT coalesce(sum(greatest(c.reltuples, s.n_live_tup, 0)), 0)
+		FROM pg_class c LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
+		WHERE (c.oid = to_regclass($1) AND c.relkind <> 'p')
+		   OR c.oid IN (SELECT relid FROM pg_partition_tree(to_regclass($1)) WHERE isleaf)`, tableIdent(t)).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("estimate the rows of %s: %w", t, err)
+	}
+	return int64(n), nil
+}
+
+// columnWidths is each column's average width in bytes: pg_stats.avg_width
+// where the table was analyzed, else the type's length (16 for a type of
+// variable length); analyzed reports whether every column had statistics.
+func columnWidths(ctx context.Context, db *pgxpool.Pool, t config.TableName) (map[string]int64, bool, error) {
+	rows, err := db.Query(ctx, `SELECT a.attname, s.avg_width, t.typlen
+		FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+		LEFT JOIN pg_stats s ON s.schemaname = $2 AND s.tablename = $3 AND s.attname = a.attname
+		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`, tableIdent(t), t.Schema, t.Name)
+	if err != nil {
+		return nil, false, fmt.Errorf("read the column widths of %s: %w", t, err)
+	}
+	out := map[string]int64{}
+	analyzed := true
+	var name string
+	var avg *int32
+	var typlen int16
+	_, err = pgx.ForEachRow(rows, []any{&name, &avg, &typlen}, func() error {
+		switch {
+		case avg != nil:
+			out[name] = max(int64(*avg), out[name])
+		case typlen > 0:
+			out[name], analyzed = max(int64(typlen), out[name]), false
+		default:
+			out[name], analyzed = max(16, out[name]), false
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("read the column widths of %s: %w", t, err)
+	}
+	if len(out) == 0 {
+		return nil, false, errors.New("no columns found for " + t.String())
+	}
+	return out, analyzed, nil
+}

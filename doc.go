@@ -1,9 +1,9 @@
-// Package fkmat keeps a foreign-key join of Postgres tables (two, or stars
-// and chains of several) materialized as a real Postgres table, from
-// logical replication, with its join state in Redis.
+// Package fkmat keeps a foreign-key join of Postgres tables (a star or a
+// chain of them; two is the smallest) materialized as a real Postgres
+// table, from logical replication, with its join state in Redis.
 //
-// The root package is the API the command line calls (Run, Check, Status,
-// Verify, Backfill, Teardown, Migrate) and the daemon behind Run: it
+// The root package is the API the command line calls (Run, Check, Plan,
+// Status, Verify, Backfill, Teardown, Migrate) and the daemon behind Run: it
 // connects, checks and backfills, supervises the streaming engine of
 // internal/pipeline with the replication stream, and decides what an error
 // means (errors.go). It imports the packages below; none of them imports

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -374,6 +375,23 @@ var w1Decode float64
 // benchW4 (backfill): orders over customers already present, then fkmat
 // backfill, next to INSERT INTO … SELECT … LEFT JOIN into a table of the
 // same shape, in the same database.
+// checkPlan runs `fkmat check --plan --json` and returns its estimates of
+// the Redis state's bytes and the backfill's seconds, all joins together.
+func (d *db) checkPlan() (bytes, seconds float64) {
+	d.b.Helper()
+	out, err := d.command("check", "--plan", "--json").Output()
+	var res struct {
+		Plan struct {
+			RedisBytes      float64 `json:"redis_bytes_estimate"`
+			BackfillSeconds float64 `json:"backfill_seconds_estimate"`
+		} `json:"plan"`
+	}
+	if err != nil || json.Unmarshal(out, &res) != nil || res.Plan.RedisBytes <= 0 {
+		d.b.Fatalf("fkmat check --plan --json: %v\n%s", err, out)
+	}
+	return res.Plan.RedisBytes, res.Plan.BackfillSeconds
+}
+
 func benchW4(t *testing.T, s sizes, rep *report) {
 	w := &workload{name: "W4", title: "backfill", orders: s.W4Orders, setup: []string{schema,
 		fmt.Sprintf(`INSERT INTO customers SELECT g, 'customer ' || g, (ARRAY['bronze','silver','gold'])[1 + g %% 3] FROM generate_series(1, %d) g`, s.W4Customers),
@@ -388,6 +406,7 @@ func benchW4(t *testing.T, s sizes, rep *report) {
 	limit := time.Since(start)
 	d.assertJoin("limit_t")
 
+	planBytes, planSeconds := d.checkPlan()
 	mem0 := d.redisInfo("memory", "used_memory")
 	u := d.backfill()
 	mem := d.redisInfo("memory", "used_memory") - mem0
@@ -404,6 +423,10 @@ func benchW4(t *testing.T, s sizes, rep *report) {
 		fmt.Sprintf("fkmat %.2f ms, redis-server %.2f ms, at %d rows", 1e6*u.cpu/n, 1e6*u.redisCPU/n, s.W4Orders), false)
 	rep.row(name, "fkmat peak RSS", u.peakRSSMB, "MB", "", false)
 	rep.row(name, "Redis memory per left row (INFO used_memory delta)", mem/n, "B", fmt.Sprintf("all state, %.0f MB in all", mem/1e6), false)
+	rep.row(name, "check --plan: estimated Redis memory / INFO used_memory delta", planBytes/mem, "x",
+		fmt.Sprintf("estimate %.0f MB, real %.0f MB", planBytes/1e6, mem/1e6), false)
+	rep.row(name, "check --plan: estimated backfill time / real", planSeconds/u.took.Seconds(), "x",
+		fmt.Sprintf("estimate %.1f s, real %.1f s", planSeconds, u.took.Seconds()), false)
 	rep.row(name, "Redis memory per subscription (MEMORY USAGE)", byKind['s']/subs, "B",
 		fmt.Sprintf("%.0f subscriptions; %s", subs, keys.encodingSummary('s')), false)
 	rep.row(name, "Redis memory per left row, row only (MEMORY USAGE)", byKind['l']/n, "B", keys.encodingSummary('l'), false)

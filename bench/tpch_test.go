@@ -119,6 +119,7 @@ func benchW7(t *testing.T, s sizes, rep *report) {
 	d.exec(`CREATE TABLE w7_floor_wide AS `+w7WideSQL, `CREATE TABLE w7_floor_flags AS `+w7FlagsSQL)
 	floor := time.Since(start)
 	d.exec(`DROP TABLE w7_floor_wide, w7_floor_flags`)
+	planBytes, planSeconds := d.checkPlan()
 	bf := d.backfill()
 	d.assertQuery("lineitem_wide", w7WideTarget, w7WideSQL)
 	d.assertQuery("lineitem_flags", w7FlagsTarget, w7FlagsSQL)
@@ -141,8 +142,12 @@ func benchW7(t *testing.T, s sizes, rep *report) {
 	}
 	rep.row(name, "Redis memory per lineitem, all of lineitem_wide", all/lineitems, "B", "", false)
 	k := d.redisKeysOf(fkmat.RedisPrefix(d.Slot, "lineitem_flags"))
-	rep.row(name, "Redis memory per lineitem, the two-table lineitem_flags",
-		(k.bytes[redisstore.KindLeft]+k.bytes[redisstore.KindSubs]+k.bytes[redisstore.KindRight])/lineitems, "B", "", false)
+	flagsBytes := k.bytes[redisstore.KindLeft] + k.bytes[redisstore.KindSubs] + k.bytes[redisstore.KindRight]
+	rep.row(name, "Redis memory per lineitem, the two-table lineitem_flags", flagsBytes/lineitems, "B", "", false)
+	rep.row(name, "check --plan: estimated Redis memory / MEMORY USAGE of both joins", planBytes/(all+flagsBytes), "x",
+		fmt.Sprintf("estimate %.0f MB, real %.0f MB", planBytes/1e6, (all+flagsBytes)/1e6), false)
+	rep.row(name, "check --plan: estimated backfill time / real", planSeconds/bf.took.Seconds(), "x",
+		fmt.Sprintf("estimate %.1f s, real %.1f s", planSeconds, bf.took.Seconds()), false)
 
 	p := d.run("w7")
 	p.waitServing()

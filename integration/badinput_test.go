@@ -111,7 +111,7 @@ func TestBadInputCLI(t *testing.T) {
 			schema: shop,
 			yaml:   strings.Replace(joinYAML("left", "public.orders", "public.customers", "[customer_id]", "", ""), "foreign_key", "foreign_keys", 1),
 			cmd:    "check", code: 2,
-			want: []string{"malformed YAML", "foreign_keys"},
+			want: []string{`left has no key "foreign_keys"; did you mean foreign_key?`},
 		},
 	}
 	for _, c := range cases {

@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"regexp"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -86,6 +88,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cli.VersionPrinter = func(c *cli.Context) {
 		fmt.Fprintf(c.App.Writer, "fkmat %s (%s)\n", buildinfo.Version(), buildinfo.GoVersion())
 	}
+	cli.SuggestDidYouMeanTemplate = "did you mean %s?"
 	app := &cli.App{
 		Name:      "fkmat",
 		Usage:     "keep a foreign-key join of Postgres tables (two, or stars and chains of several) materialized, from logical replication",
@@ -93,24 +96,42 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Flags:     commonFlags(),
 		Writer:    stdout,
 		ErrWriter: stderr,
+
+		// fkmat completion's bash and zsh scripts ask for the candidates.
+		EnableBashCompletion: true,
 		Commands: []*cli.Command{
 			checkCommand(), migrateCommand(), backfillCommand(), runCommand(),
-			statusCommand(), verifyCommand(), teardownCommand(),
+			statusCommand(), verifyCommand(), teardownCommand(), completionCommand(), manCommand(),
 		},
-		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
-			return &exitError{code: exitUsage, err: err}
+		Suggest: true,
+		Action: func(c *cli.Context) error {
+			if c.Args().Present() {
+				return unknownCommand(c, c.Args().First())
+			}
+			return cli.ShowAppHelp(c)
 		},
+		OnUsageError:   usageError,
 		ExitErrHandler: func(*cli.Context, error) {},
 	}
 	for _, c := range app.Commands {
 		c.Flags = append(c.Flags, commonFlags()...)
 		c.OnUsageError = app.OnUsageError
+		switch c.Name { // commands whose --json prints usage errors too
+		case "status":
+			c.OnUsageError = statusUsageError(app.OnUsageError)
+		case "check":
+			c.OnUsageError = checkUsageError(app.OnUsageError)
+		}
 	}
 	err := app.Run(args)
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintln(stderr, "fkmat:", err)
+	msg := err.Error()
+	if topic, ok := strings.CutPrefix(msg, "No help topic for "); ok { // fkmat help <unknown command>
+		msg = "unknown command " + strings.Replace(topic, ". did you mean", "; did you mean", 1)
+	}
+	fmt.Fprintln(stderr, "fkmat:", msg)
 	var ee *exitError
 	var ce *config.ConfigError
 	switch {
@@ -123,10 +144,135 @@ func run(args []string, stdout, stderr io.Writer) int {
 		// them too): an existing target of another shape, a server without
 		// wal_level=logical, a role without REPLICATION.
 		return exitUsage
-	case strings.Contains(err.Error(), "flag provided but not defined"), strings.HasPrefix(err.Error(), "No help topic"):
+	case strings.HasPrefix(err.Error(), "No help topic"): // fkmat help <unknown command>
 		return exitUsage
 	}
 	return exitFailure
+}
+
+// unknownCommand is the error for `fkmat <name>` when no command is named
+// name.
+func unknownCommand(c *cli.Context, name string) error {
+	msg := fmt.Sprintf("unknown command %q", name)
+	var names []string
+	for _, cmd := range c.App.VisibleCommands() {
+		names = append(names, cmd.Name)
+	}
+	// "did you mean <name>?", in the wording run gives urfave/cli
+	s := cli.SuggestCommand(c.App.VisibleCommands(), name)
+	if s = nearest(strings.TrimSuffix(strings.TrimPrefix(s, "did you mean "), "?"), name); s != "" {
+		msg += "; did you mean " + s + "?"
+	}
+	return &exitError{code: exitUsage, err: fmt.Errorf("%s (commands: %s)", msg, strings.Join(names, ", "))}
+}
+
+// The flag package inside urfave/cli words its errors for Go programmers
+// (`invalid value "1hour" for flag -verify-interval: parse error`), and
+// urfave/cli its errors about environment variables likewise; flagError
+// rewrites each into one that names the fix.
+var (
+	undefinedFlag = regexp.MustCompile(`^flag provided but not defined: -+(.+)$`)
+	invalidValue  = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-+([^:]+): `)
+	invalidEnv    = regexp.MustCompile(`^could not parse "(.*)" as .* from environment variable "(.*)" for flag ([^:]+): `)
+	missingValue  = regexp.MustCompile(`^flag needs an argument: -+(.+)$`)
+)
+
+// usageError is urfave/cli's OnUsageError: a flag error, rewritten to name
+// the fix, and exit code 2.
+func usageError(c *cli.Context, err error, isSubcommand bool) error {
+	here := "fkmat"
+	if isSubcommand {
+		here += " " + c.Command.Name
+	}
+	return &exitError{code: exitUsage, err: flagError(c, err, here)}
+}
+
+func flagError(c *cli.Context, err error, here string) error {
+	msg := err.Error()
+	if m := undefinedFlag.FindStringSubmatch(msg); m != nil {
+		return unknownFlag(c, m[1], here)
+	}
+	if m := invalidValue.FindStringSubmatch(msg); m != nil {
+		return fmt.Errorf("%s %q: %s", dashed(m[2]), m[1], valueHint(lookupFlag(c.Command.Flags, m[2]), m[2], msg))
+	}
+	if m := invalidEnv.FindStringSubmatch(msg); m != nil {
+		return fmt.Errorf("%s=%q (%s): %s", m[2], m[1], dashed(m[3]), valueHint(lookupFlag(c.Command.Flags, m[3]), m[3], msg))
+	}
+	if m := missingValue.FindStringSubmatch(msg); m != nil {
+		example := "VALUE"
+		switch lookupFlag(c.Command.Flags, m[1]).(type) {
+		case *cli.DurationFlag:
+			example = "5m"
+		case *cli.IntFlag:
+			example = "3"
+		}
+		return fmt.Errorf("%s needs a value, e.g. %s %s", dashed(m[1]), dashed(m[1]), example)
+	}
+	return err
+}
+
+// valueHint says how to write a value of flag f (named name).
+func valueHint(f cli.Flag, name, otherwise string) string {
+	switch f.(type) {
+	case *cli.DurationFlag:
+		return "not a duration; write it like 90s, 5m or 1h30m"
+	case *cli.IntFlag:
+		return "not a whole number; write it like 3"
+	case *cli.BoolFlag:
+		return fmt.Sprintf("not true or false; write %s alone, or %s=false", dashed(name), dashed(name))
+	}
+	return otherwise
+}
+
+// unknownFlag is the error for a flag that here (fkmat, or fkmat <command>)
+// does not take: where it belongs when another command takes it, else the
+// nearest flag here.
+func unknownFlag(c *cli.Context, name, here string) error {
+	var owners []string
+	for _, cmd := range c.App.Commands {
+		if cmd != c.Command && lookupFlag(cmd.Flags, name) != nil {
+			owners = append(owners, "fkmat "+cmd.Name)
+		}
+	}
+	switch {
+	case len(owners) > 0 && here == "fkmat":
+		return fmt.Errorf("flag %s belongs to `%s`: put it after the command, as in `%s %s`",
+			dashed(name), strings.Join(owners, "` and `"), owners[0], dashed(name))
+	case len(owners) > 0:
+		return fmt.Errorf("`%s` has no flag %s; it belongs to `%s`", here, dashed(name), strings.Join(owners, "` and `"))
+	}
+	msg := fmt.Sprintf("`%s` has no flag %s", here, dashed(name))
+	if s := nearest(cli.SuggestFlag(c.Command.VisibleFlags(), name, true), name); s != "" {
+		msg += "; did you mean " + s + "?"
+	}
+	return fmt.Errorf("%s (`%s --help` lists its flags)", msg, here)
+}
+
+// nearest returns urfave/cli's suggestion for a misspelled name (a command,
+// or a flag with its dashes), or "" when it starts with another letter:
+// urfave/cli names the nearest name, however far.
+func nearest(suggestion, name string) string {
+	if s := strings.TrimLeft(suggestion, "-"); s == "" || name == "" || s[0] != name[0] {
+		return ""
+	}
+	return suggestion
+}
+
+func lookupFlag(flags []cli.Flag, name string) cli.Flag {
+	for _, f := range flags {
+		if slices.Contains(f.Names(), name) {
+			return f
+		}
+	}
+	return nil
+}
+
+// dashed writes a flag name as on the command line: -c, --config.
+func dashed(name string) string {
+	if len(name) == 1 {
+		return "-" + name
+	}
+	return "--" + name
 }
 
 // commonFlags are accepted before and after every subcommand. Their
@@ -135,9 +281,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 // so let them beat a flag given before the subcommand.
 func commonFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "config", Usage: "join definition file (YAML) [$FKMAT_CONFIG]"},
-		&cli.StringFlag{Name: "source", Usage: "source database URL [$FKMAT_SOURCE_URL]"},
-		&cli.StringFlag{Name: "target", Usage: "target database URL (default: source) [$FKMAT_TARGET_URL]"},
+		&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "join definition file (YAML) [$FKMAT_CONFIG]"},
+		&cli.StringFlag{Name: "source", Usage: "source database: a postgres:// URL or host=... dbname=... keywords [$FKMAT_SOURCE_URL]"},
+		&cli.StringFlag{Name: "target", Usage: "target database, written like --source (default: source) [$FKMAT_TARGET_URL]"},
 		&cli.StringFlag{Name: "redis", Usage: "Redis URL [$FKMAT_REDIS_URL]"},
 		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug | info | warn | error [$FKMAT_LOG_LEVEL]"},
 		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text | json [$FKMAT_LOG_FORMAT]"},
@@ -171,27 +317,20 @@ func flagString(c *cli.Context, name string) string {
 	return c.String(name)
 }
 
-// loadConfig reads the file and applies env and flags over it: flags beat
-// env, env beats the file.
+// loadConfig reads the file and applies env and flags over it (flags beat
+// env, env beats the file), and reports every problem of the result.
 func loadConfig(c *cli.Context) (*config.Config, error) {
 	path := flagString(c, "config")
 	if path == "" {
-		return nil, &exitError{code: exitUsage, err: errors.New("no join definition: pass --config FILE or set FKMAT_CONFIG")}
+		return nil, &exitError{code: exitUsage, err: errors.New("no join definition: pass --config FILE (or -c FILE) or set FKMAT_CONFIG")}
 	}
-	cfg, err := config.LoadConfig(path)
-	if err != nil {
-		return nil, err
-	}
-	for name, dst := range map[string]*string{"source": &cfg.Source, "target": &cfg.Target, "redis": &cfg.Redis} {
-		if v := flagString(c, name); v != "" {
-			*dst = v
+	return config.Load(path, func(cfg *config.Config) {
+		for name, dst := range map[string]*string{"source": &cfg.Source, "target": &cfg.Target, "redis": &cfg.Redis} {
+			if v := flagString(c, name); v != "" {
+				*dst = v
+			}
 		}
-	}
-	cfg.ApplyDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	return cfg, nil
+	})
 }
 
 // logger builds the slog logger from --log-level and --log-format.

@@ -1,16 +1,12 @@
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"regexp"
 	"slices"
 	"strings"
-
-	"gopkg.in/yaml.v3"
 )
 
 // Join types.
@@ -20,193 +16,73 @@ const (
 )
 
 // Config is the user's join definition: connections, slot and the joins it
-// maintains. Load it with LoadConfig or ParseConfig,
-// then apply flag/env overrides, then call Validate.
+// maintains. Load it with Load (or LoadConfig or ParseConfig, then apply
+// flag/env overrides, then call Validate). Each field is the key of the
+// same name in the file, in snake case (foreign_key for ForeignKey);
+// decode.go reads them.
 type Config struct {
-	Source      string       `yaml:"source"`
-	Target      string       `yaml:"target"`
-	Redis       string       `yaml:"redis"`
-	Slot        string       `yaml:"slot"`
-	Publication string       `yaml:"publication"`
-	Joins       []JoinConfig `yaml:"joins"`
+	Source      string
+	Target      string
+	Redis       string
+	Slot        string
+	Publication string
+	Joins       []JoinConfig
+
+	// unread holds the keys of the file whose values could not be read,
+	// or were misspelled ("0/left.foreign_key": of joins[0]; "-1/joins":
+	// at the top level): their problems are reported, and Validate does
+	// not report them missing as well.
+	unread map[string]bool
+}
+
+// reported reports whether key of join i (-1: the top level), or the
+// mapping holding it, has had its problem reported while reading the file.
+func (c *Config) reported(i int, key string) bool {
+	parent, _, _ := strings.Cut(key, ".")
+	return c.unread[fmt.Sprintf("%d/%s", i, key)] || c.unread[fmt.Sprintf("%d/%s", i, parent)]
 }
 
 // JoinConfig defines one foreign-key join: of two tables (`right:` a
 // mapping, held in Right), or of more (`right:` a list, held in Rights; README,
 // "Joins of more than two tables").
 type JoinConfig struct {
-	Name   string       `yaml:"name"`
-	Type   string       `yaml:"type"`
-	Left   LeftConfig   `yaml:"left"`
-	Right  RightConfig  `yaml:"right"`
-	Target TargetConfig `yaml:"target"`
+	Name   string
+	Type   string
+	Left   LeftConfig
+	Right  RightConfig
+	Target TargetConfig
 	// Rights is the list form's entries, in order; nil in the two-table
 	// form.
-	Rights []RightConfig `yaml:"-"`
+	Rights []RightConfig
 }
 
 // IsList reports whether the join uses the list form of `right:`.
 func (j JoinConfig) IsList() bool { return j.Rights != nil }
 
-// Keys allowed in each mapping of a join. yaml.v3's KnownFields does not
-// reach into a custom UnmarshalYAML, so JoinConfig checks them itself.
-var (
-	joinKeys       = []string{"name", "type", "left", "right", "target"}
-	leftKeys       = []string{"table", "key", "foreign_key", "columns"}
-	rightKeys      = []string{"table", "key", "columns"}
-	rightEntryKeys = []string{"table", "key", "columns", "from", "foreign_key", "as", "type"}
-	targetKeys     = []string{"table"}
-)
-
-// UnmarshalYAML decodes a join, `right:` as a mapping or as a list, and
-// refuses unknown keys at every level.
-func (j *JoinConfig) UnmarshalYAML(n *yaml.Node) error {
-	if err := checkKeys(n, "a join", joinKeys); err != nil {
-		return err
-	}
-	var aux struct {
-		Name   string       `yaml:"name"`
-		Type   string       `yaml:"type"`
-		Left   yaml.Node    `yaml:"left"`
-		Right  yaml.Node    `yaml:"right"`
-		Target TargetConfig `yaml:"target"`
-	}
-	if err := n.Decode(&aux); err != nil {
-		return err
-	}
-	*j = JoinConfig{Name: aux.Name, Type: aux.Type, Target: aux.Target}
-	for _, sub := range []struct {
-		key  string
-		keys []string
-	}{{"left", leftKeys}, {"target", targetKeys}} {
-		if v := mappingValue(n, sub.key); v != nil {
-			if err := checkKeys(v, sub.key, sub.keys); err != nil {
-				return err
-			}
-		}
-	}
-	if aux.Left.Kind != 0 {
-		if err := aux.Left.Decode(&j.Left); err != nil {
-			return err
-		}
-	}
-	switch aux.Right.Kind {
-	case 0:
-	case yaml.MappingNode:
-		if err := checkKeys(&aux.Right, "right", rightKeys); err != nil {
-			var ue *unknownKeyError
-			if errors.As(err, &ue) && slices.Contains(rightEntryKeys, ue.key) {
-				return fmt.Errorf("line %d: right.%s belongs to the list form of right (joins of more than two tables): "+
-					"write right as a list of entries, or leave %s out", ue.line, ue.key, ue.key)
-			}
-			return err
-		}
-		if err := aux.Right.Decode(&j.Right); err != nil {
-			return err
-		}
-	case yaml.SequenceNode:
-		j.Rights = []RightConfig{}
-		for _, e := range aux.Right.Content {
-			if e.Kind != yaml.MappingNode {
-				return fmt.Errorf("line %d: each entry of right must be a mapping with table, foreign_key, and optionally from, as, type, key, columns", e.Line)
-			}
-			if err := checkKeys(e, "an entry of right", rightEntryKeys); err != nil {
-				return err
-			}
-			var r RightConfig
-			if err := e.Decode(&r); err != nil {
-				return err
-			}
-			j.Rights = append(j.Rights, r)
-		}
-	default:
-		return fmt.Errorf("line %d: right must be a mapping (two tables) or a list of entries (more tables)", aux.Right.Line)
-	}
-	return nil
-}
-
-// unknownKeyError is a key that a mapping of the configuration does not
-// take.
-type unknownKeyError struct {
-	line      int
-	key, what string
-	allowed   []string
-}
-
-func (e *unknownKeyError) Error() string {
-	msg := fmt.Sprintf("line %d: %s has no key %q; use %s", e.line, e.what, e.key, strings.Join(e.allowed, ", "))
-	if hint := unsupportedKeys[strings.ToLower(e.key)]; hint != "" {
-		msg += " (" + hint + ")"
-	}
-	return msg
-}
-
-// unsupportedKeys names, for keys users write for what fkmat does not do,
-// why and what to do instead.
-var unsupportedKeys = map[string]string{
-	"on":        nonEquality,
-	"condition": nonEquality,
-	"join_on":   nonEquality,
-	"where":     nonEquality,
-	"filter":    nonEquality,
-	"group_by":  noAggregates,
-	"aggregate": noAggregates,
-	"having":    noAggregates,
-}
-
-const (
-	nonEquality = "joins are on a foreign key equal to the referenced key only: conditions other than that equality " +
-		"(non-equality joins, filters) are not supported; write foreign_key, and filter in a view over the target"
-	noAggregates = "aggregates are not supported: fkmat maintains the rows of a join; aggregate in a view over the target"
-)
-
-// checkKeys fails on the first key of mapping n not in allowed.
-func checkKeys(n *yaml.Node, what string, allowed []string) error {
-	if n.Kind != yaml.MappingNode {
-		return fmt.Errorf("line %d: %s must be a mapping", n.Line, what)
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if k := n.Content[i].Value; !slices.Contains(allowed, k) {
-			return &unknownKeyError{line: n.Content[i].Line, key: k, what: what, allowed: allowed}
-		}
-	}
-	return nil
-}
-
-// mappingValue returns the value of key in mapping n, or nil.
-func mappingValue(n *yaml.Node, key string) *yaml.Node {
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if n.Content[i].Value == key {
-			return n.Content[i+1]
-		}
-	}
-	return nil
-}
-
 // LeftConfig is the referencing side (orders).
 type LeftConfig struct {
-	Table      TableName   `yaml:"table"`
-	Key        []string    `yaml:"key"`
-	ForeignKey []string    `yaml:"foreign_key"`
-	Columns    []ColumnRef `yaml:"columns"`
+	Table      TableName
+	Key        []string
+	ForeignKey []string
+	Columns    []ColumnRef
 }
 
 // RightConfig is a referenced side (customers): the one of a two-table
 // join, or an entry of the list form.
 type RightConfig struct {
-	Table   TableName   `yaml:"table"`
-	Key     []string    `yaml:"key"`
-	Columns []ColumnRef `yaml:"columns"`
+	Table   TableName
+	Key     []string
+	Columns []ColumnRef
 	// The list form only (README, "Joins of more than two tables"):
 	// From names the table holding the foreign key: the left table
 	// (default) or an earlier entry, by its As or its table name.
-	From string `yaml:"from"`
+	From string
 	// ForeignKey are From's columns referencing Key, in order.
-	ForeignKey []string `yaml:"foreign_key"`
+	ForeignKey []string
 	// As names the entry (default: the table's name without schema).
-	As string `yaml:"as"`
+	As string
 	// Type, inner or left, overrides the join's type for this edge.
-	Type string `yaml:"type"`
+	Type string
 }
 
 // Alias returns the entry's name: As, or the table's name.
@@ -219,7 +95,7 @@ func (r RightConfig) Alias() string {
 
 // TargetConfig names the materialized table.
 type TargetConfig struct {
-	Table TableName `yaml:"table"`
+	Table TableName
 }
 
 // TableName is a schema-qualified table name. In the file it is written
@@ -238,20 +114,6 @@ func (t TableName) String() string {
 
 // IsZero reports whether no table was given.
 func (t TableName) IsZero() bool { return t.Name == "" }
-
-// UnmarshalYAML parses `schema.table`.
-func (t *TableName) UnmarshalYAML(n *yaml.Node) error {
-	var s string
-	if err := n.Decode(&s); err != nil {
-		return fmt.Errorf("line %d: table must be a string like public.orders", n.Line)
-	}
-	parsed, err := ParseTableName(s)
-	if err != nil {
-		return fmt.Errorf("line %d: %w", n.Line, err)
-	}
-	*t = parsed
-	return nil
-}
 
 // ParseTableName parses `table` or `schema.table` (default schema public).
 func ParseTableName(s string) (TableName, error) {
@@ -276,20 +138,6 @@ type ColumnRef struct {
 }
 
 var asSeparator = regexp.MustCompile(`(?i)\s+as\s+`)
-
-// UnmarshalYAML parses `col` or `col AS alias`.
-func (c *ColumnRef) UnmarshalYAML(n *yaml.Node) error {
-	var s string
-	if err := n.Decode(&s); err != nil {
-		return fmt.Errorf("line %d: a column must be a string like \"name\" or \"name AS alias\"", n.Line)
-	}
-	parsed, err := ParseColumnRef(s)
-	if err != nil {
-		return fmt.Errorf("line %d: %w", n.Line, err)
-	}
-	*c = parsed
-	return nil
-}
 
 // ParseColumnRef parses `col` or `col AS alias`; either side may be a
 // double-quoted identifier.
@@ -401,35 +249,68 @@ func quoteIfNeeded(s string) string {
 	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
 }
 
-// LoadConfig reads and parses a configuration file.
-func LoadConfig(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+// Load reads the configuration file at path, lets override apply flags
+// and environment variables over it, fills in the defaults and validates the
+// result. Every problem of the file and of the result comes back at once, in
+// a *ConfigError.
+func Load(path string, override func(*Config)) (*Config, error) {
+	data, err := readFile(path)
 	if err != nil {
-		return nil, &ConfigError{Problems: []string{fmt.Sprintf("read config file: %v", err)}}
-	}
-	cfg, err := ParseConfig(data)
-	if err != nil {
-		var ce *ConfigError
-		if errors.As(err, &ce) {
-			for i := range ce.Problems {
-				ce.Problems[i] = path + ": " + ce.Problems[i]
-			}
-		}
 		return nil, err
+	}
+	cfg, problems := parse(data)
+	problems = inFile(path, problems)
+	if cfg == nil {
+		return nil, &ConfigError{Problems: problems}
+	}
+	if override != nil {
+		override(cfg)
+	}
+	cfg.ApplyDefaults()
+	if problems = append(problems, cfg.problems()...); len(problems) > 0 {
+		return nil, &ConfigError{Problems: problems}
 	}
 	return cfg, nil
 }
 
-// ParseConfig parses YAML; unknown keys are errors (a typo must not be
-// silently ignored).
-func ParseConfig(data []byte) (*Config, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	var cfg Config
-	if err := dec.Decode(&cfg); err != nil {
-		return nil, &ConfigError{Problems: []string{"malformed YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}}
+// LoadConfig reads and parses a configuration file.
+func LoadConfig(path string) (*Config, error) {
+	data, err := readFile(path)
+	if err != nil {
+		return nil, err
 	}
-	return &cfg, nil
+	cfg, problems := parse(data)
+	if len(problems) > 0 {
+		return nil, &ConfigError{Problems: inFile(path, problems)}
+	}
+	return cfg, nil
+}
+
+// ParseConfig parses YAML. Every unknown key and every value of the wrong
+// shape is an error (a typo must not be silently ignored), reported
+// together in a *ConfigError.
+func ParseConfig(data []byte) (*Config, error) {
+	cfg, problems := parse(data)
+	if len(problems) > 0 {
+		return nil, &ConfigError{Problems: problems}
+	}
+	return cfg, nil
+}
+
+func readFile(path string) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &ConfigError{Problems: []string{fmt.Sprintf("read config file: %v; check the path given to --config (-c) or FKMAT_CONFIG", err)}}
+	}
+	return data, nil
+}
+
+// inFile prefixes problems with the file's path.
+func inFile(path string, problems []string) []string {
+	for i := range problems {
+		problems[i] = path + ": " + problems[i]
+	}
+	return problems
 }
 
 // ConfigError lists every problem found in a configuration, each naming its
@@ -482,30 +363,43 @@ var joinName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$`)
 // problem at once as a *ConfigError. Catalog checks (tables, columns, types,
 // keys) happen in Resolve.
 func (c *Config) Validate() error {
+	if p := c.problems(); len(p) > 0 {
+		return &ConfigError{Problems: p}
+	}
+	return nil
+}
+
+// problems lists what Validate reports.
+func (c *Config) problems() []string {
 	var p []string
 	add := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
-	if c.Source == "" {
+	if c.Source == "" && !c.reported(-1, "source") {
 		add("no source database: set `source:` in the file, FKMAT_SOURCE_URL, or --source")
 	}
-	for _, u := range []struct{ what, val, scheme string }{
-		{"source", c.Source, "postgres"}, {"target", c.Target, "postgres"}, {"redis", c.Redis, "redis"},
-	} {
-		if u.val != "" {
-			if err := checkURL(u.val, u.scheme); err != nil {
-				add("%s URL %s: %v", u.what, RedactURL(u.val), err)
+	for _, u := range []struct {
+		what, val string
+		check     func(string) error
+	}{{"source", c.Source, checkPostgres}, {"target", c.Target, checkPostgres}, {"redis", c.Redis, checkRedis}} {
+		// A target that defaults to the source has the source's problem.
+		if u.val != "" && (u.what != "target" || c.Target != c.Source) {
+			if err := u.check(u.val); err != nil {
+				add("%s %q: %v", u.what, RedactURL(u.val), err)
 			}
 		}
 	}
-	if c.Redis == "" {
+	if c.Redis == "" && !c.reported(-1, "redis") {
 		add("no Redis: set `redis:` in the file, FKMAT_REDIS_URL, or --redis (e.g. redis://localhost:6379/0)")
 	}
-	if !slotName.MatchString(c.Slot) {
-		add("slot %q: use 1-63 lowercase letters, digits or underscores", c.Slot)
+	// With no joins there is no default slot; "no joins" says what to do.
+	if c.Slot != "" || len(c.Joins) > 0 {
+		if !slotName.MatchString(c.Slot) {
+			add("slot %q: use 1-63 lowercase letters, digits or underscores, e.g. fkmat_shop", c.Slot)
+		}
+		if c.Publication == "" {
+			add("publication name is empty: set `publication:`, or leave it out for the slot's name")
+		}
 	}
-	if c.Publication == "" {
-		add("publication name is empty")
-	}
-	if len(c.Joins) == 0 {
+	if len(c.Joins) == 0 && !c.reported(-1, "joins") {
 		add("no joins: add at least one entry under `joins:`")
 	}
 	names := map[string]bool{}
@@ -516,28 +410,32 @@ func (c *Config) Validate() error {
 			where = fmt.Sprintf("join %q", j.Name)
 		}
 		if j.Name == "" {
-			add("%s: set `name:`", where)
+			if !c.reported(i, "name") {
+				add("%s: set `name:`", where)
+			}
 		} else if !joinName.MatchString(j.Name) {
 			add("%s: a join name may hold letters, digits, '_', '.' and '-' (at most 63); rename it", where)
 		} else if names[j.Name] {
 			add("%s: duplicate join name; give each join a unique name", where)
 		}
 		names[j.Name] = true
-		if j.Type != JoinInner && j.Type != JoinLeft {
+		if j.Type != JoinInner && j.Type != JoinLeft && !c.reported(i, "type") {
 			add("%s: type %q is not a join type; use `type: inner` or `type: left`", where, j.Type)
 		}
-		if j.Left.Table.IsZero() {
+		if j.Left.Table.IsZero() && !c.reported(i, "left.table") {
 			add("%s: set left.table", where)
 		}
 		if j.IsList() {
-			for _, prob := range validateList(j) {
+			for _, prob := range validateList(j, func(key string) bool { return c.reported(i, key) }) {
 				add("%s: %s", where, prob)
 			}
-		} else if j.Right.Table.IsZero() {
+		} else if j.Right.Table.IsZero() && !c.reported(i, "right.table") {
 			add("%s: set right.table", where)
 		}
 		if j.Target.Table.IsZero() {
-			add("%s: set target.table", where)
+			if !c.reported(i, "target.table") {
+				add("%s: set target.table", where)
+			}
 		} else if other, dup := targets[j.Target.Table]; dup {
 			add("%s: target table %s is also the target of join %q; use one target per join", where, j.Target.Table, other)
 		} else {
@@ -552,7 +450,7 @@ func (c *Config) Validate() error {
 		if j.IsList() {
 			continue
 		}
-		if len(j.Left.ForeignKey) == 0 {
+		if len(j.Left.ForeignKey) == 0 && !c.reported(i, "left.foreign_key") {
 			add("%s: set left.foreign_key (the left columns that reference right.key)", where)
 		}
 		if len(j.Right.Key) > 0 && len(j.Left.ForeignKey) > 0 && len(j.Right.Key) != len(j.Left.ForeignKey) {
@@ -566,10 +464,7 @@ func (c *Config) Validate() error {
 			add("%s: right.key lists %q twice", where, d)
 		}
 	}
-	if len(p) > 0 {
-		return &ConfigError{Problems: p}
-	}
-	return nil
+	return p
 }
 
 // Tables returns the join's source tables: the left table, then each
@@ -640,12 +535,14 @@ func (j JoinConfig) ParentOf(i int) (int, error) {
 	return found[0], nil
 }
 
-// validateList checks the list form of right: what needs no database.
 // MaxEntries is the most entries a join of more than two tables may have:
 // the Redis state numbers them in a byte.
 const MaxEntries = 255
 
-func validateList(j JoinConfig) []string {
+// validateList checks the list form of right: what needs no database.
+// reported tells whether a key of the join (right[0].table) has had its
+// problem reported while reading the file.
+func validateList(j JoinConfig, reported func(key string) bool) []string {
 	var p []string
 	add := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
 	if len(j.Left.ForeignKey) > 0 {
@@ -664,7 +561,9 @@ func validateList(j JoinConfig) []string {
 			where += " (" + r.Alias() + ")"
 		}
 		if r.Table.IsZero() {
-			add("%s: set table", where)
+			if !reported(fmt.Sprintf("right[%d].table", i)) {
+				add("%s: set table", where)
+			}
 			continue
 		}
 		if r.As != "" && !joinName.MatchString(r.As) {
@@ -679,12 +578,12 @@ func validateList(j JoinConfig) []string {
 		} else {
 			seen[strings.ToLower(r.Alias())] = i
 		}
-		switch strings.ToLower(strings.TrimSpace(r.Type)) {
-		case "", JoinInner, JoinLeft:
+		switch t := strings.ToLower(strings.TrimSpace(r.Type)); {
+		case t == "", t == JoinInner, t == JoinLeft, t == j.Type: // the join's type is checked once, for the join
 		default:
 			add("%s: type %q is not a join type; use `type: inner` or `type: left` (or leave it out for the join's type)", where, r.Type)
 		}
-		if len(r.ForeignKey) == 0 {
+		if len(r.ForeignKey) == 0 && !reported(fmt.Sprintf("right[%d].foreign_key", i)) {
 			add("%s: set foreign_key (the columns of %s that reference %s)", where, fromName(j, r), r.Table)
 		}
 		if len(r.Key) > 0 && len(r.ForeignKey) > 0 && len(r.Key) != len(r.ForeignKey) {
@@ -721,55 +620,4 @@ func duplicates(names []string) []string {
 		seen[n] = true
 	}
 	return d
-}
-
-func checkURL(raw, scheme string) error {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return errors.New("not a URL")
-	}
-	switch scheme {
-	case "postgres":
-		if u.Scheme != "postgres" && u.Scheme != "postgresql" {
-			return errors.New("must start with postgres://")
-		}
-	case "redis":
-		switch u.Scheme {
-		case "redis", "rediss", "redis+cluster", "rediss+cluster":
-		default:
-			return errors.New("must start with redis://, rediss:// (one server), redis+cluster:// or rediss+cluster:// (a Redis Cluster)")
-		}
-	}
-	return nil
-}
-
-// RedactURL replaces the password of a URL (and a password= query parameter)
-// with "xxxxx", for logs and errors.
-func RedactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	q := u.Query()
-	if q.Has("password") {
-		q.Set("password", "xxxxx")
-		u.RawQuery = q.Encode()
-	}
-	return u.String()
-}
-
-// passwordOf returns the password in a URL (user info or password=
-// parameter), or "".
-func PasswordOf(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return ""
-	}
-	if pw, ok := u.User.Password(); ok {
-		return pw
-	}
-	return u.Query().Get("password")
 }

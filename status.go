@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
-	"github.com/fkmat/fkmat/internal/plan"
-
 	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/human"
+	"github.com/fkmat/fkmat/internal/plan"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,7 +21,7 @@ import (
 	"github.com/fkmat/fkmat/sink"
 )
 
-// JoinStatus is one join's line of `fkmat status`.
+// JoinStatus is one join's block of `fkmat status` (its row with --wide).
 type JoinStatus struct {
 	Join              string `json:"join"`
 	Target            string `json:"target"`
@@ -96,6 +98,8 @@ type StallStatus struct {
 	Recurrences int       `json:"recurrences"`
 	Since       time.Time `json:"since"`
 	UpdatedAt   time.Time `json:"updated_at"`
+	// Fix names what gets the pipeline going again.
+	Fix string `json:"fix"`
 }
 
 // Status reports each join's replication and checkpoint state. It is
@@ -169,6 +173,212 @@ func Status(ctx context.Context, cfg *config.Config, opts Options) ([]JoinStatus
 	return out, nil
 }
 
+// Verdicts of a StatusReport, worst first: the report's is the worst that
+// applies.
+const (
+	// VerdictError: status could not look (a bad configuration, a database
+	// it cannot reach).
+	VerdictError = "error"
+	// VerdictStalled: fkmat run fails on the same change again and again.
+	VerdictStalled = "stalled"
+	// VerdictNotRunning: nothing streams from the slot of a streaming join,
+	// or no join was ever backfilled. Past --max-inactive it is a problem
+	// too.
+	VerdictNotRunning = "not_running"
+	// VerdictProblem: status found something to fix (Problems).
+	VerdictProblem = "problem"
+	// VerdictOK: every join streams or backfills, and nothing is wrong.
+	VerdictOK = "ok"
+)
+
+// StatusReport is what fkmat status says of the joins of one slot: a
+// verdict, the slot, daemon and stall they share, and each join's status.
+type StatusReport struct {
+	// Verdict is one of the Verdict constants; Summary says it in a line.
+	Verdict string `json:"verdict"`
+	Summary string `json:"summary"`
+	// OK is set when status exits 0: no error, no stall, no problem (a
+	// daemon stopped for less than --max-inactive is OK).
+	OK     bool          `json:"ok"`
+	Slot   *SlotStatus   `json:"slot,omitempty"`
+	Daemon *DaemonStatus `json:"daemon,omitempty"`
+	Stall  *StallStatus  `json:"stall,omitempty"`
+	Joins  []JoinStatus  `json:"joins"`
+	// Problems are the joins' problems, each once; with Error, the
+	// configuration's problems, if that is the error.
+	Problems []string `json:"problems"`
+	Error    string   `json:"error,omitempty"`
+}
+
+// SlotStatus is the replication slot the joins share, and the target's
+// checkpoint in it.
+type SlotStatus struct {
+	Name              string `json:"name"`
+	Exists            bool   `json:"exists"`
+	Active            bool   `json:"active"`
+	WALStatus         string `json:"wal_status"`
+	ConfirmedFlushLSN string `json:"confirmed_flush_lsn"`
+	CurrentWALLSN     string `json:"current_wal_lsn"`
+	LagBytes          int64  `json:"lag_bytes"`
+	RetainedWALBytes  int64  `json:"retained_wal_bytes"`
+	SafeWALSizeBytes  int64  `json:"safe_wal_size_bytes"` // -1: max_slot_wal_keep_size is unlimited
+	CheckpointLSN     string `json:"checkpoint_lsn"`
+}
+
+// SummarizeStatus gives the verdict on the joins' statuses (of one slot,
+// as Status returns them) at now.
+func SummarizeStatus(st []JoinStatus, now time.Time) StatusReport {
+	r := StatusReport{Joins: st, Problems: []string{}}
+	if r.Joins == nil {
+		r.Joins = []JoinStatus{}
+	}
+	seen := map[string]bool{}
+	troubled := 0
+	for _, s := range st {
+		if len(s.Problems) > 0 {
+			troubled++
+		}
+		for _, p := range s.Problems {
+			if !seen[p] {
+				seen[p] = true
+				r.Problems = append(r.Problems, p)
+			}
+		}
+	}
+	if len(st) > 0 {
+		s := st[0]
+		r.Daemon, r.Stall = s.Daemon, s.Stall
+		r.Slot = &SlotStatus{Name: s.Slot, Exists: s.SlotExists, Active: s.SlotActive, WALStatus: s.WALStatus,
+			ConfirmedFlushLSN: s.ConfirmedFlushLSN, CurrentWALLSN: s.CurrentWALLSN, LagBytes: s.LagBytes,
+			RetainedWALBytes: s.RetainedWALBytes, SafeWALSizeBytes: s.SafeWALSizeBytes, CheckpointLSN: s.CheckpointLSN}
+	}
+	r.OK = r.Stall == nil && len(r.Problems) == 0
+	phases := countPhases(st)
+	switch {
+	case r.Stall != nil:
+		r.Verdict, r.Summary = VerdictStalled, stallSummary(r.Stall, now)
+	case phases.notRunning(r):
+		r.Verdict, r.Summary = VerdictNotRunning, notRunningSummary(r, phases, now)
+	case len(r.Problems) > 0:
+		r.Verdict = VerdictProblem
+		switch {
+		case len(st) == 1:
+			r.Summary = fmt.Sprintf("join %s has %s (see below)", st[0].Join, plural(len(st[0].Problems), "a problem", "%d problems"))
+		case troubled == 1:
+			r.Summary = fmt.Sprintf("1 of %d joins has a problem (see below)", len(st))
+		default:
+			r.Summary = fmt.Sprintf("%d of %d joins have problems (see below)", troubled, len(st))
+		}
+		return r
+	default:
+		r.Verdict, r.Summary = VerdictOK, okSummary(r, phases)
+	}
+	if len(r.Problems) > 0 { // a stall or no daemon, and more
+		r.Summary += " (" + plural(len(r.Problems), "1 problem", "%d problems") + " below)"
+	}
+	return r
+}
+
+// FailedStatus is the report of a status that could not look: err, and the
+// configuration's problems if err is a *config.ConfigError.
+func FailedStatus(err error) StatusReport {
+	msg := err.Error()
+	summary, _, _ := strings.Cut(msg, "\n")
+	r := StatusReport{Verdict: VerdictError, Summary: strings.TrimSuffix(summary, ":"), Joins: []JoinStatus{}, Problems: []string{}, Error: msg}
+	if ce, ok := errors.AsType[*config.ConfigError](err); ok {
+		r.Problems = append(r.Problems, ce.Problems...)
+	}
+	return r
+}
+
+// phaseCounts counts joins by phase.
+type phaseCounts struct{ streaming, backfilling, never int }
+
+func countPhases(st []JoinStatus) phaseCounts {
+	var c phaseCounts
+	for _, s := range st {
+		switch s.Phase {
+		case "streaming":
+			c.streaming++
+		case "backfilling":
+			c.backfilling++
+		default:
+			c.never++
+		}
+	}
+	return c
+}
+
+// notRunning is whether r's joins want fkmat run and nothing streams from
+// their slot: a join streams, or none was ever backfilled. The slot's
+// activity says it, not the heartbeat, which stays recent for a minute
+// after a stop. A backfill does not use the slot, so a backfilling join
+// counts as running.
+func (c phaseCounts) notRunning(r StatusReport) bool {
+	if r.Slot == nil || r.Slot.Active {
+		return false
+	}
+	return c.streaming > 0 || c.backfilling == 0
+}
+
+func stallSummary(s *StallStatus, now time.Time) string {
+	at := s.RestartLSN
+	if s.LSN != "" {
+		at = s.LSN
+	}
+	if s.Table != "" {
+		at += " on " + s.Table
+	}
+	return fmt.Sprintf("fkmat run failed %s in %s at %s", plural(s.Recurrences+1, "once", "%d times"), human.Duration(max(now.Sub(s.Since), 0)), at)
+}
+
+func notRunningSummary(r StatusReport, c phaseCounts, now time.Time) string {
+	if c.streaming == 0 {
+		return plural(c.never, "1 join", "%d joins") + " never backfilled: start fkmat run"
+	}
+	out := "no fkmat run ever reported itself"
+	if d := r.Daemon; d != nil {
+		out = "last seen " + human.Duration(max(now.Sub(d.HeartbeatAt), 0)) + " ago"
+	}
+	if r.Slot.Exists {
+		out += fmt.Sprintf(", slot %s retains %s", r.Slot.Name, human.Bytes(r.Slot.RetainedWALBytes))
+	}
+	return out
+}
+
+func okSummary(r StatusReport, c phaseCounts) string {
+	var parts []string
+	if c.streaming > 0 {
+		parts = append(parts, plural(c.streaming, "1 join", "%d joins")+" streaming")
+	}
+	if c.backfilling > 0 {
+		if len(parts) == 0 {
+			parts = append(parts, plural(c.backfilling, "1 join", "%d joins")+" backfilling")
+		} else {
+			parts = append(parts, fmt.Sprintf("%d backfilling", c.backfilling))
+		}
+	}
+	if d := r.Daemon; c.streaming > 0 && r.Slot.Active && d != nil && d.Live {
+		parts = append(parts, fmt.Sprintf("lag %.1f s", d.LagSeconds))
+	}
+	if r.Slot != nil && r.Slot.Exists {
+		parts = append(parts, fmt.Sprintf("slot %s retains %s", r.Slot.Name, human.Bytes(r.Slot.RetainedWALBytes)))
+	}
+	if len(parts) == 0 {
+		return "no joins"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// plural is one when n is 1, else other formatted with n:
+// plural(n, "1 join", "%d joins").
+func plural(n int, one, other string) string {
+	if n == 1 {
+		return one
+	}
+	return fmt.Sprintf(other, n)
+}
+
 // statusMeta is what status reads of fkmat's metadata in the target.
 type statusMeta struct {
 	migrated   bool
@@ -193,8 +403,8 @@ func slotProblems(slot string, info cdc.SlotInfo, phase string, d *DaemonStatus,
 		out = append(out, fmt.Sprintf("replication slot %q is invalidated (wal_status lost: it retained more than max_slot_wal_keep_size): "+
 			"run fkmat backfill --force, and raise max_slot_wal_keep_size", slot))
 	case info.WALStatus == "unreserved":
-		out = append(out, fmt.Sprintf("replication slot %q is about to be invalidated (wal_status unreserved: it retains %d bytes, past max_slot_wal_keep_size): "+
-			"get fkmat run streaming from it, or raise max_slot_wal_keep_size", slot, info.RetainedBytes))
+		out = append(out, fmt.Sprintf("replication slot %q is about to be invalidated (wal_status unreserved: it retains %s, past max_slot_wal_keep_size): "+
+			"get fkmat run streaming from it, or raise max_slot_wal_keep_size", slot, human.Bytes(info.RetainedBytes)))
 	}
 	if info.Active || phase != "streaming" {
 		return out
@@ -202,11 +412,11 @@ func slotProblems(slot string, info cdc.SlotInfo, phase string, d *DaemonStatus,
 	switch {
 	case d == nil:
 		out = append(out, fmt.Sprintf("no fkmat run streams from replication slot %q (none has reported itself in fkmat.daemon); "+
-			"it retains %d bytes of WAL on the source's disk: start fkmat run, or fkmat teardown if the join is no longer wanted", slot, info.RetainedBytes))
+			"it retains %s of WAL on the source's disk: start fkmat run, or fkmat teardown if the join is no longer wanted", slot, human.Bytes(info.RetainedBytes)))
 	case now.Sub(d.HeartbeatAt) > maxInactive:
 		out = append(out, fmt.Sprintf("no fkmat run has streamed from replication slot %q for %s (last: %s on %s, pid %d); "+
-			"it retains %d bytes of WAL on the source's disk: start fkmat run, or fkmat teardown if the join is no longer wanted",
-			slot, now.Sub(d.HeartbeatAt).Round(time.Second), d.Version, d.Host, d.PID, info.RetainedBytes))
+			"it retains %s of WAL on the source's disk: start fkmat run, or fkmat teardown if the join is no longer wanted",
+			slot, now.Sub(d.HeartbeatAt).Round(time.Second), d.Version, d.Host, d.PID, human.Bytes(info.RetainedBytes)))
 	}
 	return out
 }
@@ -270,6 +480,11 @@ func readStatusMeta(ctx context.Context, target *pgxpool.Pool, slot string) (sta
 	if lsnText != nil {
 		st.LSN = *lsnText
 	}
+	restart, err := cdc.ParseLSN(st.RestartLSN)
+	if err != nil {
+		return m, fmt.Errorf("read fkmat.stall: %w", err)
+	}
+	st.Fix = stallFix(Stall{Position: restart})
 	m.stall = &st
 	return m, nil
 }
@@ -294,7 +509,11 @@ func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, op
 		if err := statusStore(ctx, rdb, RedisTablePrefix(slot, p.Name, t), opts, p, st, &one); err != nil {
 			return err
 		}
-		s.Problems = append(s.Problems, one.Problems...)
+		for _, problem := range one.Problems { // a join's tables lose their states together
+			if !slices.Contains(s.Problems, problem) {
+				s.Problems = append(s.Problems, problem)
+			}
+		}
 		if one.RedisState != "ok" && s.RedisState == "ok" {
 			s.RedisState = one.RedisState
 		}
@@ -324,13 +543,25 @@ func statusStore(ctx context.Context, rdb redis.UniversalClient, prefix string, 
 		return fmt.Errorf("join %q: %w", p.Name, err)
 	}
 	meta, err := store.Meta(ctx)
+	// Before its first backfill a join has no state; after, run rebuilds a
+	// lost or foreign one from a new snapshot (or refuses, by
+	// --on-lost-state), so status says so.
+	streaming := st.exists && st.phase == "streaming"
 	switch {
 	case errors.Is(err, redisstore.ErrNoState):
 		s.RedisState = "lost"
+		if streaming {
+			s.Problems = append(s.Problems, fmt.Sprintf("the Redis state of join %q is lost (flushed, evicted, or a Redis restarted without persistence): "+
+				"fkmat run rebuilds it from a new snapshot (unless --on-lost-state refuse; then run fkmat backfill --force)", p.Name))
+		}
 	case err != nil:
 		return fmt.Errorf("join %q: %w", p.Name, err)
 	case st.exists && meta.Epoch != st.epoch:
 		s.RedisState = "foreign"
+		if streaming {
+			s.Problems = append(s.Problems, fmt.Sprintf("the Redis state of join %q belongs to another build of the target (epoch %s, the target's %s): "+
+				"fkmat run rebuilds it from a new snapshot (unless --on-lost-state refuse; then run fkmat backfill --force)", p.Name, meta.Epoch, st.epoch))
+		}
 	default:
 		s.RedisCheckpoint = meta.Checkpoint.String()
 		s.Subscriptions = meta.Subscriptions

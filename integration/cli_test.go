@@ -146,21 +146,28 @@ func TestCLI(t *testing.T) {
 	}
 
 	r := keep(runCLI(t, env, "status", "--json"))
-	var st []fkmat.JoinStatus
-	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil || len(st) != 1 {
+	var rep fkmat.StatusReport
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &rep) != nil || len(rep.Joins) != 1 {
 		t.Fatalf("status --json: exit %d, %q", r.code, r.stdout)
 	}
-	// 31 orders, all with a customer_id: 31 subscriptions.
-	if st[0].Phase != "streaming" || st[0].TargetRows != 31 || !st[0].SlotExists || st[0].RedisState != "ok" || st[0].Subscriptions != 31 ||
+	// The daemon stopped a moment ago, within --max-inactive: not running,
+	// and no problem. 31 orders, all with a customer_id: 31 subscriptions.
+	st := rep.Joins
+	if !rep.OK || rep.Verdict != fkmat.VerdictNotRunning || rep.Slot == nil || rep.Slot.RetainedWALBytes <= 0 || rep.Daemon == nil ||
+		st[0].Phase != "streaming" || st[0].TargetRows != 31 || !st[0].SlotExists || st[0].RedisState != "ok" || st[0].Subscriptions != 31 ||
 		st[0].Daemon == nil || st[0].WALStatus != "reserved" || st[0].RetainedWALBytes <= 0 {
-		t.Fatalf("status = %+v", st[0])
+		t.Fatalf("status = %+v", rep)
 	}
-	// The daemon stopped a moment ago: past --max-inactive, a slot nobody
-	// streams from is a problem, and status exits 1.
+	// Past --max-inactive, a slot nobody streams from is a problem, and
+	// status exits 1.
 	r = keep(runCLI(t, env, "status", "--max-inactive", "1ms"))
-	if r.code != 1 || !strings.Contains(r.stdout, "problem: no fkmat run has streamed from replication slot") ||
-		!strings.Contains(r.stdout, "RETAINED_WAL") || !strings.Contains(r.stdout, "daemon: fkmat ") {
+	if r.code != 1 || !strings.HasPrefix(r.stdout, "not running: last seen ") ||
+		!strings.Contains(r.stdout, "problem: no fkmat run has streamed from replication slot") ||
+		!strings.Contains(r.stdout, "join orders_enriched\n  phase:      streaming\n") || !strings.Contains(r.stdout, "  daemon:     fkmat ") {
 		t.Fatalf("status with the slot inactive: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r = keep(runCLI(t, env, "status", "--wide")); r.code != 0 || !strings.Contains(r.stdout, "RETAINED_WAL") {
+		t.Fatalf("status --wide: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	if r := keep(runCLI(t, env, "verify")); r.code != 0 || !strings.Contains(r.stdout, "equal") {
 		t.Fatalf("verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)
@@ -267,8 +274,8 @@ func TestCommandsOnSharedTables(t *testing.T) {
 	if !p.wait(15*time.Second) || p.err != nil {
 		t.Fatalf("run after SIGTERM: exited %v, %v\n%s", p.exited, p.err, tail(p.stderr.String(), 20))
 	}
-	var st []fkmat.JoinStatus
-	if r := ok("status", "--json"); json.Unmarshal([]byte(r.stdout), &st) != nil || len(st) != 3 {
+	var rep fkmat.StatusReport
+	if r := ok("status", "--json"); json.Unmarshal([]byte(r.stdout), &rep) != nil || len(rep.Joins) != 3 {
 		t.Fatalf("status --json: %q", r.stdout)
 	}
 	if r := ok("verify"); strings.Count(r.stdout, "equal") < 3 {

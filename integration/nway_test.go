@@ -128,10 +128,11 @@ func TestNWayExample(t *testing.T) {
 	}
 
 	r := runCLI(t, env, "status", "--json")
-	var st []fkmat.JoinStatus
-	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+	var rep fkmat.StatusReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 		t.Fatalf("status --json: %v\n%s%s", err, r.stdout, r.stderr)
 	}
+	st := rep.Joins
 	if len(st) != 1 || len(st[0].Edges) != 5 || st[0].RedisState != "ok" {
 		t.Fatalf("status = %+v", st)
 	}

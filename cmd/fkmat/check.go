@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/human"
 )
 
 func checkCommand() *cli.Command {
@@ -51,6 +51,15 @@ func checkCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// checkUsageError is jsonUsageError for check.
+func checkUsageError(next cli.OnUsageErrorFunc) cli.OnUsageErrorFunc {
+	return jsonUsageError(next, func(w io.Writer, err error) error {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(checkResult{Error: err.Error()})
+	})
 }
 
 // checkResult is `check --json`.
@@ -104,31 +113,18 @@ func printPlan(w io.Writer, p *fkmat.RunPlan) error {
 		for _, t := range j.Tables {
 			refs, refBytes := "-", "-"
 			if t.References > 0 {
-				refs, refBytes = count(t.References), fmt.Sprint(t.RefBytes)
+				refs, refBytes = human.Count(t.References), fmt.Sprint(t.RefBytes)
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s\t\n", t.Table, count(t.Rows), t.RowBytes, refs, refBytes, planBytes(t.StateBytes))
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s\t\n", t.Table, human.Count(t.Rows), t.RowBytes, refs, refBytes, human.Bytes(t.StateBytes))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "  estimate: Redis %s, backfill %s (%s rows)\n", planBytes(j.RedisBytes), seconds(j.BackfillSeconds), count(j.BackfillRows))
+		fmt.Fprintf(w, "  estimate: Redis %s, backfill %s (%s rows)\n", human.Bytes(j.RedisBytes), seconds(j.BackfillSeconds), human.Count(j.BackfillRows))
 	}
-	fmt.Fprintf(w, "\nestimate, all joins: Redis %s, backfill %s\n", planBytes(p.RedisBytes), seconds(p.BackfillSeconds))
+	fmt.Fprintf(w, "\nestimate, all joins: Redis %s, backfill %s\n", human.Bytes(p.RedisBytes), seconds(p.BackfillSeconds))
 	fmt.Fprintf(w, "from: %s\n", p.Basis)
 	return nil
-}
-
-// count writes n with thousands separators.
-func count(n int64) string {
-	s := fmt.Sprint(n)
-	var b strings.Builder
-	for i, r := range s {
-		if i > 0 && (len(s)-i)%3 == 0 && s[i-1] != '-' {
-			b.WriteByte(',')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
 
 // seconds writes a duration estimate in seconds or minutes.
@@ -141,17 +137,4 @@ func seconds(s float64) string {
 	default:
 		return fmt.Sprintf("~%.1f h", s/3600)
 	}
-}
-
-// planBytes writes n bytes in Postgres's binary units.
-func planBytes(n int64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
-	f, u := float64(n), 0
-	for f >= 1024 && u < len(units)-1 {
-		f, u = f/1024, u+1
-	}
-	if u == 0 {
-		return fmt.Sprintf("%d B", n)
-	}
-	return fmt.Sprintf("%.1f %s", f, units[u])
 }

@@ -72,7 +72,7 @@ func (d *daemon) grow(ctx context.Context, p *pipeline.Pipeline) {
 					d.log.Warn("resizing the redis state failed; it stays as it was and is tried again", "join", g.join, "table", g.table, "err", err)
 					continue
 				}
-				d.obs.resized(time.Since(start))
+				d.obs.resized(g.join, time.Since(start))
 				d.log.Info("resized the redis state to its tables' size", "join", g.join, "table", g.table,
 					"rows", st.Rows, "subscriptions", st.Subscriptions, "keys_copied", st.Copied,
 					"took", time.Since(start).Round(time.Millisecond))

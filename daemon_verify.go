@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,19 +27,51 @@ const verifyChunkRows = 1000
 // source keeps changing it, before the verifier lets it go unconfirmed.
 const verifyRecheckTries = 3
 
-// verifyCounters are the background verifier's figures, read by /metrics.
+// verifyCounters are the background verifier's figures, read by /metrics:
+// the rounds completed over every join, and each join's own figures.
 type verifyCounters struct {
+	rounds atomic.Int64
+	joins  sync.Map // join name → *joinVerify
+}
+
+// joinVerify are one join's verification figures.
+type joinVerify struct {
 	checked atomic.Int64 // rows compared, in all rounds
-	rounds  atomic.Int64 // rounds completed
-	// current counts the confirmed differences of the round in progress,
-	// last those of the last completed round.
+	// current counts the confirmed differences of the join's verification
+	// in progress, last those of its last completed one.
 	current, last atomic.Int64
 }
 
-// differences is the gauge fkmat_verify_differences: the confirmed
-// differences of the last completed round, or of the round in progress
-// once it has found more.
-func (v *verifyCounters) differences() int64 { return max(v.current.Load(), v.last.Load()) }
+// join returns the figures of the join named name.
+func (v *verifyCounters) join(name string) *joinVerify {
+	jv, _ := v.joins.LoadOrStore(name, &joinVerify{})
+	return jv.(*joinVerify)
+}
+
+// each calls fn with every join's figures.
+func (v *verifyCounters) each(fn func(name string, jv *joinVerify)) {
+	v.joins.Range(func(k, jv any) bool {
+		fn(k.(string), jv.(*joinVerify))
+		return true
+	})
+}
+
+// checked is the rows compared over every join.
+func (v *verifyCounters) checked() (n int64) {
+	v.each(func(_ string, jv *joinVerify) { n += jv.checked.Load() })
+	return n
+}
+
+// differences is the sum of the joins' differences.
+func (v *verifyCounters) differences() (n int64) {
+	v.each(func(_ string, jv *joinVerify) { n += jv.differences() })
+	return n
+}
+
+// differences is the gauge fkmat_verify_differences{join}: the confirmed
+// differences of the join's last completed verification, or of the one in
+// progress once it has found more.
+func (jv *joinVerify) differences() int64 { return max(jv.current.Load(), jv.last.Load()) }
 
 // verifyLoop compares every target with its SQL join in the background,
 // once per Options.VerifyInterval (counted from the end of a round), until
@@ -59,11 +92,12 @@ func (d *daemon) verifyLoop(ctx context.Context, p *pipeline.Pipeline, v *verify
 	t := time.NewTimer(d.opts.VerifyInterval)
 	defer t.Stop()
 	for ticked(ctx, t.C) {
-		start, checked := time.Now(), v.checked.Load()
-		v.current.Store(0)
+		start, checked := time.Now(), v.checked()
 		complete := true
 		for _, j := range d.joins {
-			if err := d.verifyJoin(ctx, p, j.Plan(), v); err != nil {
+			jv := v.join(j.Plan().Name)
+			jv.current.Store(0)
+			if err := d.verifyJoin(ctx, p, j.Plan(), jv); err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
@@ -71,14 +105,15 @@ func (d *daemon) verifyLoop(ctx context.Context, p *pipeline.Pipeline, v *verify
 				if warned.allow("verify "+j.Plan().Name, time.Now()) {
 					d.log.Warn("background verification failed; trying again next round", "join", j.Plan().Name, "err", err)
 				}
+			} else {
+				jv.last.Store(jv.current.Load())
+				jv.current.Store(0)
 			}
 		}
 		if complete {
-			v.last.Store(v.current.Load())
-			v.current.Store(0)
 			v.rounds.Add(1)
 		}
-		d.log.Info("background verification round done", "complete", complete, "rows_checked", v.checked.Load()-checked,
+		d.log.Info("background verification round done", "complete", complete, "rows_checked", v.checked()-checked,
 			"differences", v.differences(), "seconds", time.Since(start).Seconds())
 		t.Reset(d.opts.VerifyInterval)
 	}
@@ -93,7 +128,7 @@ const verifyMaxSuspects = 20_000
 // chunks and confirmed together (at the end, or when verifyMaxSuspects
 // have gathered), so that a round waits for the daemon's lag once, not
 // once per chunk.
-func (d *daemon) verifyJoin(ctx context.Context, p *pipeline.Pipeline, jp *plan.JoinPlan, v *verifyCounters) error {
+func (d *daemon) verifyJoin(ctx context.Context, p *pipeline.Pipeline, jp *plan.JoinPlan, v *joinVerify) error {
 	q := newVerifyQueries(jp)
 	var lo []*string
 	var suspects []suspect

@@ -7,15 +7,18 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/buildinfo"
+	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/join"
 )
@@ -24,10 +27,16 @@ import (
 // health on /healthz and /readyz. It reads the components' Stats() on each
 // scrape; the core logic knows nothing of it. The pipeline it observes is
 // replaced when Run restarts it, so counters are carried across restarts.
+// What belongs to one join (its target's rows, its engine's and Redis
+// state's counters, its verification) carries a join label; what belongs
+// to the slot or the process does not.
 type observer struct {
 	mu    sync.Mutex
 	p     *pipeline.Pipeline
 	phase string // "starting", "backfilling", "streaming"
+	// joins are the configured joins' names: the per-join series have a
+	// sample for each from the start.
+	joins []string
 	base  pipelineCounters
 	// stall is the pipeline's current stall, nil when it is not stalled.
 	stall *Stall
@@ -35,22 +44,33 @@ type observer struct {
 	slot *cdc.SlotInfo
 	// restarts counts the pipeline restarts after an error.
 	restarts int64
-	// resizes and resizeSeconds count the Redis states resized as their
-	// tables grew, and the time the stream waited for them.
-	resizes       int64
-	resizeSeconds float64
+	// resizes counts, per join, the Redis states resized as their tables
+	// grew, and the time the stream waited for them.
+	resizes map[string]resizeCounts
 	// verify are the background verifier's counters (nil: none).
 	verify *verifyCounters
 	// batchSeconds is the time batches spend in each phase.
 	batchSeconds *prometheus.HistogramVec
 }
 
-func newObserver() *observer {
-	return &observer{phase: "starting", batchSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+// resizeCounts are the resizes of one join's Redis states.
+type resizeCounts struct {
+	n       int64
+	seconds float64
+}
+
+// newObserver returns the observer of a daemon running cfg.
+func newObserver(cfg *config.Config) *observer {
+	o := &observer{phase: "starting", resizes: map[string]resizeCounts{}}
+	for _, j := range cfg.Joins {
+		o.joins = append(o.joins, j.Name)
+	}
+	o.batchSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "fkmat_pipeline_batch_seconds",
 		Help:    "Time a committed batch spent in each phase (collect, map, join, write, verify, target_commit, redis_commit, total).",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10), // 0.5 ms to 131 s
-	}, []string{"phase"})}
+	}, []string{"phase"})
+	return o
 }
 
 // timingHook returns observeBatch, or nil without metrics.
@@ -91,9 +111,14 @@ func (o *observer) setVerify(v *verifyCounters) { o.locked(func() { o.verify = v
 // restarted counts a pipeline restart after an error.
 func (o *observer) restarted() { o.locked(func() { o.restarts++ }) }
 
-// resized counts a state resized in took.
-func (o *observer) resized(took time.Duration) {
-	o.locked(func() { o.resizes++; o.resizeSeconds += took.Seconds() })
+// resized counts a state of join resized in took.
+func (o *observer) resized(join string, took time.Duration) {
+	o.locked(func() {
+		r := o.resizes[join]
+		r.n++
+		r.seconds += took.Seconds()
+		o.resizes[join] = r
+	})
 }
 
 // setSlot records a sample of the slot.
@@ -105,8 +130,14 @@ func (o *observer) setStall(s *Stall) { o.locked(func() { o.stall = s }) }
 // pipelineCounters are the cumulative counters of pipelines.
 type pipelineCounters struct {
 	pipeline.Counters
-	join       join.Stats
 	reconnects int64
+	joins      map[string]joinCounters
+}
+
+// joinCounters are the cumulative counters of one join.
+type joinCounters struct {
+	join.Stats
+	upserted, deleted, waitShort int64
 }
 
 func (o *observer) setPhase(phase string) { o.locked(func() { o.phase = phase }) }
@@ -127,16 +158,51 @@ func (o *observer) attach(p *pipeline.Pipeline) {
 
 func (o *observer) countersLocked() pipelineCounters {
 	c := o.base
+	c.joins = make(map[string]joinCounters, len(o.base.joins))
+	for name, jc := range o.base.joins {
+		c.joins[name] = jc
+	}
 	p := o.p
 	if p == nil {
 		return c
 	}
 	c.Counters.Add(p.Counters())
-	for _, j := range p.Joins() {
-		c.join.Add(j.Stats())
+	for i, j := range p.Joins() {
+		jc := c.joins[j.Plan().Name]
+		jc.Add(j.Stats())
+		upserted, deleted := p.JoinRows(i)
+		jc.upserted += upserted
+		jc.deleted += deleted
+		for _, s := range j.Stores() {
+			jc.waitShort += s.WaitShort()
+		}
+		c.joins[j.Plan().Name] = jc
 	}
 	c.reconnects += p.SourceStats().Reconnects
 	return c
+}
+
+// joinNamesLocked returns the configured joins' names, then any other join
+// a counter names (none, unless the configuration changed under Run).
+func (o *observer) joinNamesLocked(c pipelineCounters) []string {
+	names := slices.Clone(o.joins)
+	var more []string
+	add := func(name string) {
+		if !slices.Contains(names, name) && !slices.Contains(more, name) {
+			more = append(more, name)
+		}
+	}
+	for name := range c.joins {
+		add(name)
+	}
+	for name := range o.resizes {
+		add(name)
+	}
+	if o.verify != nil {
+		o.verify.each(func(name string, _ *joinVerify) { add(name) })
+	}
+	slices.Sort(more)
+	return append(names, more...)
 }
 
 // descs lists every metric for Describe.
@@ -155,11 +221,11 @@ var (
 	mBatches    = desc("fkmat_pipeline_batches_total", "Batches committed to the target and Redis.")
 	mTxns       = desc("fkmat_pipeline_transactions_total", "Source transactions applied.")
 	mChanges    = desc("fkmat_pipeline_changes_total", "Source row changes applied.")
-	mUpserted   = desc("fkmat_sink_rows_upserted_total", "Target rows inserted or changed.")
-	mDeleted    = desc("fkmat_sink_rows_deleted_total", "Target rows deleted.")
-	mStale      = desc("fkmat_join_stale_responses_total", "Responses discarded by the value-hash check.")
-	mFanout     = desc("fkmat_join_fanout_rows_total", "Dependent rows resolved after right-side changes.")
-	mDrops      = desc("fkmat_join_inner_null_fk_drops_total", "Inner-join left rows without a row because of a NULL foreign key.")
+	mUpserted   = desc("fkmat_sink_rows_upserted_total", "Target rows inserted or changed, by join.", "join")
+	mDeleted    = desc("fkmat_sink_rows_deleted_total", "Target rows deleted, by join.", "join")
+	mStale      = desc("fkmat_join_stale_responses_total", "Responses discarded by the value-hash check, by join.", "join")
+	mFanout     = desc("fkmat_join_fanout_rows_total", "Dependent rows resolved after right-side changes, by join.", "join")
+	mDrops      = desc("fkmat_join_inner_null_fk_drops_total", "Inner-join left rows without a row because of a NULL foreign key, by join.", "join")
 	mReconnects = desc("fkmat_cdc_reconnects_total", "Replication reconnects.")
 	mLag        = desc("fkmat_cdc_lag_bytes", "Server WAL end minus the acknowledged position.")
 	mAcked      = desc("fkmat_cdc_acked_lsn", "Highest acknowledged LSN (committed in the target).")
@@ -168,8 +234,8 @@ var (
 	mStalled    = desc("fkmat_pipeline_stalled", "1 while the pipeline fails with the same error at the same source position after restarts.")
 	mStallCount = desc("fkmat_pipeline_stall_recurrences", "Recurrences of the current stall's error (0 when not stalled).")
 	mRestarts   = desc("fkmat_pipeline_restarts_total", "Pipeline restarts from the checkpoints after an error (connection losses, stalls...).")
-	mVerified   = desc("fkmat_verify_rows_checked_total", "Rows the background verification (run --verify-interval) compared with the SQL join.")
-	mVerifyDiff = desc("fkmat_verify_differences", "Confirmed differences between a target and its SQL join: of the last completed verification round, or of the one in progress once it found more.")
+	mVerified   = desc("fkmat_verify_rows_checked_total", "Rows the background verification (run --verify-interval) compared with the SQL join, by join.", "join")
+	mVerifyDiff = desc("fkmat_verify_differences", "Confirmed differences between a join's target and its SQL join: of the join's last completed verification, or of the one in progress once it found more.", "join")
 	mVerifyRuns = desc("fkmat_verify_rounds_total", "Background verification rounds completed over every join.")
 	mBuild      = desc("fkmat_build_info", "Always 1; the labels say which fkmat runs.", "version", "goversion")
 	mLagSeconds = desc("fkmat_lag_seconds", "While there is a backlog, seconds since the source commit of the last applied transaction; 0 without one.")
@@ -178,9 +244,9 @@ var (
 	mSafeWAL    = desc("fkmat_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is invalidated (safe_wal_size); absent when max_slot_wal_keep_size is unlimited.")
 	mWALStatus  = desc("fkmat_slot_wal_status", "1 for the slot's current wal_status, 0 for the others.", "status")
 	mSlotActive = desc("fkmat_slot_active", "1 while a walsender streams from the slot.")
-	mWaitShort  = desc("fkmat_redis_wait_short_total", "Redis writes that run --redis-wait-replicas could not confirm on that many replicas within the WAIT timeout (or at all: written through a redirect).")
-	mResizes    = desc("fkmat_redis_resizes_total", "Redis states moved to more buckets or lanes as their tables grew.")
-	mResizeTime = desc("fkmat_redis_resize_seconds_total", "Time the stream waited for Redis states to be resized.")
+	mWaitShort  = desc("fkmat_redis_wait_short_total", "Redis writes that run --redis-wait-replicas could not confirm on that many replicas within the WAIT timeout (or at all: written through a redirect), by join.", "join")
+	mResizes    = desc("fkmat_redis_resizes_total", "Redis states moved to more buckets or lanes as their tables grew, by join.", "join")
+	mResizeTime = desc("fkmat_redis_resize_seconds_total", "Time the stream waited for Redis states to be resized, by join.", "join")
 	mSlotLag    = desc("fkmat_slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn of the slot, at the last sample.")
 )
 
@@ -196,29 +262,42 @@ func (o *observer) Describe(ch chan<- *prometheus.Desc) {
 func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	o.mu.Lock()
 	c := o.countersLocked()
+	joins := o.joinNamesLocked(c)
 	p, phase, stall, slot, restarts, verify := o.p, o.phase, o.stall, o.slot, o.restarts, o.verify
-	resizes, resizeSeconds := o.resizes, o.resizeSeconds
+	resizes := make(map[string]resizeCounts, len(o.resizes))
+	for name, r := range o.resizes {
+		resizes[name] = r
+	}
 	o.mu.Unlock()
 	o.batchSeconds.Collect(ch)
-	counter := func(d *prometheus.Desc, v float64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}
-	gaugeOf := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
+	gaugeOf := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
 	counter(mBatches, float64(c.Batches))
 	counter(mTxns, float64(c.Txns))
 	counter(mChanges, float64(c.Changes))
-	counter(mUpserted, float64(c.Upserted))
-	counter(mDeleted, float64(c.Deleted))
-	counter(mStale, float64(c.join.StaleResponses))
-	counter(mFanout, float64(c.join.FanoutRows))
-	counter(mDrops, float64(c.join.InnerNullFKDrops))
+	for _, name := range joins {
+		jc, r := c.joins[name], resizes[name]
+		counter(mUpserted, float64(jc.upserted), name)
+		counter(mDeleted, float64(jc.deleted), name)
+		counter(mStale, float64(jc.StaleResponses), name)
+		counter(mFanout, float64(jc.FanoutRows), name)
+		counter(mDrops, float64(jc.InnerNullFKDrops), name)
+		counter(mWaitShort, float64(jc.waitShort), name)
+		counter(mResizes, float64(r.n), name)
+		counter(mResizeTime, r.seconds, name)
+		if verify != nil {
+			jv := verify.join(name)
+			counter(mVerified, float64(jv.checked.Load()), name)
+			gaugeOf(mVerifyDiff, float64(jv.differences()), name)
+		}
+	}
 	counter(mReconnects, float64(c.reconnects))
 	counter(mRestarts, float64(restarts))
-	counter(mResizes, float64(resizes))
-	counter(mResizeTime, resizeSeconds)
 	if verify != nil {
-		counter(mVerified, float64(verify.checked.Load()))
-		gaugeOf(mVerifyDiff, float64(verify.differences()))
 		counter(mVerifyRuns, float64(verify.rounds.Load()))
 	}
 	ready, stalled, recurrences := 0.0, 0.0, 0.0
@@ -242,8 +321,6 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 		gaugeOf(mBuffered, float64(st.BufferedChanges))
 		lag, last := p.Lag(time.Now())
 		gaugeOf(mLagSeconds, lag)
-		short, _ := waitShort(p.Joins())
-		counter(mWaitShort, float64(short))
 		if !last.IsZero() {
 			gaugeOf(mLastCommit, float64(last.UnixNano())/1e9)
 		}
@@ -275,8 +352,12 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 // has shut down.
 func serveMetrics(ctx context.Context, addr string, o *observer, log *slog.Logger) (_ net.Addr, wait func(), err error) {
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(o); err != nil {
-		return nil, nil, err
+	// The Go runtime's and the process's series (go_*, process_*: heap,
+	// GC, goroutines, RSS, CPU, open files) beside fkmat's own.
+	for _, c := range []prometheus.Collector{o, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
+		if err := reg.Register(c); err != nil {
+			return nil, nil, err
+		}
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))

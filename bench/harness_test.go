@@ -377,7 +377,8 @@ func processCPU(pid int) (float64, error) {
 // (100 on Linux for every architecture Go supports here).
 const clockTicks = 100
 
-// metric reads one unlabelled value from the daemon's /metrics.
+// metric reads one value from the daemon's /metrics: the sum of the
+// metric's samples over its label sets (the joins of a per-join series).
 func (p *daemon) metric(name string) float64 {
 	b := p.d.b
 	b.Helper()
@@ -387,12 +388,16 @@ func (p *daemon) metric(name string) float64 {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`(?m)^` + name + ` (\S+)$`).FindSubmatch(body)
-	if m == nil {
+	ms := regexp.MustCompile(`(?m)^`+name+`(?:\{[^}]*\})? (\S+)$`).FindAllSubmatch(body, -1)
+	if ms == nil {
 		b.Fatalf("no %s in /metrics", name)
 	}
-	v, _ := strconv.ParseFloat(string(m[1]), 64)
-	return v
+	sum := 0.0
+	for _, m := range ms {
+		v, _ := strconv.ParseFloat(string(m[1]), 64)
+		sum += v
+	}
+	return sum
 }
 
 // written returns the target rows p has written (committed: the counters

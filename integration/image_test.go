@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,10 +15,13 @@ import (
 )
 
 // TestImage builds the container image (scripts/image.sh, what make image
-// runs) and runs it end to end against the test containers: the daemon in
-// the image backfills and streams, stops cleanly on docker stop, and fkmat
-// verify in the image finds the target equal to the SQL join. The
-// container uses the host's network to reach them on loopback.
+// runs) and runs it end to end against the test containers: the image
+// serves its metrics by default (FKMAT_METRICS_ADDR=:9187, the port it
+// exposes), the daemon in the image backfills and streams and answers on
+// /readyz and /metrics, stops cleanly on docker stop, and fkmat verify in
+// the image finds the target equal to the SQL join. The container uses the
+// host's network to reach them on loopback (and so listens on a free
+// loopback port of the host instead of 9187).
 func TestImage(t *testing.T) {
 	tc := testenv.New(t)
 	image := "fkmat-test/fkmat"
@@ -32,6 +37,10 @@ func TestImage(t *testing.T) {
 	if out, err := docker("run", "--rm", image+":latest", "--version"); err != nil || !strings.HasPrefix(out, "fkmat ") {
 		t.Fatalf("the image's --version: %v %q", err, out)
 	}
+	out, err := docker("image", "inspect", "-f", "{{json .Config.Env}} {{json .Config.ExposedPorts}} {{.Config.User}}", image+":latest")
+	if err != nil || !strings.Contains(out, `"FKMAT_METRICS_ADDR=:9187"`) || !strings.Contains(out, `"9187/tcp"`) || !strings.Contains(out, "65532") {
+		t.Fatalf("the image does not serve its metrics on the port it exposes, as user 65532: %v %s", err, out)
+	}
 
 	sqlExec(t, tc, shop, `INSERT INTO customers SELECT g, 'c' || g, 't' FROM generate_series(1, 10) g`,
 		`INSERT INTO orders SELECT g, g % 12, g, 'n' FROM generate_series(1, 300) g`)
@@ -45,7 +54,13 @@ func TestImage(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = testenv.DeleteKeys(context.Background(), tc.Redis, "fkmat:"+tc.Slot+":") })
 	name := "fkmat-image-test-" + tc.Slot
-	common := []string{"--network", "host", "-v", dir + ":/cfg:ro",
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := l.Addr().String()
+	_ = l.Close()
+	common := []string{"--network", "host", "-v", dir + ":/cfg:ro", "-e", "FKMAT_METRICS_ADDR=" + metricsAddr,
 		"-e", "FKMAT_SOURCE_URL=" + tc.DatabaseURL, "-e", "FKMAT_REDIS_URL=redis://" + tc.Env.RedisAddr + "/0", image + ":latest",
 		"--config", "/cfg/fkmat.yaml"}
 	if out, err := docker(append([]string{"run", "-d", "--name", name}, append(common, "--log-format", "json", "run")...)...); err != nil {
@@ -55,14 +70,29 @@ func TestImage(t *testing.T) {
 	waitCaughtUpMeta(t, tc, tc.Pool, &daemon{})
 	sqlExec(t, tc, `UPDATE customers SET name = 'image' WHERE id < 4`, `INSERT INTO orders VALUES (1000, 2, 1, 'x')`, `DELETE FROM orders WHERE id = 7`)
 	waitCaughtUpMeta(t, tc, tc.Pool, &daemon{})
-	if out, err := docker("stop", "-t", "45", name); err != nil {
+	waitFor(t, 30*time.Second, "/readyz of the daemon in the image", func() bool {
+		resp, err := http.Get("http://" + metricsAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	m := &scraper{t: t, base: "http://" + metricsAddr}
+	body := m.body()
+	for _, series := range []string{`fkmat_sink_rows_upserted_total{join="orders_enriched"}`, "process_resident_memory_bytes", "go_goroutines"} {
+		if _, ok := metricValue(body, series); !ok {
+			t.Errorf("/metrics of the daemon in the image lacks %s", series)
+		}
+	}
+	if out, err := docker("stop", "-t", "60", name); err != nil {
 		t.Fatalf("docker stop: %v\n%s", err, out)
 	}
 	if out, _ := docker("inspect", "-f", "{{.State.ExitCode}}", name); strings.TrimSpace(out) != "0" {
 		logs, _ := docker("logs", name)
 		t.Fatalf("the daemon in the image exited %s after SIGTERM\n%s", out, tail(logs, 20))
 	}
-	out, err := docker(append([]string{"run", "--rm"}, append(common, "verify")...)...)
+	out, err = docker(append([]string{"run", "--rm"}, append(common, "verify")...)...)
 	if err != nil || !strings.Contains(out, "equal") {
 		t.Fatalf("verify in the image: %v\n%s", err, out)
 	}

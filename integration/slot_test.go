@@ -52,15 +52,20 @@ func (s *scraper) body() string {
 	return string(b)
 }
 
-// value returns the sample of series (a name with its labels, as printed),
-// and whether it is there.
+// metricValue returns the sample of series (a name with its labels, as
+// printed), and whether it is there. A name alone sums its samples over
+// every label set (the joins of a per-join series).
 func metricValue(body, series string) (float64, bool) {
-	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindStringSubmatch(body)
-	if m == nil {
-		return 0, false
+	labels := ` `
+	if !strings.Contains(series, "{") {
+		labels = `(?:\{[^}]*\})? `
 	}
-	v, _ := strconv.ParseFloat(m[1], 64)
-	return v, true
+	sum, found := 0.0, false
+	for _, m := range regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(series)+labels+`(\S+)$`).FindAllStringSubmatch(body, -1) {
+		v, _ := strconv.ParseFloat(m[1], 64)
+		sum, found = sum+v, true
+	}
+	return sum, found
 }
 
 // TestSlotSafety, on a Postgres of its own with a small

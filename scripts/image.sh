@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds the fkmat container image without a registry or a base image: a
 # static binary, the build host's CA certificates and a passwd entry for an
-# unprivileged user, imported with `docker import`.
+# unprivileged user, imported with `docker import`. The daemon serves
+# /metrics, /healthz and /readyz on port 9187 (FKMAT_METRICS_ADDR; set it
+# empty to turn them off): a container's port is reachable only where it is
+# published.
 #   scripts/image.sh [name]   (default fkmat; tags name:<version> and name:latest)
 # The version is VERSION from the environment (make image passes git describe).
 set -euo pipefail
@@ -30,6 +33,7 @@ tar -C "$rootfs" --owner=0 --group=0 -c . | docker import \
 	--change 'USER 65532:65532' \
 	--change 'ENTRYPOINT ["/usr/local/bin/fkmat"]' \
 	--change 'CMD ["run"]' \
+	--change 'ENV FKMAT_METRICS_ADDR=:9187' \
 	--change 'EXPOSE 9187' \
 	--change "LABEL org.opencontainers.image.title=fkmat org.opencontainers.image.version=$version" \
 	- "$name:$version" >/dev/null

@@ -67,6 +67,8 @@ func NewWriter(pool *pgxpool.Pool) *Writer { return &Writer{pool: pool} }
 type Tx struct {
 	tx    pgx.Tx
 	Stats Stats
+	// tables are the Stats of Apply by table, for metrics per join.
+	tables map[*Table]Stats
 }
 
 // Stats counts the rows a transaction really changed.
@@ -95,9 +97,26 @@ func (t *Tx) Rollback(ctx context.Context) error {
 	return err
 }
 
+// TableStats returns the rows Apply changed in table. Tables count by
+// pointer, as passed to Apply: two joins whose targets have one name count
+// apart.
+func (t *Tx) TableStats(table *Table) Stats { return t.tables[table] }
+
 // Apply writes one join output (truncate, null-right, deletes, upserts,
 // right-column updates, in that order) to table.
 func (t *Tx) Apply(ctx context.Context, table *Table, out join.Output) error {
+	before := t.Stats
+	defer func() {
+		if t.tables == nil {
+			t.tables = map[*Table]Stats{}
+		}
+		s := t.tables[table]
+		s.Upserted += t.Stats.Upserted - before.Upserted
+		s.Deleted += t.Stats.Deleted - before.Deleted
+		s.Nulled += t.Stats.Nulled - before.Nulled
+		s.Truncates += t.Stats.Truncates - before.Truncates
+		t.tables[table] = s
+	}()
 	if out.Truncate {
 		if err := t.Truncate(ctx, table); err != nil {
 			return err

@@ -307,8 +307,11 @@ func (p *Pipeline) commitTargetTx(ctx context.Context, tx TargetTx, truncations 
 		return err
 	}
 	p.targetLSN.Store(uint64(end))
-	p.upserted.Add(tx.Counts().Upserted)
-	p.deleted.Add(tx.Counts().Deleted)
+	for i, j := range p.joins {
+		c := tx.Counts(&j.Plan().Target)
+		p.rows[i].upserted.Add(c.Upserted)
+		p.rows[i].deleted.Add(c.Deleted)
+	}
 	return nil
 }
 

@@ -59,8 +59,10 @@ type Pipeline struct {
 	onBatch func()
 	// placed caches, per relation, whether a join uses it.
 	placed map[*cdc.Relation]bool
-	// counters, read by the metrics handler (Counters)
-	batches, txns, changes, upserted, deleted atomic.Int64
+	// counters, read by the metrics handler (Counters, JoinRows); rows
+	// has one per join.
+	batches, txns, changes atomic.Int64
+	rows                   []joinRows
 	// lastCommit is the source commit time (Unix ns) of the last applied
 	// transaction; firstSeen that of the first one received; started is
 	// when the pipeline started.
@@ -91,6 +93,7 @@ func New(cfg Config) *Pipeline {
 		slot: cfg.Slot, publication: cfg.Publication, joins: cfg.Joins, target: cfg.Target, source: cfg.Source,
 		limits: cfg.Limits, sizer: batchSizer{limits: cfg.Limits}, log: cfg.Log,
 		onBatch: cfg.OnBatch, onTiming: cfg.OnTiming, started: time.Now(), cuts: map[cdc.LSN]bool{},
+		rows: make([]joinRows, len(cfg.Joins)),
 	}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
@@ -120,8 +123,22 @@ func (c *Counters) Add(o Counters) {
 // counted before it is acknowledged: whoever sees the slot past a batch
 // sees it here too.
 func (p *Pipeline) Counters() Counters {
-	return Counters{Batches: p.batches.Load(), Txns: p.txns.Load(), Changes: p.changes.Load(),
-		Upserted: p.upserted.Load(), Deleted: p.deleted.Load()}
+	c := Counters{Batches: p.batches.Load(), Txns: p.txns.Load(), Changes: p.changes.Load()}
+	for i := range p.rows {
+		upserted, deleted := p.JoinRows(i)
+		c.Upserted += upserted
+		c.Deleted += deleted
+	}
+	return c
+}
+
+// joinRows count the target rows one join changed.
+type joinRows struct{ upserted, deleted atomic.Int64 }
+
+// JoinRows returns the target rows the pipeline inserted or changed
+// (upserted) and deleted for join i (of Joins) so far.
+func (p *Pipeline) JoinRows(i int) (upserted, deleted int64) {
+	return p.rows[i].upserted.Load(), p.rows[i].deleted.Load()
 }
 
 // Joins returns the joins the pipeline runs.
@@ -245,7 +262,7 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 		// grace period. A batch is never timed out while the daemon runs:
 		// a right row with a million dependents takes as long as it takes,
 		// and a deadline would fail it again on every restart.
-		bctx, cancel := afterGrace(ctx, shutdownGrace)
+		bctx, cancel := afterGrace(ctx, ShutdownGrace)
 		job, err := p.prepare(bctx, b, inFlight)
 		if err == nil {
 			inFlight, err = p.trim(inFlight)
@@ -278,9 +295,9 @@ func (p *Pipeline) settle(inFlight []*commitJob) error {
 	return nil
 }
 
-// shutdownGrace is how long the batch in hand may still take after shutdown
+// ShutdownGrace is how long the batch in hand may still take after shutdown
 // begins.
-const shutdownGrace = 30 * time.Second
+const ShutdownGrace = 30 * time.Second
 
 // afterGrace returns a context that is not canceled with ctx but grace
 // after it: work started under it finishes unless it outlasts the grace.

@@ -210,7 +210,7 @@ func (tx *fakeTx) Rollback(context.Context) error {
 	return nil
 }
 
-func (tx *fakeTx) Counts() sink.Stats { return sink.Stats{} }
+func (tx *fakeTx) Counts(*sink.Table) sink.Stats { return sink.Stats{} }
 
 // fakeState is the world as the join's State: table i's of a tree, the
 // one of a pair. Reads and commits run on different goroutines, as on

@@ -37,8 +37,9 @@ type TargetTx interface {
 	Exec(ctx context.Context, sql string, args ...any) error
 	Commit(ctx context.Context, slot string, lsn cdc.LSN) error
 	Rollback(ctx context.Context) error
-	// Counts returns the rows the transaction really changed.
-	Counts() sink.Stats
+	// Counts returns the rows the transaction really changed in table (as
+	// passed to Apply).
+	Counts(table *sink.Table) sink.Stats
 }
 
 // State is one join's Redis state as the pipeline reads and commits it
@@ -76,4 +77,4 @@ func (s SinkTarget) Begin(ctx context.Context) (TargetTx, error) {
 // sinkTx is a sink.Tx as a TargetTx.
 type sinkTx struct{ *sink.Tx }
 
-func (t sinkTx) Counts() sink.Stats { return t.Stats }
+func (t sinkTx) Counts(table *sink.Table) sink.Stats { return t.TableStats(table) }

@@ -1,0 +1,67 @@
+package fkmat
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fkmat/fkmat/internal/config"
+)
+
+// TestMetricsLabels: /metrics carries the Go runtime's and the process's
+// series, one sample per configured join of every per-join series (before
+// any pipeline runs), and what one join did under its own label only.
+func TestMetricsLabels(t *testing.T) {
+	t.Parallel()
+	o := newObserver(&config.Config{Joins: []config.JoinConfig{{Name: "orders_x"}, {Name: "items_x"}}})
+	v := &verifyCounters{}
+	o.setVerify(v)
+	o.resized("items_x", 1500*time.Millisecond)
+	v.join("items_x").last.Store(3)
+	v.join("items_x").checked.Add(1000)
+	v.rounds.Add(1)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	addr, wait, err := serveMetrics(ctx, "127.0.0.1:0", o, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cancel()
+		wait()
+	}()
+	resp, err := http.Get("http://" + addr.String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	body := string(b)
+
+	for _, line := range []string{
+		"# TYPE go_goroutines gauge", "# TYPE go_memstats_heap_alloc_bytes gauge", "# TYPE process_resident_memory_bytes gauge",
+		`fkmat_sink_rows_upserted_total{join="orders_x"} 0`, `fkmat_sink_rows_upserted_total{join="items_x"} 0`,
+		`fkmat_sink_rows_deleted_total{join="orders_x"} 0`, `fkmat_join_fanout_rows_total{join="items_x"} 0`,
+		`fkmat_join_stale_responses_total{join="orders_x"} 0`, `fkmat_join_inner_null_fk_drops_total{join="orders_x"} 0`,
+		`fkmat_redis_wait_short_total{join="orders_x"} 0`,
+		`fkmat_redis_resizes_total{join="items_x"} 1`, `fkmat_redis_resizes_total{join="orders_x"} 0`,
+		`fkmat_redis_resize_seconds_total{join="items_x"} 1.5`,
+		`fkmat_verify_differences{join="items_x"} 3`, `fkmat_verify_differences{join="orders_x"} 0`,
+		`fkmat_verify_rows_checked_total{join="items_x"} 1000`,
+		"fkmat_verify_rounds_total 1", "fkmat_pipeline_changes_total 0", "fkmat_ready 0", "fkmat_pipeline_restarts_total 0",
+	} {
+		if !strings.Contains(body, "\n"+line+"\n") {
+			t.Errorf("/metrics lacks %q", line)
+		}
+	}
+	// The slot's, the pipeline's and the process's series have no join.
+	for _, name := range []string{"fkmat_pipeline_changes_total", "fkmat_pipeline_restarts_total", "fkmat_verify_rounds_total", "fkmat_ready"} {
+		if strings.Contains(body, name+"{join=") {
+			t.Errorf("%s has a join label", name)
+		}
+	}
+}

@@ -58,6 +58,12 @@ type Options struct {
 	// another process streams from before it stops with cdc.ErrSlotInUse;
 	// zero means cdc.DefaultSlotBusyTimeout.
 	SlotBusyTimeout time.Duration
+	// Standby makes run a standby: before anything else (it writes
+	// nothing meanwhile) it waits, without limit, until no other process
+	// holds the replication slot, then starts as run does; and when
+	// another process takes the slot first, it waits again instead of
+	// stopping. See waitForSlot.
+	Standby bool
 	// PartitionCheckInterval is how often run compares the partitions of
 	// the joined partitioned tables with the ones it knows; zero means
 	// DefaultPartitionCheckInterval.
@@ -123,6 +129,17 @@ func (o *Options) setDefaults() {
 	o.Batch.SetDefaults()
 }
 
+// slotBusyTimeout is how long the stream and a backfill wait for a slot
+// that another process holds. A standby has waited for the slot before it
+// started, without limit: a slot held now was taken by another process
+// first, and the standby goes back to waiting at once.
+func (o *Options) slotBusyTimeout() time.Duration {
+	if o.Standby {
+		return time.Nanosecond
+	}
+	return o.SlotBusyTimeout
+}
+
 // orDefault sets *v to def when it is the zero value.
 func orDefault[T comparable](v *T, def T) {
 	var zero T
@@ -181,7 +198,7 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 	}
 	if d.cdc, err = cdc.New(cdc.Config{
 		ConnString: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication,
-		Tables: publishedTables(d.plans), Logger: d.log, SlotBusyTimeout: opts.SlotBusyTimeout,
+		Tables: publishedTables(d.plans), Logger: d.log, SlotBusyTimeout: opts.slotBusyTimeout(),
 	}); err != nil {
 		return nil, err
 	}

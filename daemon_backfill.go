@@ -64,6 +64,10 @@ func (d *daemon) backfill(ctx context.Context) error {
 	if err := preflightIgnoringSlot(d.cdc.Preflight(ctx)); err != nil {
 		return err
 	}
+	// Nothing is written while another process streams or backfills.
+	if err := d.waitSlotFree(ctx); err != nil {
+		return err
+	}
 	if err := d.cdc.EnsurePublication(ctx); err != nil {
 		return err
 	}
@@ -78,6 +82,12 @@ func (d *daemon) backfill(ctx context.Context) error {
 		return err
 	}
 	slot, err := d.cdc.CreateSlot(ctx, true)
+	if errors.Is(err, cdc.ErrSlotExists) {
+		// Dropped or missing a moment ago: another process created it
+		// since, and backfills from it.
+		return fmt.Errorf("%w: another process created replication slot %q as this backfill was about to (another fkmat run?): %w",
+			cdc.ErrSlotInUse, d.cfg.Slot, err)
+	}
 	if err != nil {
 		return err
 	}
@@ -158,36 +168,35 @@ func preflightIgnoringSlot(err error) error {
 
 // dropSlot drops the slot if it exists; a slot in use is an error.
 func (d *daemon) dropSlot(ctx context.Context) error {
-	info, err := d.cdc.SlotInfo(ctx)
-	if err != nil {
+	if err := d.waitSlotFree(ctx); err != nil {
 		return err
 	}
-	// A daemon restarted after a crash can find its own previous walsender
-	// still holding the slot for a moment (until the server notices the
-	// dead connection): wait for it as the stream does, up to the slot busy
-	// timeout, before taking the slot for someone else's.
+	return d.cdc.DropSlot(ctx)
+}
+
+// waitSlotFree waits until no other process holds the slot: none streams
+// from it, and none holds the snapshot of its creation (a backfill). A
+// daemon restarted after a crash can find its own previous walsender still
+// holding the slot for a moment (until the server notices the dead
+// connection): it waits for it as the stream does, up to the slot busy
+// timeout, before it takes the slot for someone else's.
+func (d *daemon) waitSlotFree(ctx context.Context) error {
 	deadline := time.Now().Add(d.cdc.Config().SlotBusyTimeout)
-	for info.Exists && info.ActivePID != 0 && time.Now().Before(deadline) {
+	for {
+		h, held, err := d.cdc.Holder(ctx)
+		if err != nil || !held {
+			return err
+		}
+		if !time.Now().Before(deadline) {
+			return fmt.Errorf("%w: process %d %s slot %q (still after %s); stop it (another fkmat run or backfill?) before the backfill",
+				cdc.ErrSlotInUse, h.PID, h.What(), d.cfg.Slot, d.cdc.Config().SlotBusyTimeout)
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(250 * time.Millisecond):
 		}
-		if info, err = d.cdc.SlotInfo(ctx); err != nil {
-			return err
-		}
 	}
-	if !info.Exists {
-		return nil
-	}
-	if info.ActivePID != 0 {
-		return fmt.Errorf("%w: process %d streams from slot %q (still after %s); stop it (another fkmat run?) before the backfill",
-			cdc.ErrSlotInUse, info.ActivePID, d.cfg.Slot, d.cdc.Config().SlotBusyTimeout)
-	}
-	if _, err := d.source.Exec(ctx, "SELECT pg_drop_replication_slot($1)", d.cfg.Slot); err != nil {
-		return fmt.Errorf("drop replication slot %q: %w", d.cfg.Slot, err)
-	}
-	return nil
 }
 
 // beginBackfill marks every join as backfilling (so an interrupted load is

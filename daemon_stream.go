@@ -70,9 +70,6 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		Limits: d.opts.Batch, Log: d.log.With("component", "pipeline"), TargetCheckpoint: targetLSN, Cuts: cuts,
 		OnBatch: rs.progress, OnTiming: d.obs.timingHook(),
 	})
-	d.log.Info("streaming", "slot", d.cfg.Slot, "start_lsn", start.String(), "joins", len(d.joins))
-	d.obs.attach(p)
-	d.obs.setPhase("streaming")
 
 	// The stream, the pipeline and the sweeper are supervised together: the
 	// first error stops the others, and all have returned before the
@@ -88,6 +85,18 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		}
 		return err
 	})
+	// Nothing else starts before the stream holds the slot: a process that
+	// finds it taken (a standby that lost the race for it) stops having
+	// written no heartbeat, swept or resized nothing, and never said ready.
+	select {
+	case <-stream.Holding():
+	case <-gctx.Done():
+		stopStream()
+		return g.Wait()
+	}
+	d.log.Info("streaming", "slot", d.cfg.Slot, "start_lsn", start.String(), "joins", len(d.joins))
+	d.obs.attach(p)
+	d.obs.setPhase("streaming")
 	g.Go(func() error {
 		d.sweep(gctx, p.Garbage())
 		return nil

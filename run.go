@@ -12,7 +12,16 @@ import (
 	"github.com/fkmat/fkmat/internal/pipeline"
 
 	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/sink"
 )
+
+// ShutdownTimeout bounds how long Run takes to return once ctx is done: the
+// batch in hand (pipeline.ShutdownGrace), then the last acknowledgement and
+// the replication connection's close (a few seconds each). A supervisor
+// should wait at least this long before it kills the process
+// (deploy/systemd: TimeoutStopSec; deploy/kubernetes:
+// terminationGracePeriodSeconds).
+const ShutdownTimeout = pipeline.ShutdownGrace + 15*time.Second
 
 // Run is the daemon: it backfills when needed (first start, interrupted
 // backfill, lost Redis state when allowed), then streams and maintains every
@@ -24,11 +33,15 @@ import (
 // exponential, jittered backoff; configuration problems, schema changes,
 // lost state with OnLostState=refuse and terminal replication errors stop
 // Run.
+//
+// With Options.Standby, Run first waits, changing nothing, while another
+// process holds the replication slot, and waits again whenever another
+// process takes the slot first.
 func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	opts.setDefaults()
 	var obs *observer
 	if opts.MetricsAddr != "" {
-		obs = newObserver()
+		obs = newObserver(cfg)
 		mctx, stopMetrics := context.WithCancel(ctx)
 		addr, wait, err := serveMetrics(mctx, opts.MetricsAddr, obs, opts.Logger)
 		if err != nil {
@@ -78,6 +91,13 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			}
 			opts.Logger.Error("shutdown failed", "err", err)
 			return err
+		}
+		if opts.Standby && (errors.Is(err, cdc.ErrSlotInUse) || errors.Is(err, sink.ErrCheckpointBackwards)) {
+			// Another process took the slot first, or took it over (and
+			// committed past a batch this run still had in hand).
+			opts.Logger.Info("standby: another process holds the replication slot; waiting for it again", "slot", cfg.Slot, "err", err)
+			delay = time.Second
+			continue
 		}
 		if time.Since(started) > time.Minute {
 			delay = time.Second
@@ -142,6 +162,11 @@ type runState struct {
 }
 
 func runOnce(ctx context.Context, cfg *config.Config, opts Options, obs *observer, connected *bool, rs *runState) error {
+	if opts.Standby {
+		if err := waitForSlot(ctx, cfg, opts.Logger, obs); err != nil {
+			return err
+		}
+	}
 	obs.setPhase("starting")
 	d, err := open(ctx, cfg, opts)
 	if err != nil {

@@ -478,7 +478,29 @@ func (c *Client) Teardown(ctx context.Context) error {
 		return err
 	}
 	defer closeConn(conn)
-	_, err = conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", c.cfg.Slot)
+	if err := c.dropSlot(ctx, conn); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+quoteIdent(c.cfg.Publication)); err != nil {
+		return fmt.Errorf("drop publication %q: %w", c.cfg.Publication, c.mapErr(err))
+	}
+	c.log.Info("dropped replication slot and publication", "slot", c.cfg.Slot, "publication", c.cfg.Publication)
+	return nil
+}
+
+// DropSlot drops the slot; a missing one is fine. A slot that a process is
+// streaming from is ErrSlotInUse: stop that process first.
+func (c *Client) DropSlot(ctx context.Context) error {
+	conn, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn(conn)
+	return c.dropSlot(ctx, conn)
+}
+
+func (c *Client) dropSlot(ctx context.Context, conn *pgx.Conn) error {
+	_, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", c.cfg.Slot)
 	if err != nil {
 		err = c.mapErr(err)
 		if busy, ok := errors.AsType[*slotBusyError](err); ok {
@@ -486,10 +508,6 @@ func (c *Client) Teardown(ctx context.Context) error {
 		}
 		return fmt.Errorf("drop replication slot %q: %w", c.cfg.Slot, err)
 	}
-	if _, err := conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+quoteIdent(c.cfg.Publication)); err != nil {
-		return fmt.Errorf("drop publication %q: %w", c.cfg.Publication, c.mapErr(err))
-	}
-	c.log.Info("dropped replication slot and publication", "slot", c.cfg.Slot, "publication", c.cfg.Publication)
 	return nil
 }
 

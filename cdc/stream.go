@@ -45,7 +45,10 @@ type Stream struct {
 	queue *queue
 	done  chan struct{}
 	err   error // Run's result, set before done is closed
-	acked atomic.Uint64
+	// holding is closed once the stream holds the slot: its first
+	// START_REPLICATION succeeded.
+	holding chan struct{}
+	acked   atomic.Uint64
 	// cleared bounds every position reported while held (Hold); it is
 	// the highest position the consumer has found safe to confirm.
 	held    bool
@@ -60,6 +63,8 @@ type Stream struct {
 	reported  LSN // last position sent to the server
 	asm       *assembler
 	lastPID   uint32 // backend PID of the last walsender that streamed for us
+	triedPID  uint32 // backend PID of our last replication connection
+	streamed  bool   // the stream has held the slot (holding is closed)
 	checked   bool   // slot and publication were checked
 	warned    map[byte]time.Time
 }
@@ -76,14 +81,15 @@ type streamStats struct {
 // confirmed_flush_lsn. Call Run to start it.
 func (c *Client) NewStream(start LSN) *Stream {
 	s := &Stream{
-		c:      c,
-		cfg:    c.cfg,
-		log:    c.log,
-		queue:  newQueue(int64(c.cfg.QueueChanges), int64(c.cfg.QueueBytes)),
-		done:   make(chan struct{}),
-		start:  start,
-		asm:    newAssembler(c.cfg.ChunkChanges, c.cfg.ChunkBytes, c.log),
-		warned: map[byte]time.Time{},
+		c:       c,
+		cfg:     c.cfg,
+		log:     c.log,
+		queue:   newQueue(int64(c.cfg.QueueChanges), int64(c.cfg.QueueBytes)),
+		done:    make(chan struct{}),
+		holding: make(chan struct{}),
+		start:   start,
+		asm:     newAssembler(c.cfg.ChunkChanges, c.cfg.ChunkBytes, c.log),
+		warned:  map[byte]time.Time{},
 	}
 	s.acked.Store(uint64(start))
 	return s
@@ -137,6 +143,11 @@ func (s *Stream) Next(ctx context.Context) (*Txn, error) {
 
 // Done is closed when Run has returned.
 func (s *Stream) Done() <-chan struct{} { return s.done }
+
+// Holding is closed once the stream holds the slot (its first
+// START_REPLICATION succeeded): from then on no other consumer can stream
+// from it until this one's connection ends.
+func (s *Stream) Holding() <-chan struct{} { return s.holding }
 
 // StreamStats is a snapshot of a stream's counters.
 type StreamStats struct {
@@ -210,14 +221,24 @@ func (s *Stream) Run(ctx context.Context) (err error) {
 			if busySince.IsZero() {
 				busySince = time.Now()
 			}
-			if busy.pid != 0 && uint32(busy.pid) == s.lastPID {
+			switch {
+			case busy.pid != 0 && (uint32(busy.pid) == s.lastPID || uint32(busy.pid) == s.triedPID):
 				// Our previous walsender has not noticed that its
 				// connection is gone.
 				s.log.Warn("terminating our stale walsender", "pid", busy.pid)
 				if terr := s.c.terminateBackend(ctx, busy.pid); terr != nil {
 					s.log.Warn("terminate stale walsender failed", "pid", busy.pid, "err", terr)
 				}
-			} else if time.Since(busySince) >= s.cfg.SlotBusyTimeout {
+			case s.streamed:
+				// Another consumer took the slot while this stream was
+				// reconnecting (a standby taking over): it streams from
+				// the checkpoints now, and this stream's consumer must
+				// stop at once rather than apply what it still holds.
+				err = fmt.Errorf("%w: process %d took over replication slot %q while this stream reconnected (a standby?); stopping: %w",
+					ErrSlotInUse, busy.pid, s.cfg.Slot, busy.err)
+				s.log.Error("replication stopped", "err", err)
+				return fmt.Errorf("stream slot %q: %w", s.cfg.Slot, err)
+			case time.Since(busySince) >= s.cfg.SlotBusyTimeout:
 				err = busy.terminal(s.cfg.SlotBusyTimeout)
 				s.log.Error("replication stopped", "err", err)
 				return fmt.Errorf("stream slot %q: %w", s.cfg.Slot, err)
@@ -267,6 +288,9 @@ func (s *Stream) session(ctx context.Context) (progressed bool, err error) {
 		return false, err
 	}
 	defer closeConn(conn)
+	// START_REPLICATION may take the slot even when its reply does not
+	// reach us.
+	s.triedPID = conn.PID()
 
 	// Resume after the last transaction handed over, not the last one
 	// acknowledged: the consumer still holds those. Only a transaction cut
@@ -285,6 +309,10 @@ func (s *Stream) session(ctx context.Context) (progressed bool, err error) {
 	// This walsender now holds the slot; if the connection dies unnoticed
 	// by the server, the next session finds the slot busy with this PID.
 	s.lastPID = conn.PID()
+	if !s.streamed {
+		s.streamed = true
+		close(s.holding)
+	}
 	s.log.Info("replication started", "slot", s.cfg.Slot, "resume_lsn", resume.String(), "backend_pid", conn.PID())
 	ss := &session{s: s, conn: conn, tick: s.cfg.tick(), lastRecv: time.Now()}
 	err = ss.run(ctx)

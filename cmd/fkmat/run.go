@@ -19,7 +19,7 @@ func runCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-stall-restarts", Value: fkmat.DefaultMaxStallRestarts, EnvVars: []string{"FKMAT_MAX_STALL_RESTARTS"},
 				Usage: "exit 1 after the same error recurs this many times at the same source position (a stall a restart cannot fix)"},
 			&cli.StringFlag{Name: "slot-retained-warn", Value: "1GiB", EnvVars: []string{"FKMAT_SLOT_RETAINED_WARN"},
-				Usage: "warn when the replication slot retains more WAL than this on the source, or its safe_wal_size falls below it (e.g. 1GiB, 512MB)"},
+				Usage: "warn when the replication slot retains more WAL than this on the source, or its safe_wal_size falls below it (e.g. 1GB, 512MB: Postgres's units, 1024-based like 1GiB, 512MiB; a plain number is bytes)"},
 			&cli.DurationFlag{Name: "verify-interval", EnvVars: []string{"FKMAT_VERIFY_INTERVAL"},
 				Usage: "compare every target with its SQL join in the background, one throttled round per interval (e.g. 1h; off by default)"},
 			&cli.IntFlag{Name: "redis-wait-replicas", EnvVars: []string{"FKMAT_REDIS_WAIT_REPLICAS"},
@@ -28,6 +28,8 @@ func runCommand() *cli.Command {
 				Usage: "no longer used: a fan-out of a join of more than two tables writes no Redis state"},
 			&cli.DurationFlag{Name: "slot-busy-timeout", Value: cdc.DefaultSlotBusyTimeout, EnvVars: []string{"FKMAT_SLOT_BUSY_TIMEOUT"},
 				Usage: "how long to wait for the replication slot while another process streams from it (a previous run's walsender the server has not yet dropped) before exiting 1 naming that process"},
+			&cli.BoolFlag{Name: "standby", EnvVars: []string{"FKMAT_STANDBY"},
+				Usage: "wait without limit, changing nothing, while another fkmat run holds the replication slot, and take over when it stops or dies (run one on each of two hosts; --slot-busy-timeout does not apply)"},
 			&cli.DurationFlag{Name: "grow-check-interval", Value: fkmat.DefaultGrowCheckInterval, EnvVars: []string{"FKMAT_GROW_CHECK_INTERVAL"},
 				Usage: "how often to compare the joined tables' sizes with their Redis states' layouts, and resize the states they outgrew (the stream waits about a second per million rows moved)"},
 			&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"FKMAT_METRICS_ADDR"},
@@ -39,6 +41,7 @@ func runCommand() *cli.Command {
 				return err
 			}
 			opts.OnLostState = c.String("on-lost-state")
+			opts.Standby = c.Bool("standby")
 			opts.MetricsAddr = c.String("metrics-addr")
 			if opts.RedisWaitReplicas = c.Int("redis-wait-replicas"); opts.RedisWaitReplicas < 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--redis-wait-replicas %d: use 0 (do not wait) or the number of replicas to wait for", opts.RedisWaitReplicas)}

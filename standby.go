@@ -1,0 +1,103 @@
+package fkmat
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/config"
+)
+
+// Standby timing: how often a standby looks at the slot, and how often it
+// says that it still waits.
+const (
+	standbyPoll = 500 * time.Millisecond
+	standbyLog  = time.Minute
+)
+
+// waitForSlot is a standby's first step: it returns once no process holds
+// the replication slot (cdc.Holder: none streams from it, none backfills
+// from it), or when ctx is done. It only reads: it connects to the source
+// and the target and looks, so that a standby changes nothing while the
+// active daemon runs. The slot is the lock: the active daemon's walsender
+// holds it until the server notices that its connection is gone: at once
+// when the daemon's process dies on a host that stays up (its kernel closes
+// the connection); when the host dies or stops answering, after
+// wal_sender_timeout while it streams, after the server's TCP keepalives
+// give up while it backfills.
+func waitForSlot(ctx context.Context, cfg *config.Config, log *slog.Logger, obs *observer) error {
+	obs.setPhase("standby")
+	source, err := connectPostgres(ctx, cfg.Source, "source")
+	if err != nil {
+		return err
+	}
+	defer source.Close()
+	target, err := connectPostgres(ctx, cfg.Target, "target")
+	if err != nil {
+		return err
+	}
+	defer target.Close()
+	var since, logged time.Time
+	for {
+		h, held, err := readHolder(ctx, source, cfg.Slot)
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		if !held {
+			if !since.IsZero() {
+				log.Info("standby: the replication slot is free; taking over", "slot", cfg.Slot, "waited", now.Sub(since).Round(time.Millisecond))
+			}
+			return nil
+		}
+		if since.IsZero() {
+			since = now
+		}
+		if logged.IsZero() || now.Sub(logged) >= standbyLog {
+			logged = now
+			log.Info(fmt.Sprintf("standby: replication slot %s is held by %s; waiting", cfg.Slot, describeHolder(ctx, target, cfg.Slot, h)),
+				"slot", cfg.Slot, "holder_pid", h.PID, "client_addr", h.ClientAddr, "waited", now.Sub(since).Round(time.Second))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(standbyPoll):
+		}
+	}
+}
+
+func readHolder(ctx context.Context, pool *pgxpool.Pool, slot string) (cdc.Holder, bool, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return cdc.Holder{}, false, err
+	}
+	defer conn.Release()
+	return cdc.ReadHolder(ctx, conn.Conn(), slot)
+}
+
+// describeHolder names the holder for an operator: the fkmat run that
+// reports itself in fkmat.daemon (pid and host) when the holder streams
+// and that report is fresh, else the walsender and where it connected
+// from.
+func describeHolder(ctx context.Context, target *pgxpool.Pool, slot string, h cdc.Holder) string {
+	where := "a walsender (server pid " + fmt.Sprint(h.PID)
+	if h.ClientAddr != "" {
+		where += ", client " + h.ClientAddr
+	}
+	where += ")"
+	if !h.Streaming {
+		return where + " that backfills from it"
+	}
+	var host string
+	var pid int
+	err := target.QueryRow(ctx, `SELECT host, pid FROM fkmat.daemon
+		WHERE slot = $1 AND heartbeat_at > now() - interval '1 minute'`, slot).Scan(&host, &pid)
+	if err != nil { // no fresh report (or no fkmat.daemon yet)
+		return where
+	}
+	return fmt.Sprintf("fkmat pid %d on host %s, through %s", pid, host, where)
+}

@@ -372,10 +372,17 @@ func testKubernetesManifest(t *testing.T) {
 		ports[p.Name] = p.ContainerPort
 	}
 	listen := ":9187" // the image's FKMAT_METRICS_ADDR
+	standby := false
 	for _, e := range c.Env {
-		if e.Name == "FKMAT_METRICS_ADDR" {
+		switch e.Name {
+		case "FKMAT_METRICS_ADDR":
 			listen = e.Value
+		case "FKMAT_STANDBY":
+			standby = e.Value == "true"
 		}
+	}
+	if !standby {
+		t.Errorf("FKMAT_STANDBY is not true: a replacement pod whose node was lost would exit after --slot-busy-timeout and crash-loop")
 	}
 	_, port, err := net.SplitHostPort(listen)
 	if err != nil {

@@ -3,6 +3,8 @@ package fkmat
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -94,6 +96,15 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		stopStream()
 		return g.Wait()
 	}
+	// Fence the target's commits: a run that held the slot before (a frozen
+	// daemon that comes back) can commit no batch from now on. One it
+	// committed while this run started moved the checkpoint this run
+	// started from: start again from the checkpoints.
+	if err := d.fence(ctx, targetLSN); err != nil {
+		stopStream()
+		_ = g.Wait()
+		return err
+	}
 	d.log.Info("streaming", "slot", d.cfg.Slot, "start_lsn", start.String(), "joins", len(d.joins))
 	d.obs.attach(p)
 	d.obs.setPhase("streaming")
@@ -129,6 +140,28 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	}
 	c := p.Counters()
 	d.log.Info("stopped", "batches", c.Batches, "txns", c.Txns, "changes", c.Changes)
+	return nil
+}
+
+// errTakenOverLate is a batch the slot's previous holder committed after
+// this run read the checkpoints and before it fenced them.
+var errTakenOverLate = errors.New("the replication slot's previous holder committed a batch while this run took the slot over")
+
+// fence makes this run the owner of the slot's target commits (sink's
+// Writer.Fence) and checks that the target's checkpoint is still read,
+// the one the run starts from.
+func (d *daemon) fence(ctx context.Context, read cdc.LSN) error {
+	host, _ := os.Hostname()
+	if err := d.writer.Fence(ctx, d.cfg.Slot, host, os.Getpid()); err != nil {
+		return err
+	}
+	now, err := d.writer.Checkpoint(ctx, d.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	if now != read {
+		return fmt.Errorf("%w (checkpoint %s, read %s); starting again from the checkpoints", errTakenOverLate, now, read)
+	}
 	return nil
 }
 

@@ -104,7 +104,7 @@ func stops(err error) bool {
 	_, isConfig := errors.AsType[*config.ConfigError](err)
 	return isConfig || errors.Is(err, pipeline.ErrSchemaChanged) || errors.Is(err, ErrLostState) ||
 		errors.Is(err, ErrPartitionsChanged) || errors.Is(err, sink.ErrShapeMismatch) ||
-		errors.Is(err, sink.ErrCheckpointBackwards) || cdc.IsTerminal(err)
+		errors.Is(err, sink.ErrCheckpointBackwards) || errors.Is(err, sink.ErrFenced) || cdc.IsTerminal(err)
 }
 
 // connectionError reports whether err is a connection problem: a server

@@ -92,7 +92,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			opts.Logger.Error("shutdown failed", "err", err)
 			return err
 		}
-		if opts.Standby && (errors.Is(err, cdc.ErrSlotInUse) || errors.Is(err, sink.ErrCheckpointBackwards)) {
+		if opts.Standby && (errors.Is(err, cdc.ErrSlotInUse) || errors.Is(err, sink.ErrCheckpointBackwards) || errors.Is(err, sink.ErrFenced)) {
 			// Another process took the slot first, or took it over (and
 			// committed past a batch this run still had in hand).
 			opts.Logger.Info("standby: another process holds the replication slot; waiting for it again", "slot", cfg.Slot, "err", err)

@@ -92,7 +92,7 @@ func Teardown(ctx context.Context, cfg *config.Config, dropTarget bool, opts Opt
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	for _, q := range []string{`DELETE FROM fkmat.join_state WHERE slot = $1`, `DELETE FROM fkmat.checkpoint WHERE slot = $1`,
 		`DELETE FROM fkmat.stall WHERE slot = $1`, `DELETE FROM fkmat.partitions WHERE slot = $1`,
-		`DELETE FROM fkmat.daemon WHERE slot = $1`} {
+		`DELETE FROM fkmat.daemon WHERE slot = $1`, `DELETE FROM fkmat.owner WHERE slot = $1`} {
 		if _, err := tx.Exec(ctx, q, cfg.Slot); err != nil {
 			return fmt.Errorf("delete fkmat metadata: %w", err)
 		}

@@ -2,11 +2,14 @@ package sink
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fkmat/fkmat/cdc"
@@ -57,6 +60,9 @@ func (t *Table) Ident() string { return pgx.Identifier{t.Schema, t.Name}.Sanitiz
 // Writer writes joined rows to target tables.
 type Writer struct {
 	pool *pgxpool.Pool
+	// owner is the token Fence wrote: every Commit checks that the slot is
+	// still this writer's. Empty until Fence: no check.
+	owner string
 }
 
 // NewWriter returns a Writer on pool.
@@ -66,6 +72,7 @@ func NewWriter(pool *pgxpool.Pool) *Writer { return &Writer{pool: pool} }
 // transactions plus the checkpoint, committed together or not at all.
 type Tx struct {
 	tx    pgx.Tx
+	owner string // Writer.owner at Begin
 	Stats Stats
 	// tables are the Stats of Apply by table, for metrics per join.
 	tables map[*Table]Stats
@@ -85,7 +92,7 @@ func (w *Writer) Begin(ctx context.Context) (*Tx, error) {
 	if err != nil {
 		return nil, fmt.Errorf("begin target transaction: %w", err)
 	}
-	return &Tx{tx: tx}, nil
+	return &Tx{tx: tx, owner: w.owner}, nil
 }
 
 // Rollback abandons the transaction; safe after Commit.
@@ -316,20 +323,67 @@ func (t *Tx) Delete(ctx context.Context, table *Table, keys [][]join.Value) erro
 // back: the caller replayed something it had already committed.
 var ErrCheckpointBackwards = errors.New("target checkpoint would move backwards")
 
+// ErrFenced means another run took the slot over (Fence) since this
+// writer's Fence: its commits are refused.
+var ErrFenced = errors.New("another fkmat run took the replication slot over")
+
+// Fence makes this writer the owner of slot's commits: it writes a new
+// token in fkmat.owner, and every Commit from then on checks it. A writer
+// that fenced the slot before is refused from then on (ErrFenced). Call it
+// once the replication stream holds the slot, before the first commit; a
+// commit of the old owner in flight finishes first (its FOR SHARE lock),
+// so read the checkpoint after Fence.
+func (w *Writer) Fence(ctx context.Context, slot, host string, pid int) error {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return fmt.Errorf("fence slot %s: %w", slot, err)
+	}
+	token := hex.EncodeToString(b)
+	if _, err := w.pool.Exec(ctx, `
+		INSERT INTO fkmat.owner (slot, token, host, pid) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (slot) DO UPDATE SET token = EXCLUDED.token, host = EXCLUDED.host, pid = EXCLUDED.pid, since = now()`,
+		slot, token, host, pid); err != nil {
+		return fmt.Errorf("fence slot %s: %w", slot, err)
+	}
+	w.owner = token
+	return nil
+}
+
 // Commit records lsn as the slot's checkpoint and commits. The checkpoint
 // never moves backwards: an older lsn fails with ErrCheckpointBackwards and
-// nothing is committed.
+// nothing is committed. After Fence, a commit of a slot another writer
+// fenced since fails with ErrFenced, and nothing is committed.
 func (t *Tx) Commit(ctx context.Context, slot string, lsn cdc.LSN) error {
-	tag, err := t.tx.Exec(ctx, `
-		INSERT INTO fkmat.checkpoint AS c (slot, lsn) VALUES ($1, $2::pg_lsn)
-		ON CONFLICT (slot) DO UPDATE SET lsn = EXCLUDED.lsn, updated_at = now()
-		WHERE c.lsn <= EXCLUDED.lsn`, slot, lsn.String())
+	var tag pgconn.CommandTag
+	var err error
+	if t.owner == "" {
+		tag, err = t.tx.Exec(ctx, `
+			INSERT INTO fkmat.checkpoint AS c (slot, lsn) VALUES ($1, $2::pg_lsn)
+			ON CONFLICT (slot) DO UPDATE SET lsn = EXCLUDED.lsn, updated_at = now()
+			WHERE c.lsn <= EXCLUDED.lsn`, slot, lsn.String())
+	} else {
+		tag, err = t.tx.Exec(ctx, `
+			WITH o AS (SELECT FROM fkmat.owner WHERE slot = $1 AND token = $3 FOR SHARE)
+			INSERT INTO fkmat.checkpoint AS c (slot, lsn) SELECT $1, $2::pg_lsn FROM o
+			ON CONFLICT (slot) DO UPDATE SET lsn = EXCLUDED.lsn, updated_at = now()
+			WHERE c.lsn <= EXCLUDED.lsn`, slot, lsn.String(), t.owner)
+	}
 	if err != nil {
 		_ = t.Rollback(ctx)
 		return fmt.Errorf("write checkpoint: %w", err)
 	}
 	if tag.RowsAffected() != 1 {
+		fenced := false
+		if t.owner != "" {
+			var owner string
+			if err := t.tx.QueryRow(ctx, `SELECT token FROM fkmat.owner WHERE slot = $1`, slot).Scan(&owner); err == nil && owner != t.owner {
+				fenced = true
+			}
+		}
 		_ = t.Rollback(ctx)
+		if fenced {
+			return fmt.Errorf("slot %s at %s: %w; this run stops (with --standby it waits for the slot again)", slot, lsn, ErrFenced)
+		}
 		return fmt.Errorf("slot %s at %s: %w", slot, lsn, ErrCheckpointBackwards)
 	}
 	if err := t.tx.Commit(ctx); err != nil {

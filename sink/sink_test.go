@@ -201,6 +201,56 @@ func TestCheckpointNeverBackwards(t *testing.T) {
 	}
 }
 
+// TestFence: once a second writer fenced the slot, the first writer's
+// commits are refused (ErrFenced), a transaction begun before the fence
+// included, and the target keeps the first writer's committed rows; the
+// second writer commits; an older lsn is still ErrCheckpointBackwards.
+func TestFence(t *testing.T) {
+	tc, w, tbl, ctx := setup(t)
+	if err := w.Fence(ctx, "slot_a", "host-a", 1); err != nil {
+		t.Fatal(err)
+	}
+	apply(t, ctx, w, tbl, 1000, join.Output{Upserts: []join.Row{{v("1"), v("1"), null, null, null}}})
+
+	old, err := w.Begin(ctx) // begun before the takeover
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Rollback(ctx)
+	if err := old.Apply(ctx, tbl, join.Output{Deletes: [][]join.Value{{v("1")}}}); err != nil {
+		t.Fatal(err)
+	}
+	next := sink.NewWriter(tc.Pool)
+	if err := next.Fence(ctx, "slot_a", "host-b", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Commit(ctx, "slot_a", cdc.LSN(2000)); !errors.Is(err, sink.ErrFenced) {
+		t.Fatalf("a commit begun before the fence = %v, want ErrFenced", err)
+	}
+	tx, err := w.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx, "slot_a", cdc.LSN(3000)); !errors.Is(err, sink.ErrFenced) {
+		t.Fatalf("a commit after the fence = %v, want ErrFenced", err)
+	}
+	if got := dump(t, ctx, tc, tbl); got != "1|1.00|<null>|<null>|<null>" {
+		t.Fatalf("target changed by a fenced commit: %q", got)
+	}
+	if lsn, err := w.Checkpoint(ctx, "slot_a"); err != nil || lsn != 1000 {
+		t.Fatalf("checkpoint after fenced commits = %v, %v; want 1000", lsn, err)
+	}
+	apply(t, ctx, next, tbl, 2000, join.Output{Upserts: []join.Row{{v("2"), v("2"), null, null, null}}})
+	// Backwards stays backwards, not fenced, for the owner.
+	tx, err = next.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx, "slot_a", cdc.LSN(1500)); !errors.Is(err, sink.ErrCheckpointBackwards) {
+		t.Fatalf("an older lsn from the owner = %v, want ErrCheckpointBackwards", err)
+	}
+}
+
 func TestShapeMismatch(t *testing.T) {
 	tc, w, tbl, ctx := setup(t)
 	_ = tc

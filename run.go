@@ -162,10 +162,18 @@ type runState struct {
 }
 
 func runOnce(ctx context.Context, cfg *config.Config, opts Options, obs *observer, connected *bool, rs *runState) error {
+	// Nothing is written while another process holds the slot: a standby
+	// waits for it, another run for --slot-busy-timeout (its own dead
+	// walsender, after a crash, is gone by then).
+	limit := opts.SlotBusyTimeout
+	if limit <= 0 {
+		limit = cdc.DefaultSlotBusyTimeout
+	}
 	if opts.Standby {
-		if err := waitForSlot(ctx, cfg, opts.Logger, obs); err != nil {
-			return err
-		}
+		limit = 0
+	}
+	if err := waitForSlot(ctx, cfg, opts.Logger, obs, limit); err != nil {
+		return err
 	}
 	obs.setPhase("starting")
 	d, err := open(ctx, cfg, opts)

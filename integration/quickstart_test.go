@@ -200,9 +200,7 @@ func TestReadmeQuickStart(t *testing.T) {
 		t.Logf("$ %s", line)
 		switch {
 		case strings.HasPrefix(line, "export "):
-			for _, kv := range strings.Fields(strings.TrimPrefix(line, "export ")) {
-				env = append(env, kv)
-			}
+			env = append(env, strings.Fields(strings.TrimPrefix(line, "export "))...)
 		case strings.HasPrefix(line, "docker compose "):
 			args := strings.Fields(strings.TrimPrefix(line, "docker compose "))
 			if i := indexOf(args, "-f"); i >= 0 {

@@ -23,6 +23,8 @@ type commitJob struct {
 	// tx is set when they were too many and went straight into it.
 	outs [][]join.Output
 	tx   TargetTx
+	// w writes into tx while the batch is joined, once tx is open.
+	w    *asyncWriter
 	muts []join.Mutations
 	// truncations are the batch's TRUNCATEs, noted with its target write.
 	truncations []truncation
@@ -100,7 +102,7 @@ func (p *Pipeline) prepare(ctx context.Context, b *batch, inFlight []*commitJob)
 				return nil // replaying for Redis only: the target has it
 			}
 			if job.tx == nil {
-				if buffered += out.Rows(); buffered <= maxBufferedRows {
+				if buffered += out.Rows(); buffered <= p.maxBuffered {
 					job.outs[i] = append(job.outs[i], out)
 					return nil
 				}
@@ -112,19 +114,38 @@ func (p *Pipeline) prepare(ctx context.Context, b *batch, inFlight []*commitJob)
 				if err := p.beginTarget(ctx, job); err != nil {
 					return err
 				}
+				job.w = startWriter(ctx, job.tx)
 			}
-			return job.tx.Apply(ctx, &j.Plan().Target, out)
+			return job.w.send(ctx, &j.Plan().Target, out)
 		}
 		var err error
 		if job.muts[i], err = j.apply(ctx, perJoin[i], job.end, emit); err != nil {
+			if werr := job.closeWriter(); errors.Is(err, errWriterFailed) {
+				err = werr
+			}
 			if job.tx != nil {
 				_ = job.tx.Rollback(context.WithoutCancel(ctx))
 			}
 			return nil, j.located(spans[i], fmt.Errorf("join %q: %w", j.Plan().Name, err))
 		}
 	}
+	if err := job.closeWriter(); err != nil {
+		_ = job.tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
 	phase(&b.timing.join)
 	return job, nil
+}
+
+// closeWriter waits for the job's writer, if it has one, and returns its
+// failure.
+func (job *commitJob) closeWriter() error {
+	if job.w == nil {
+		return nil
+	}
+	w := job.w
+	job.w = nil
+	return w.close()
 }
 
 // beginTarget opens the job's target transaction and writes its buffered

@@ -57,6 +57,8 @@ type Pipeline struct {
 	// (TRUNCATE); the sweeper deletes them.
 	garbage atomic.Bool
 	onBatch func()
+	// maxBuffered is maxBufferedRows (tests lower it).
+	maxBuffered int
 	// placed caches, per relation, whether a join uses it.
 	placed map[*cdc.Relation]bool
 	// counters, read by the metrics handler (Counters, JoinRows); rows
@@ -93,7 +95,7 @@ func New(cfg Config) *Pipeline {
 		slot: cfg.Slot, publication: cfg.Publication, joins: cfg.Joins, target: cfg.Target, source: cfg.Source,
 		limits: cfg.Limits, sizer: batchSizer{limits: cfg.Limits}, log: cfg.Log,
 		onBatch: cfg.OnBatch, onTiming: cfg.OnTiming, started: time.Now(), cuts: map[cdc.LSN]bool{},
-		rows: make([]joinRows, len(cfg.Joins)),
+		rows: make([]joinRows, len(cfg.Joins)), maxBuffered: maxBufferedRows,
 	}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)

@@ -608,7 +608,13 @@ var smallBatches = BatchLimits{Changes: 12, Delay: time.Millisecond, Idle: time.
 func TestPipelineWithFakes(t *testing.T) {
 	t.Parallel()
 	for _, tree := range []bool{false, true} {
-		for seed := range uint64(4) {
+		for seed := range uint64(6) {
+			// Seeds 4 and 5 hold at most one target row in memory per batch:
+			// the rest goes through the asyncWriter while the batch joins.
+			buffered := maxBufferedRows
+			if seed >= 4 {
+				buffered = 1
+			}
 			t.Run(fmt.Sprintf("tree %v/%d", tree, seed), func(t *testing.T) {
 				t.Parallel()
 				w := newFakeWorld(t, nil)
@@ -618,7 +624,9 @@ func TestPipelineWithFakes(t *testing.T) {
 				txns, want := workload(t, seed, 400, w.plan.Spec, tree)
 				w.txns = txns
 				last := txns[len(txns)-1].EndLSN
-				if err := w.runUntil(w.pipeline(smallBatches), last); err != nil {
+				p := w.pipeline(smallBatches)
+				p.maxBuffered = buffered
+				if err := w.runUntil(p, last); err != nil {
 					t.Fatal(err)
 				}
 				w.check(want)

@@ -141,8 +141,11 @@ func (d *daemon) verifyJoin(ctx context.Context, p *pipeline.Pipeline, jp *plan.
 			return err
 		}
 		for _, s := range confirmed {
-			d.log.Error("the target differs from the SQL join", "join", jp.Name, "target", jp.Target.Ident(),
-				"kind", s.kind, "key", keyText(s.key))
+			attrs := []any{"join", jp.Name, "target", jp.Target.Ident(), "kind", s.kind, "key", keyText(s.key)}
+			if len(s.columns) > 0 {
+				attrs = append(attrs, "columns", strings.Join(s.columns, ","))
+			}
+			d.log.Error("the target differs from the SQL join", attrs...)
 		}
 		v.current.Add(int64(len(confirmed)))
 		suspects = nil
@@ -177,6 +180,21 @@ func (d *daemon) verifyJoin(ctx context.Context, p *pipeline.Pipeline, jp *plan.
 type suspect struct {
 	kind string // missing, extra, different
 	key  []*string
+	// columns are, for a confirmed "different", the target columns that
+	// differ (names only: values are never logged).
+	columns []string
+}
+
+// differing names the target columns whose values differ between rows
+// e and a.
+func (q *verifyQueries) differing(e, a []*string) []string {
+	var out []string
+	for i := range e {
+		if (e[i] == nil) != (a[i] == nil) || deref(e[i]) != deref(a[i]) {
+			out = append(out, q.plan.Target.Columns[i].Name)
+		}
+	}
+	return out
 }
 
 // confirm reads the suspects again until each is settled: it reads their
@@ -220,7 +238,7 @@ func (d *daemon) confirm(ctx context.Context, p *pipeline.Pipeline, q *verifyQue
 			case e != nil && a == nil:
 				confirmed = append(confirmed, suspect{kind: "missing", key: s.key})
 			case e != nil && !rowsEqual(e, a):
-				confirmed = append(confirmed, suspect{kind: "different", key: s.key})
+				confirmed = append(confirmed, suspect{kind: "different", key: s.key, columns: q.differing(e, a)})
 			}
 		}
 		suspects = again

@@ -274,6 +274,27 @@ func (r *streamResult) add(rep *report) {
 	rep.row(name, "CPU per 1k changes (catch-up), fkmat + redis-server", per1k(u.cpu+u.redisCPU), "s",
 		fmt.Sprintf("fkmat %.1f ms, redis-server %.1f ms, walsender %.1f ms, target backends %.1f ms",
 			1000*per1k(u.cpu), 1000*per1k(u.redisCPU), 1000*per1k(u.walsenderCPU), 1000*per1k(u.backendCPU)), false)
+	// Each stage's busy fraction of the catch-up: the pipeline runs three
+	// stages at once (prepare: collect, map, join; target: write, verify,
+	// target commit; state: Redis commit), so the one near 1 bounds it.
+	// Collect is mostly waiting for the decoder while fkmat keeps up.
+	busy := func(phases ...string) (frac, usPerChange float64) {
+		for _, ph := range phases {
+			frac += u.phases[ph]
+		}
+		return frac / r.catchUp.Seconds(), 1e6 * frac / n
+	}
+	var per []string
+	for _, ph := range pipelinePhases {
+		f, us := busy(ph)
+		per = append(per, fmt.Sprintf("%s %.2f (%.1f µs)", ph, f, us))
+	}
+	prep, prepUS := busy("collect", "map", "join")
+	tgt, tgtUS := busy("write", "verify", "target_commit")
+	state, stateUS := busy("redis_commit")
+	rep.row(name, "pipeline stages busy during the catch-up, the busiest of prepare / target / state", max(prep, tgt, state), "ratio",
+		fmt.Sprintf("prepare %.2f (%.1f µs per change), target %.2f (%.1f µs), state %.2f (%.1f µs); by phase: %s",
+			prep, prepUS, tgt, tgtUS, state, stateUS, strings.Join(per, ", ")), false)
 	rep.row(name, "fkmat target rows written (catch-up)", r.catchUse.upserted+r.catchUse.deleted, "rows",
 		fmt.Sprintf("SQL result changed by %d", w.targetWrites), false)
 	peak := max(r.liveUse.peakRSSMB, r.catchUse.peakRSSMB, r.backfillUse.peakRSSMB)

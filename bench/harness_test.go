@@ -172,7 +172,14 @@ type usage struct {
 	deleted                  float64
 	fanoutRows               float64
 	waitShort                float64 // writes not confirmed by --redis-wait-replicas
+	// phases are the seconds committed batches spent in each pipeline
+	// phase (fkmat_pipeline_batch_seconds_sum), run only.
+	phases map[string]float64
 }
+
+// pipelinePhases are the phases of fkmat_pipeline_batch_seconds, in the
+// order a batch runs them.
+var pipelinePhases = []string{"collect", "map", "join", "write", "verify", "target_commit", "redis_commit"}
 
 func (d *db) backfill() usage {
 	d.b.Helper()
@@ -299,6 +306,10 @@ func (p *daemon) stop() usage {
 	u.deleted = p.metric("fkmat_sink_rows_deleted_total")
 	u.fanoutRows = p.metric("fkmat_join_fanout_rows_total")
 	u.waitShort = p.metric("fkmat_redis_wait_short_total")
+	u.phases = map[string]float64{}
+	for _, ph := range pipelinePhases {
+		u.phases[ph] = p.metricOr(`fkmat_pipeline_batch_seconds_sum\{phase="`+ph+`"\}`, 0)
+	}
 	u.redisCPU = p.d.redisCPU() - p.redis0
 	u.walsenderCPU, u.backendCPU = p.d.postgresCPU()
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
@@ -380,6 +391,27 @@ const clockTicks = 100
 // metric reads one value from the daemon's /metrics: the sum of the
 // metric's samples over its label sets (the joins of a per-join series).
 func (p *daemon) metric(name string) float64 {
+	p.d.b.Helper()
+	v, ok := p.scrape(name)
+	if !ok {
+		p.d.b.Fatalf("no %s in /metrics", name)
+	}
+	return v
+}
+
+// metricOr is metric, or def when /metrics has no such series (a
+// histogram's label before its first observation).
+func (p *daemon) metricOr(name string, def float64) float64 {
+	p.d.b.Helper()
+	if v, ok := p.scrape(name); ok {
+		return v
+	}
+	return def
+}
+
+// scrape sums the samples of the series name (a regular expression; any
+// labels) on p's /metrics.
+func (p *daemon) scrape(name string) (float64, bool) {
 	b := p.d.b
 	b.Helper()
 	resp, err := http.Get(p.metrics)
@@ -390,14 +422,14 @@ func (p *daemon) metric(name string) float64 {
 	body, _ := io.ReadAll(resp.Body)
 	ms := regexp.MustCompile(`(?m)^`+name+`(?:\{[^}]*\})? (\S+)$`).FindAllSubmatch(body, -1)
 	if ms == nil {
-		b.Fatalf("no %s in /metrics", name)
+		return 0, false
 	}
 	sum := 0.0
 	for _, m := range ms {
 		v, _ := strconv.ParseFloat(string(m[1]), 64)
 		sum += v
 	}
-	return sum
+	return sum, true
 }
 
 // written returns the target rows p has written (committed: the counters

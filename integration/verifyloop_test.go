@@ -126,7 +126,7 @@ func TestContinuousVerify(t *testing.T) {
 	waitFor(t, time.Minute, "the three corruptions confirmed", func() bool { return metric("fkmat_verify_differences") == 3 })
 	t.Logf("confirmed %.1f s after the corruption (interval 2 s)", time.Since(corrupted).Seconds())
 	out := logs.String()
-	for _, want := range []string{fmt.Sprintf("kind=different key=(%d,%d)", do, dl), fmt.Sprintf("kind=missing key=(%d,%d)", mo, ml),
+	for _, want := range []string{fmt.Sprintf("kind=different key=(%d,%d) columns=qty,title", do, dl), fmt.Sprintf("kind=missing key=(%d,%d)", mo, ml),
 		"kind=extra key=(99999,1)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the log lacks %q:\n%s", want, grepLines(out, "differs"))

@@ -1,9 +1,12 @@
 package bench
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -295,6 +298,26 @@ func (r *streamResult) add(rep *report) {
 	rep.row(name, "pipeline stages busy during the catch-up, the busiest of prepare / target / state", max(prep, tgt, state), "ratio",
 		fmt.Sprintf("prepare %.2f (%.1f µs per change), target %.2f (%.1f µs), state %.2f (%.1f µs); by phase: %s",
 			prep, prepUS, tgt, tgtUS, state, stateUS, strings.Join(per, ", ")), false)
+	var calls, usec float64
+	var cmds []string
+	for _, c := range slices.SortedFunc(maps.Keys(u.redisCmds), func(a, b string) int {
+		return cmp.Compare(u.redisCmds[b].calls, u.redisCmds[a].calls)
+	}) {
+		st := u.redisCmds[c]
+		calls += st.calls
+		switch c {
+		case "exec", "eval", "evalsha", "fcall":
+			// Their time holds the commands they ran, counted on their own.
+		default:
+			usec += st.usec
+		}
+		if st.calls/n >= 0.01 {
+			cmds = append(cmds, fmt.Sprintf("%s %.2f (%.2f µs)", c, st.calls/n, st.usec/n))
+		}
+	}
+	rep.row(name, "Redis commands per change (catch-up)", calls/n, "per change",
+		fmt.Sprintf("%.2f µs of command time per change (redis-server CPU %.2f µs); by command, calls and µs per change (EXEC's and scripts' time holds their commands'): %s",
+			usec/n, 1e6*u.redisCPU/n, strings.Join(cmds, ", ")), false)
 	rep.row(name, "fkmat target rows written (catch-up)", r.catchUse.upserted+r.catchUse.deleted, "rows",
 		fmt.Sprintf("SQL result changed by %d", w.targetWrites), false)
 	peak := max(r.liveUse.peakRSSMB, r.catchUse.peakRSSMB, r.backfillUse.peakRSSMB)

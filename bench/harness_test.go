@@ -175,6 +175,48 @@ type usage struct {
 	// phases are the seconds committed batches spent in each pipeline
 	// phase (fkmat_pipeline_batch_seconds_sum), run only.
 	phases map[string]float64
+	// redisCmds are the Redis commands run meanwhile (INFO commandstats,
+	// every node), run only.
+	redisCmds map[string]commandStat
+}
+
+// commandStat is one command's line of INFO commandstats.
+type commandStat struct {
+	calls, usec float64
+}
+
+// redisCommands returns INFO commandstats summed over the Redis nodes, by
+// command name (MULTI and EXEC count as commands; a script's own calls
+// count under their names).
+func (d *db) redisCommands() map[string]commandStat {
+	d.b.Helper()
+	out := map[string]commandStat{}
+	for _, rdb := range d.redisNodes() {
+		info, err := rdb.Info(context.Background(), "commandstats").Result()
+		_ = rdb.Close()
+		if err != nil {
+			d.b.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":")
+			if !ok || !strings.HasPrefix(line, "cmdstat_") {
+				continue
+			}
+			c := out[name]
+			for _, kv := range strings.Split(rest, ",") {
+				k, v, _ := strings.Cut(kv, "=")
+				x, _ := strconv.ParseFloat(v, 64)
+				switch k {
+				case "calls":
+					c.calls += x
+				case "usec":
+					c.usec += x
+				}
+			}
+			out[name] = c
+		}
+	}
+	return out
 }
 
 // pipelinePhases are the phases of fkmat_pipeline_batch_seconds, in the
@@ -264,6 +306,7 @@ type daemon struct {
 	metrics string
 	start   time.Time
 	redis0  float64
+	cmds0   map[string]commandStat
 	done    chan error
 	rss     func() float64
 }
@@ -278,6 +321,7 @@ func (d *db) run(what string) *daemon {
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	p.cmd.Env = append(p.cmd.Env, profileEnv(d.b, what)...)
 	p.redis0 = d.redisCPU()
+	p.cmds0 = d.redisCommands()
 	p.start = time.Now()
 	if err := p.cmd.Start(); err != nil {
 		d.b.Fatal(err)
@@ -311,6 +355,13 @@ func (p *daemon) stop() usage {
 		u.phases[ph] = p.metricOr(`fkmat_pipeline_batch_seconds_sum\{phase="`+ph+`"\}`, 0)
 	}
 	u.redisCPU = p.d.redisCPU() - p.redis0
+	u.redisCmds = map[string]commandStat{}
+	for name, c := range p.d.redisCommands() {
+		c0 := p.cmds0[name]
+		if c.calls > c0.calls {
+			u.redisCmds[name] = commandStat{calls: c.calls - c0.calls, usec: c.usec - c0.usec}
+		}
+	}
 	u.walsenderCPU, u.backendCPU = p.d.postgresCPU()
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {

@@ -132,6 +132,8 @@ func format(v float64, unit string) string {
 		return fmt.Sprintf("%.1f B", v)
 	case "ms":
 		return fmt.Sprintf("%.1f ms", v)
+	case "per change":
+		return fmt.Sprintf("%.2f per change", v)
 	default:
 		return fmt.Sprintf("%.0f %s", v, unit)
 	}

@@ -91,7 +91,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cli.SuggestDidYouMeanTemplate = "did you mean %s?"
 	app := &cli.App{
 		Name:      "fkmat",
-		Usage:     "keep a foreign-key join of Postgres tables (two, or stars and chains of several) materialized, from logical replication",
+		Usage:     "keep a foreign-key join of Postgres tables (a star or a chain of them) materialized as a table, from logical replication",
 		Version:   buildinfo.Version(),
 		Flags:     commonFlags(),
 		Writer:    stdout,

@@ -224,20 +224,6 @@ func width(widths map[string]int64, cols []plan.SourceColumn) int64 {
 	return n
 }
 
-// tableRows is the rows of a table as the backfill sizes it (see
-// daemon.estimate).
-func tableRows(ctx context.Context, db *pgxpool.Pool, t config.TableName) (int64, error) {
-	var n float64
-	err := db.QueryRow(ctx, `SELECT coalesce(sum(greatest(c.reltuples, s.n_live_tup, 0)), 0)
-		FROM pg_class c LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
-		WHERE (c.oid = to_regclass($1) AND c.relkind <> 'p')
-		   OR c.oid IN (SELECT relid FROM pg_partition_tree(to_regclass($1)) WHERE isleaf)`, tableIdent(t)).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("estimate the rows of %s: %w", t, err)
-	}
-	return int64(n), nil
-}
-
 // columnWidths is each column's average width in bytes: pg_stats.avg_width
 // where the table was analyzed, else the type's length (16 for a type of
 // variable length); analyzed reports whether every column had statistics.

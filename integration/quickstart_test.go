@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -106,7 +107,7 @@ func compose(ctx context.Context, t *testing.T, root string, env []string, args 
 	if err != nil || !wait {
 		return out, err
 	}
-	file := v1[indexOf(v1, "-f")+1]
+	file := v1[slices.Index(v1, "-f")+1]
 	ids, err := runIn(ctx, root, env, "docker-compose", "-f", file, "ps", "-q")
 	if err != nil {
 		return ids, err
@@ -132,15 +133,6 @@ func compose(ctx context.Context, t *testing.T, root string, env []string, args 
 		}
 	}
 	return out, nil
-}
-
-func indexOf(s []string, v string) int {
-	for i, x := range s {
-		if x == v {
-			return i
-		}
-	}
-	return -1
 }
 
 // runIn runs a command in dir and returns its combined output.
@@ -203,10 +195,10 @@ func TestReadmeQuickStart(t *testing.T) {
 			env = append(env, strings.Fields(strings.TrimPrefix(line, "export "))...)
 		case strings.HasPrefix(line, "docker compose "):
 			args := strings.Fields(strings.TrimPrefix(line, "docker compose "))
-			if i := indexOf(args, "-f"); i >= 0 {
+			if i := slices.Index(args, "-f"); i >= 0 {
 				file = args[i+1]
 			}
-			if indexOf(args, "exec") >= 0 {
+			if slices.Index(args, "exec") >= 0 {
 				// psql -c "…": the quoted SQL is one argument.
 				args = shellWords(t, strings.TrimPrefix(line, "docker compose "))
 			}

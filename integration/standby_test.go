@@ -213,11 +213,7 @@ func TestStandbyWaitsForBackfill(t *testing.T) {
 // reserved port, and returns the server's address.
 func startMetricsRun(t *testing.T, env []string, args ...string) (*childRun, string) {
 	t.Helper()
-	port, err := testenv.ReservePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))
 	return startRunCLI(t, withEnv(env, "FKMAT_METRICS_ADDR", addr), args...), addr
 }
 

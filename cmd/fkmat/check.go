@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -120,21 +121,15 @@ func printPlan(w io.Writer, p *fkmat.RunPlan) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "  estimate: Redis %s, backfill %s (%s rows)\n", human.Bytes(j.RedisBytes), seconds(j.BackfillSeconds), human.Count(j.BackfillRows))
+		fmt.Fprintf(w, "  estimate: Redis %s, backfill %s (%s rows)\n", human.Bytes(j.RedisBytes), estimate(j.BackfillSeconds), human.Count(j.BackfillRows))
 	}
-	fmt.Fprintf(w, "\nestimate, all joins: Redis %s, backfill %s\n", human.Bytes(p.RedisBytes), seconds(p.BackfillSeconds))
+	fmt.Fprintf(w, "\nestimate, all joins: Redis %s, backfill %s\n", human.Bytes(p.RedisBytes), estimate(p.BackfillSeconds))
 	fmt.Fprintf(w, "from: %s\n", p.Basis)
 	return nil
 }
 
-// seconds writes a duration estimate in seconds or minutes.
-func seconds(s float64) string {
-	switch {
-	case s < 90:
-		return fmt.Sprintf("~%.0f s", max(s, 1))
-	case s < 5400:
-		return fmt.Sprintf("~%.0f min", s/60)
-	default:
-		return fmt.Sprintf("~%.1f h", s/3600)
-	}
+// estimate writes an estimated time of s seconds: "~" and human.Duration,
+// at least a second.
+func estimate(s float64) string {
+	return "~" + human.Duration(max(time.Duration(s*float64(time.Second)), time.Second))
 }

@@ -1,10 +1,12 @@
 package fkmat
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/fkmat/fkmat/internal/pipeline"
@@ -21,7 +23,7 @@ import (
 	"github.com/fkmat/fkmat/sink"
 )
 
-// loadPage is the number of rows loaded into Redis per pipelined round.
+// loadPage is the number of rows per page read from the source.
 const loadPage = 10_000
 
 // load is the initial load inside the exported snapshot: for every join, in
@@ -36,38 +38,49 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 	defer stop()
 	go prog.run(pctx)
 
-	g, gctx := errgroup.WithContext(ctx)
-	// Three streams at a time: the server's join and COPY, and fkmat's
-	// encoding and Redis writes, keep both cores busy.
-	g.SetLimit(3)
+	// The loads, longest first (so that a large table does not start last
+	// and finish alone), four at a time: the server's joins and scans, and
+	// fkmat's encoding and Redis writes, keep both cores busy.
+	type load struct {
+		t  *task
+		fn func(context.Context) error
+	}
+	var loads []load
+	add := func(t *task, fn func(context.Context) error) { loads = append(loads, load{t, fn}) }
 	var targets []*task
 	for _, j := range d.joins {
-		target := prog.add(j.Plan().Name+" target", d.estimate(ctx, j.Plan().Left.Table))
+		p := j.Plan()
+		target := prog.add(p.Name+" target", d.estimate(ctx, p.Left.Table))
 		targets = append(targets, target)
-		if j.Plan().Edges != nil {
+		add(target, func(ctx context.Context) error { return d.loadTarget(ctx, snapshot, p, target) })
+		if p.Edges != nil {
 			// Each table once, into its own state: its rows and its
 			// references to the entries it references.
-			layout := pipeline.TreeLayoutOf(j.Plan())
-			g.Go(func() error { return d.loadTarget(gctx, snapshot, j.Plan(), target) })
-			for tab := range len(j.Plan().Edges) + 1 {
-				name, table := j.Plan().Left.Table.String(), j.Plan().Left.Table
+			layout := pipeline.TreeLayoutOf(p)
+			for tab := range len(p.Edges) + 1 {
+				name, table := p.Left.Table.String(), p.Left.Table
 				if tab > 0 {
-					name, table = j.Plan().Edges[tab-1].Alias, j.Plan().Edges[tab-1].Table.Table
+					name, table = p.Edges[tab-1].Alias, p.Edges[tab-1].Table.Table
 				}
-				task := prog.add(fmt.Sprintf("%s table %s", j.Plan().Name, name), d.estimate(ctx, table))
-				g.Go(func() error {
-					return d.loadRows(gctx, snapshot, table, layout.Columns(j.Plan(), tab), j.Stores()[tab], task,
+				task := prog.add(fmt.Sprintf("%s table %s", p.Name, name), d.estimate(ctx, table))
+				add(task, func(ctx context.Context) error {
+					return d.loadRows(ctx, snapshot, table, layout.Columns(p, tab), j.Stores()[tab], task,
 						func(rows [][]join.Value) (join.Mutations, error) { return layout.Load(tab, rows) },
-						fmt.Sprintf("load the rows of %s of join %q", name, j.Plan().Name))
+						fmt.Sprintf("load the rows of %s of join %q", name, p.Name))
 				})
 			}
 			continue
 		}
-		right := prog.add(j.Plan().Name+" right "+j.Plan().Right.Table.String(), d.estimate(ctx, j.Plan().Right.Table))
-		left := prog.add(j.Plan().Name+" left "+j.Plan().Left.Table.String(), d.estimate(ctx, j.Plan().Left.Table))
-		g.Go(func() error { return d.loadTarget(gctx, snapshot, j.Plan(), target) })
-		g.Go(func() error { return d.loadRight(gctx, snapshot, j, right) })
-		g.Go(func() error { return d.loadLeft(gctx, snapshot, j, left) })
+		right := prog.add(p.Name+" right "+p.Right.Table.String(), d.estimate(ctx, p.Right.Table))
+		left := prog.add(p.Name+" left "+p.Left.Table.String(), d.estimate(ctx, p.Left.Table))
+		add(right, func(ctx context.Context) error { return d.loadRight(ctx, snapshot, j, right) })
+		add(left, func(ctx context.Context) error { return d.loadLeft(ctx, snapshot, j, left) })
+	}
+	slices.SortStableFunc(loads, func(a, b load) int { return cmp.Compare(b.t.total.Load(), a.t.total.Load()) })
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(4)
+	for _, l := range loads {
+		g.Go(func() error { return l.fn(gctx) })
 	}
 	if err := g.Wait(); err != nil {
 		return 0, fmt.Errorf("backfill: %w", err)
@@ -289,20 +302,33 @@ func (d *daemon) loadLeft(ctx context.Context, snapshot string, j pipeline.Join,
 }
 
 // loadRows streams cols of table into store: each page of rows becomes the
-// mutations muts returns, counted in t. what names the load in its error.
+// mutations muts returns, counted in t. The rows go through a spool
+// (redisstore.Spool), written to Redis grouped by key once the table is
+// read. what names the load in its error.
 func (d *daemon) loadRows(ctx context.Context, snapshot string, table config.TableName, cols []plan.SourceColumn, store *redisstore.Store,
 	t *task, muts func(rows [][]join.Value) (join.Mutations, error), what string) error {
-	err := scanParallel(ctx, d.source, snapshot, table, cols, store, func(ctx context.Context, l *redisstore.Loader, rows [][]join.Value) error {
-		m, err := muts(rows)
+	err := func() error {
+		sp, err := store.NewSpool(ctx, "", t.total.Load())
 		if err != nil {
 			return err
 		}
-		if err := l.Add(ctx, m); err != nil {
+		defer func() { _ = sp.Close() }()
+		err = scanParallel(ctx, d.source, snapshot, table, cols, func(ctx context.Context, rows [][]join.Value) error {
+			m, err := muts(rows)
+			if err != nil {
+				return err
+			}
+			if err := sp.Add(ctx, m); err != nil {
+				return err
+			}
+			t.advance(len(rows))
+			return nil
+		})
+		if err != nil {
 			return err
 		}
-		t.advance(len(rows))
-		return nil
-	})
+		return sp.Load(ctx)
+	}()
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
@@ -310,21 +336,20 @@ func (d *daemon) loadRows(ctx context.Context, snapshot string, table config.Tab
 	return nil
 }
 
-// loadWorkers is the number of goroutines encoding pages and writing them
-// to Redis per table: the round trips overlap, and reading goes on meanwhile.
+// loadWorkers is the number of goroutines turning pages into mutations per
+// table: reading goes on meanwhile.
 const loadWorkers = 3
 
 // scanParallel streams cols of table (scanQuery) and hands its pages to
-// loadWorkers goroutines running fn, each with its own Loader of store,
-// flushed at the end; the first error stops everything.
-func scanParallel(ctx context.Context, pool *pgxpool.Pool, snapshot string, table config.TableName, cols []plan.SourceColumn, store *redisstore.Store,
-	fn func(context.Context, *redisstore.Loader, [][]join.Value) error) error {
-	return scanQueryParallel(ctx, pool, snapshot, selectColumns(table, cols), store, fn)
+// loadWorkers goroutines running fn; the first error stops everything.
+func scanParallel(ctx context.Context, pool *pgxpool.Pool, snapshot string, table config.TableName, cols []plan.SourceColumn,
+	fn func(context.Context, [][]join.Value) error) error {
+	return scanQueryParallel(ctx, pool, snapshot, selectColumns(table, cols), fn)
 }
 
 // scanQueryParallel is scanParallel over the rows of a query.
-func scanQueryParallel(ctx context.Context, pool *pgxpool.Pool, snapshot, query string, store *redisstore.Store,
-	fn func(context.Context, *redisstore.Loader, [][]join.Value) error) error {
+func scanQueryParallel(ctx context.Context, pool *pgxpool.Pool, snapshot, query string,
+	fn func(context.Context, [][]join.Value) error) error {
 	g, gctx := errgroup.WithContext(ctx)
 	pages := make(chan [][]join.Value, 1)
 	g.Go(func() error {
@@ -342,16 +367,12 @@ func scanQueryParallel(ctx context.Context, pool *pgxpool.Pool, snapshot, query 
 	})
 	for range loadWorkers {
 		g.Go(func() error {
-			l, err := store.NewLoader(gctx)
-			if err != nil {
-				return err
-			}
 			for rows := range pages {
-				if err := fn(gctx, l, rows); err != nil {
+				if err := fn(gctx, rows); err != nil {
 					return err
 				}
 			}
-			return l.Flush(gctx)
+			return nil
 		})
 	}
 	return g.Wait()

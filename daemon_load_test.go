@@ -95,13 +95,21 @@ func BenchmarkTreeStateBytes(b *testing.B) {
 			if err := s.Init(ctx, redisstore.NewEpoch(), p.Fingerprint, redisstore.Size{LeftRows: int64(rows[table.Name])}); err != nil {
 				b.Fatal(err)
 			}
-			err = scanParallel(ctx, tc.Pool, snapshot, table, l.Columns(p, tab), s, func(ctx context.Context, ld *redisstore.Loader, page [][]join.Value) error {
+			sp, err := s.NewSpool(ctx, "", int64(rows[table.Name]))
+			if err != nil {
+				b.Fatal(err)
+			}
+			err = scanParallel(ctx, tc.Pool, snapshot, table, l.Columns(p, tab), func(ctx context.Context, page [][]join.Value) error {
 				m, err := l.Load(tab, page)
 				if err != nil {
 					return err
 				}
-				return ld.Add(ctx, m)
+				return sp.Add(ctx, m)
 			})
+			if err == nil {
+				err = sp.Load(ctx)
+			}
+			_ = sp.Close()
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -27,6 +27,7 @@ type progress struct {
 
 // task is one table being loaded.
 type task struct {
+	p     *progress
 	name  string
 	total atomic.Int64
 	done  atomic.Int64
@@ -44,7 +45,7 @@ func newProgress(log *slog.Logger, bars io.Writer) *progress {
 
 // add registers a task with its estimated row count.
 func (p *progress) add(name string, estimate int64) *task {
-	t := &task{name: name}
+	t := &task{name: name, p: p}
 	t.total.Store(max(estimate, 1))
 	if p.bars != nil {
 		t.bar = p.bars.AddBar(t.total.Load(),
@@ -79,6 +80,8 @@ func (t *task) advance(n int) {
 func (t *task) finish() {
 	t.over.Store(true)
 	t.total.Store(t.done.Load())
+	t.p.log.Debug("backfill task done", "table", t.name, "rows", t.done.Load(),
+		"after", time.Since(t.p.start).Round(time.Millisecond).String())
 	if t.bar != nil {
 		t.bar.SetTotal(t.done.Load(), true)
 	}

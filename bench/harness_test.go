@@ -240,6 +240,9 @@ func (d *db) backfill() usage {
 	if err != nil {
 		d.b.Fatalf("fkmat backfill: %v\n%s", err, out.Bytes())
 	}
+	if name := profilePath(d.b, "backfill"); name != "" {
+		_ = os.WriteFile(name+".log", out.Bytes(), 0o644)
+	}
 	u.cpu = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
 	u.redisCPU = d.redisCPU() - r0
 	return u
@@ -295,7 +298,7 @@ func profileEnv(b testing.TB, what string) []string {
 	if name == "" {
 		return nil
 	}
-	return []string{"FKMAT_CPUPROFILE=" + name + ".prof", "FKMAT_MEMPROFILE=" + name + ".allocs"}
+	return []string{"FKMAT_CPUPROFILE=" + name + ".prof", "FKMAT_MEMPROFILE=" + name + ".allocs", "FKMAT_LOG_LEVEL=debug"}
 }
 
 // daemon is a running `fkmat run`.

@@ -1,6 +1,7 @@
 package fkmat
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +27,9 @@ type RunPlan struct {
 	// RedisBytes and BackfillSeconds are the joins' sums.
 	RedisBytes      int64   `json:"redis_bytes_estimate"`
 	BackfillSeconds float64 `json:"backfill_seconds_estimate"`
+	// BackfillDiskBytes is the temporary disk the backfill's spools use at
+	// most: the state of the loadsAtOnce largest tables.
+	BackfillDiskBytes int64 `json:"backfill_temp_disk_bytes_estimate"`
 	// Basis says which figures the estimates come from.
 	Basis string `json:"estimate_basis"`
 }
@@ -131,6 +135,16 @@ func Plan(ctx context.Context, cfg *config.Config, opts Options) (*RunPlan, erro
 		rp.Joins = append(rp.Joins, jc)
 		rp.RedisBytes += jc.RedisBytes
 		rp.BackfillSeconds += jc.BackfillSeconds
+	}
+	var states []int64
+	for _, j := range rp.Joins {
+		for _, t := range j.Tables {
+			states = append(states, t.StateBytes)
+		}
+	}
+	slices.SortFunc(states, func(a, b int64) int { return cmp.Compare(b, a) })
+	for _, b := range states[:min(len(states), loadsAtOnce)] {
+		rp.BackfillDiskBytes += b
 	}
 	return rp, nil
 }

@@ -23,6 +23,9 @@ import (
 	"github.com/fkmat/fkmat/sink"
 )
 
+// loadsAtOnce is the number of tables and targets a backfill loads at once.
+const loadsAtOnce = 4
+
 // loadPage is the number of rows per page read from the source.
 const loadPage = 10_000
 
@@ -78,7 +81,7 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 	}
 	slices.SortStableFunc(loads, func(a, b load) int { return cmp.Compare(b.t.total.Load(), a.t.total.Load()) })
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(4)
+	g.SetLimit(loadsAtOnce)
 	for _, l := range loads {
 		g.Go(func() error { return l.fn(gctx) })
 	}

@@ -86,8 +86,14 @@ func TestCheckPlan(t *testing.T) {
 			t.Fatalf("plan of join %s: no estimate: %+v", j.Name, j)
 		}
 	}
+	// The spools hold the four largest tables' states at most (here: every
+	// table of both joins, 5 in all: all but the smallest).
+	if p.BackfillDiskBytes <= 0 || p.BackfillDiskBytes >= p.RedisBytes {
+		t.Fatalf("temporary disk estimate %d B, Redis %d B", p.BackfillDiskBytes, p.RedisBytes)
+	}
 	text := runCLI(t, env, "check", "--plan")
-	for _, want := range []string{"fkmat run will use:", "slot " + tc.Slot, "CREATE TABLE \"public\".\"orders_plan\"", "redis keys: fkmat:" + tc.Slot + ":orders_chain", "estimate, all joins: Redis"} {
+	for _, want := range []string{"fkmat run will use:", "slot " + tc.Slot, "CREATE TABLE \"public\".\"orders_plan\"", "redis keys: fkmat:" + tc.Slot + ":orders_chain",
+		"estimate, all joins: Redis", "temporary disk during the backfill"} {
 		if text.code != 0 || !strings.Contains(text.stdout, want) {
 			t.Fatalf("check --plan: exit %d, no %q in\n%s%s", text.code, want, text.stdout, text.stderr)
 		}

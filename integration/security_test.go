@@ -298,7 +298,7 @@ func TestSecurityQuotedIdentifiers(t *testing.T) {
 // (WATCH/MULTI/EXEC), SCAN and UNLINK for sweeping and teardown.
 const aclCommands = "-@all +hello +auth +ping +select " +
 	"+hset +hsetnx +hget +hmget +hdel +hlen +hincrby +hscan " +
-	"+zadd +zrem +zrange +zmscore +multi +exec +discard +watch +unwatch +scan +unlink +del"
+	"+zadd +zrem +zrange +zmscore +multi +exec +discard +watch +unwatch +scan +unlink +del +restore"
 
 // TestSecurityRedisACL: fkmat works end to end with a password-protected
 // Redis ACL user limited to its key pattern fkmat:<slot>:* and the command

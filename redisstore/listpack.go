@@ -1,7 +1,6 @@
 package redisstore
 
 import (
-	"context"
 	"encoding/binary"
 	"math/bits"
 	"strconv"
@@ -186,21 +185,11 @@ type listpackLimits struct {
 	hashEntries, hashValue, zsetEntries, zsetValue int
 }
 
-// listpackLimits returns the server's listpack limits, or Redis's defaults
-// when CONFIG GET is not allowed (a managed server). A key written whole
-// within them is what HSET or ZADD would have made; RESTORE converts a key
-// with more entries, and one with a longer value only costs its reads.
-func (s *Store) listpackLimits(ctx context.Context) listpackLimits {
-	lim := listpackLimits{hashEntries: 128, hashValue: 64, zsetEntries: 128, zsetValue: 64}
-	for name, v := range map[string]*int{"hash-max-listpack-entries": &lim.hashEntries, "hash-max-listpack-value": &lim.hashValue,
-		"zset-max-listpack-entries": &lim.zsetEntries, "zset-max-listpack-value": &lim.zsetValue} {
-		got, err := s.rdb.ConfigGet(ctx, name).Result()
-		if err != nil {
-			continue
-		}
-		if n, err := strconv.Atoi(got[name]); err == nil && n > 0 {
-			*v = n
-		}
-	}
-	return lim
-}
+// defaultListpackLimits are Redis's defaults. fkmat does not read the
+// server's (CONFIG GET needs a permission that also reads its passwords):
+// a key within them is what HSET or ZADD makes on a server with the
+// defaults or higher limits; a server with lower ones converts a key with
+// more entries on RESTORE, and keeps a longer value in a listpack, which
+// only costs that key's reads. Keys beyond them are written with HSET and
+// ZADD.
+var defaultListpackLimits = listpackLimits{hashEntries: 128, hashValue: 64, zsetEntries: 128, zsetValue: 64}

@@ -49,8 +49,8 @@ type Spool struct {
 	// merge bounds the bytes of one partition sorted and written at once
 	// (spoolMergeBytes).
 	merge int64
-	// limits are the server's listpack limits; noRestore is set once the
-	// server refused a RESTORE payload.
+	// limits are the listpack limits of the keys written whole; noRestore
+	// is set once the server refused a RESTORE.
 	limits    listpackLimits
 	noRestore atomic.Bool
 	// commands and entries count the commands sent and the rows and
@@ -119,7 +119,7 @@ func (s *Store) NewSpool(ctx context.Context, dir string, rows int64) (*Spool, e
 		return nil, fmt.Errorf("load redis state: unlink the backfill's temporary file: %w", err)
 	}
 	n := int(min(max(rows/spoolRowsPerPart, 1), spoolMaxParts))
-	return &Spool{s: s, meta: cur, file: f, parts: make([]spoolPart, n), limits: s.listpackLimits(ctx),
+	return &Spool{s: s, meta: cur, file: f, parts: make([]spoolPart, n), limits: defaultListpackLimits,
 		chunk: max(spoolMemoryBytes/n, 16<<10), merge: spoolMergeBytes}, nil
 }
 

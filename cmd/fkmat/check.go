@@ -123,7 +123,8 @@ func printPlan(w io.Writer, p *fkmat.RunPlan) error {
 		}
 		fmt.Fprintf(w, "  estimate: Redis %s, backfill %s (%s rows)\n", human.Bytes(j.RedisBytes), estimate(j.BackfillSeconds), human.Count(j.BackfillRows))
 	}
-	fmt.Fprintf(w, "\nestimate, all joins: Redis %s, backfill %s\n", human.Bytes(p.RedisBytes), estimate(p.BackfillSeconds))
+	fmt.Fprintf(w, "\nestimate, all joins: Redis %s, backfill %s, temporary disk during the backfill %s (in $TMPDIR)\n",
+		human.Bytes(p.RedisBytes), estimate(p.BackfillSeconds), human.Bytes(p.BackfillDiskBytes))
 	fmt.Fprintf(w, "from: %s\n", p.Basis)
 	return nil
 }

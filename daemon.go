@@ -192,6 +192,9 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 	}
 	d.writer = sink.NewWriter(d.target)
 	for _, p := range d.plans {
+		if err := d.widen(ctx, p); err != nil {
+			return nil, fmt.Errorf("join %q: %w", p.Name, err)
+		}
 		if err := d.ensureTarget(ctx, p); err != nil {
 			return nil, fmt.Errorf("join %q: %w", p.Name, err)
 		}

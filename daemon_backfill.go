@@ -219,12 +219,12 @@ func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc
 	for _, j := range d.joins {
 		p := j.Plan()
 		err := tx.Exec(ctx, `
-			INSERT INTO fkmat.join_state AS s (slot, join_name, epoch, fingerprint, target_schema, target_table, phase, consistent_lsn)
-			VALUES ($1, $2, $3, $4, $5, $6, 'backfilling', $7::pg_lsn)
+			INSERT INTO fkmat.join_state AS s (slot, join_name, epoch, fingerprint, definition, target_schema, target_table, phase, consistent_lsn)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, 'backfilling', $8::pg_lsn)
 			ON CONFLICT (slot, join_name) DO UPDATE SET epoch = EXCLUDED.epoch, fingerprint = EXCLUDED.fingerprint,
-				target_schema = EXCLUDED.target_schema, target_table = EXCLUDED.target_table,
+				definition = EXCLUDED.definition, widened_lsn = NULL, target_schema = EXCLUDED.target_schema, target_table = EXCLUDED.target_table,
 				phase = 'backfilling', consistent_lsn = EXCLUDED.consistent_lsn, updated_at = now()`,
-			d.cfg.Slot, p.Name, epoch, p.Fingerprint, p.Target.Schema, p.Target.Name, consistent.String())
+			d.cfg.Slot, p.Name, epoch, p.Fingerprint, string(plan.Definition(p)), p.Target.Schema, p.Target.Name, consistent.String())
 		if err != nil {
 			return fmt.Errorf("record backfill of join %q: %w", p.Name, err)
 		}

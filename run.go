@@ -115,6 +115,13 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		case retryOrStall:
 			obs.restarted()
 			st := stalls.observe(rs.start, rs.streaming, err)
+			if st.Recurrences == 0 && errors.Is(err, pipeline.ErrWidened) {
+				// Followed at once: the restart widens the target
+				// column first (daemon.widen).
+				opts.Logger.Info("a joined column's type was widened; restarting from the checkpoints to follow it", "change", err)
+				wait = 0
+				break
+			}
 			if st.Recurrences == 0 {
 				opts.Logger.Error("pipeline failed; restarting from the checkpoints", "err", err, "retry_in", wait.Round(time.Millisecond))
 				break

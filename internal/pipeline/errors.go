@@ -13,6 +13,11 @@ var (
 	// cannot follow (a join column dropped or retyped): the pipeline stops
 	// without acknowledging the change.
 	ErrSchemaChanged = errors.New("source schema changed")
+	// ErrWidened means a source column the join uses widened its type
+	// (plan.Widens): the pipeline stops without acknowledging the change,
+	// and the daemon restarts from its checkpoints with the new type,
+	// widening the target column first.
+	ErrWidened = errors.New("a joined column's type was widened")
 	// ErrUnplaced means the stream carried a row change of a table no join
 	// uses: applying the rest would silently drop it, so the pipeline stops.
 	ErrUnplaced = errors.New("change of a table no join uses")

@@ -64,7 +64,7 @@ func (m *mapper) sidesOf(rel *cdc.Relation) []side {
 // uses reports whether rel is a table of this join.
 func (m *mapper) uses(rel *cdc.Relation) bool { return len(m.sidesOf(rel)) > 0 }
 
-func (m *mapper) layoutOf(rel *cdc.Relation, s side) (*layout, error) {
+func (m *mapper) layoutOf(rel *cdc.Relation, s side, at cdc.LSN) (*layout, error) {
 	if l, ok := m.layouts[layoutKey{rel, s}]; ok {
 		return l, nil
 	}
@@ -72,7 +72,7 @@ func (m *mapper) layoutOf(rel *cdc.Relation, s side) (*layout, error) {
 	if s == sideRight {
 		tp = &m.plan.Right
 	}
-	l, err := newLayout(rel, tp, s)
+	l, err := newLayout(rel, tp, s, uint64(at) < m.plan.WidenedBefore)
 	if err != nil {
 		return nil, err
 	}
@@ -81,8 +81,9 @@ func (m *mapper) layoutOf(rel *cdc.Relation, s side) (*layout, error) {
 }
 
 // newLayout finds the columns of tp in rel: its key, its foreign key (left
-// side), its values.
-func newLayout(rel *cdc.Relation, tp *plan.TablePlan, s side) (*layout, error) {
+// side), its values. narrower accepts columns of rel narrower than tp's
+// (positions).
+func newLayout(rel *cdc.Relation, tp *plan.TablePlan, s side, narrower bool) (*layout, error) {
 	l := &layout{side: s}
 	// The left key and the projected columns are target columns; the
 	// foreign key (unless projected) and the right key live only in the
@@ -99,15 +100,15 @@ func newLayout(rel *cdc.Relation, tp *plan.TablePlan, s side) (*layout, error) {
 		inTarget[v.Source.Name] = true
 	}
 	var err error
-	if l.key, err = positions(rel, tp.Key, inTarget); err != nil {
+	if l.key, err = positions(rel, tp.Key, true, narrower, inTarget); err != nil {
 		return nil, err
 	}
 	if s == sideLeft {
-		if l.fk, err = positions(rel, tp.ForeignKey, inTarget); err != nil {
+		if l.fk, err = positions(rel, tp.ForeignKey, true, narrower, inTarget); err != nil {
 			return nil, err
 		}
 	}
-	if l.values, err = positions(rel, vals, inTarget); err != nil {
+	if l.values, err = positions(rel, vals, false, narrower, inTarget); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -159,7 +160,7 @@ func (m *tableMapper) tablesOf(rel *cdc.Relation) []int {
 	return out
 }
 
-func (m *tableMapper) layoutOf(rel *cdc.Relation, t int) (*layout, error) {
+func (m *tableMapper) layoutOf(rel *cdc.Relation, t int, at cdc.LSN) (*layout, error) {
 	if l, ok := m.layouts[tableLayoutKey{rel, t}]; ok {
 		return l, nil
 	}
@@ -167,7 +168,7 @@ func (m *tableMapper) layoutOf(rel *cdc.Relation, t int) (*layout, error) {
 	if t == 0 {
 		s = sideLeft
 	}
-	l, err := newLayout(rel, &m.tables[t], s)
+	l, err := newLayout(rel, &m.tables[t], s, uint64(at) < m.plan.WidenedBefore)
 	if err != nil {
 		return nil, err
 	}
@@ -194,8 +195,15 @@ func (m *tableMapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Ch
 			return nil, fmt.Errorf("%w: table %s.%s, used by join %q, was renamed to %s.%s; rename it back or update the configuration",
 				ErrSchemaChanged, c.Schema.Old.Namespace, c.Schema.Old.Name, m.plan.Name, c.Schema.New.Namespace, c.Schema.New.Name)
 		}
+		// Fail now, before any row laid out the new way. A relation
+		// message has no WAL position: a narrower column is checked at
+		// the first row (positions), which has one.
 		for _, t := range m.tablesOf(c.Schema.New) {
-			if _, err := m.layoutOf(c.Schema.New, t); err != nil {
+			s := sideRight
+			if t == 0 {
+				s = sideLeft
+			}
+			if _, err := newLayout(c.Schema.New, &m.tables[t], s, true); err != nil {
 				return nil, err
 			}
 		}
@@ -203,7 +211,7 @@ func (m *tableMapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Ch
 	}
 	var one []join.Change
 	for _, t := range m.tablesOf(c.Relation) {
-		l, err := m.layoutOf(c.Relation, t)
+		l, err := m.layoutOf(c.Relation, t, c.LSN)
 		if err != nil {
 			return nil, err
 		}
@@ -218,13 +226,23 @@ func (m *tableMapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Ch
 	return dst, nil
 }
 
-// positions finds cols in rel by name. A column that is missing or has
-// another type is an error naming the fix: the transactions laid out the new
-// way stay in the slot and cannot be joined, so restoring the column does not
-// help them and only a rebuild gets past them. A rebuild (backfill --force)
-// replaces the target with the join's new shape, and readers keep the old
-// rows until it is done.
-func positions(rel *cdc.Relation, cols []plan.SourceColumn, inTarget map[string]bool) ([]int, error) {
+// positions finds cols in rel by name; key says they are keys or foreign
+// keys. A column that is missing or changed type is an error naming the
+// fix: the transactions laid out the new way stay in the slot and cannot
+// be joined, so restoring the column does not help them and only a rebuild
+// gets past them. A rebuild (backfill --force) replaces the target with the
+// join's new shape, and readers keep the old rows until it is done.
+//
+// Two type changes are followed instead. A column of rel wider than the
+// plan's (plan.Widens: int to bigint, varchar(10) to text, ...) is
+// ErrWidened: the daemon restarts from its checkpoints with the catalog's
+// types and widens the target column first. A column narrower than the
+// plan's (narrower) is a change from before such a widening, read again
+// after it (plan.JoinPlan.WidenedBefore): its values fit. After that
+// position it is a narrowing, refused like any other type change: the
+// source rewrote its values (numeric's scale or a timestamp's precision
+// down rounds them) without a change in the stream.
+func positions(rel *cdc.Relation, cols []plan.SourceColumn, key, narrower bool, inTarget map[string]bool) ([]int, error) {
 	pos := make([]int, len(cols))
 	for i, c := range cols {
 		j := rel.ColumnIndex(c.Name)
@@ -234,29 +252,40 @@ func positions(rel *cdc.Relation, cols []plan.SourceColumn, inTarget map[string]
 				"and run fkmat backfill --force (the target keeps its rows until the rebuild replaces them)",
 				ErrSchemaChanged, c.Name, rel.Namespace, rel.Name)
 		}
-		if rel.Columns[j].Type != c.TypeOID {
-			fix := "run fkmat backfill --force to rebuild the join with the new type"
-			if inTarget[c.Name] {
-				fix = "run fkmat backfill --force to rebuild the join and its target with the new type " +
-					"(the target keeps its rows until the rebuild replaces them)"
-			}
-			return nil, fmt.Errorf("%w: column %q of %s.%s, used by the join, changed type (was %s, type oid %d now %d); %s",
-				ErrSchemaChanged, c.Name, rel.Namespace, rel.Name, c.Type, c.TypeOID, rel.Columns[j].Type, fix)
-		}
-		if c.HasTypeMod && rel.Columns[j].TypeMod != c.TypeMod {
-			// The same type with another precision, scale or length
-			// (numeric(12,2) to numeric(14,4), varchar(10) to
-			// varchar(20)): the target column keeps the old one, and would
-			// round or refuse the new values.
-			fix := "run fkmat backfill --force to rebuild the join with it"
-			if inTarget[c.Name] {
-				fix = "run fkmat backfill --force to rebuild the join and its target with it " +
-					"(the target keeps its rows until the rebuild replaces them)"
-			}
-			return nil, fmt.Errorf("%w: column %q of %s.%s, used by the join, changed its type modifier (was %s, typmod %d now %d); %s",
-				ErrSchemaChanged, c.Name, rel.Namespace, rel.Name, c.Type, c.TypeMod, rel.Columns[j].TypeMod, fix)
-		}
 		pos[i] = j
+		got := plan.SourceColumn{TypeOID: rel.Columns[j].Type, TypeMod: rel.Columns[j].TypeMod}
+		want := plan.SourceColumn{TypeOID: c.TypeOID, TypeMod: -1}
+		if c.HasTypeMod {
+			want.TypeMod = c.TypeMod
+		} else {
+			got.TypeMod = -1 // the plan does not know it: compare the types alone
+		}
+		switch {
+		case got.TypeOID == want.TypeOID && got.TypeMod == want.TypeMod:
+			continue
+		case narrower && plan.Widens(got, want, key):
+			continue // from before a widening the plan follows
+		case plan.Widens(want, got, key):
+			return nil, fmt.Errorf("%w: column %q of %s.%s (%s) is now of type oid %d, typmod %d",
+				ErrWidened, c.Name, rel.Namespace, rel.Name, c.Type, got.TypeOID, got.TypeMod)
+		}
+		fix := "run fkmat backfill --force to rebuild the join with the new type"
+		if inTarget[c.Name] {
+			fix = "run fkmat backfill --force to rebuild the join and its target with the new type " +
+				"(the target keeps its rows until the rebuild replaces them)"
+		}
+		if got.TypeOID == want.TypeOID {
+			// The same type with another precision, scale or length
+			// that not every value survives (numeric(14,4) to
+			// numeric(12,2)): the target column keeps the old one, and
+			// would round or refuse the new values.
+			return nil, fmt.Errorf("%w: column %q of %s.%s, used by the join, changed its type modifier (was %s, typmod %d now %d), "+
+				"which fkmat follows only when it widens the type; %s",
+				ErrSchemaChanged, c.Name, rel.Namespace, rel.Name, c.Type, want.TypeMod, got.TypeMod, fix)
+		}
+		return nil, fmt.Errorf("%w: column %q of %s.%s, used by the join, changed type (was %s, type oid %d now %d), "+
+			"which fkmat follows only when it widens the type (integer widths, varchar lengths, numeric and timestamp precision); %s",
+			ErrSchemaChanged, c.Name, rel.Namespace, rel.Name, c.Type, want.TypeOID, got.TypeOID, fix)
 	}
 	return pos, nil
 }
@@ -281,16 +310,22 @@ func (m *mapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Change,
 			return nil, fmt.Errorf("%w: table %s.%s, used by join %q, was renamed to %s.%s; rename it back or update the configuration",
 				ErrSchemaChanged, c.Schema.Old.Namespace, c.Schema.Old.Name, m.plan.Name, c.Schema.New.Namespace, c.Schema.New.Name)
 		}
-		// Fail now, before any row laid out the new way.
+		// Fail now, before any row laid out the new way. A relation
+		// message has no WAL position: a narrower column is checked at
+		// the first row (positions), which has one.
 		for _, s := range m.sidesOf(c.Schema.New) {
-			if _, err := m.layoutOf(c.Schema.New, s); err != nil {
+			tp := &m.plan.Left
+			if s == sideRight {
+				tp = &m.plan.Right
+			}
+			if _, err := newLayout(c.Schema.New, tp, s, true); err != nil {
 				return nil, err
 			}
 		}
 		return dst, nil
 	}
 	for _, s := range m.sidesOf(c.Relation) {
-		l, err := m.layoutOf(c.Relation, s)
+		l, err := m.layoutOf(c.Relation, s, c.LSN)
 		if err != nil {
 			return nil, err
 		}

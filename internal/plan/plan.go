@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -66,6 +65,11 @@ type JoinPlan struct {
 	// Edges are the entries of the list form (joins of more than two
 	// tables), in order; nil in the two-table form (Right).
 	Edges []EdgePlan
+	// WidenedBefore is the source WAL position before which changes may
+	// hold columns narrower than the plan's: they were written before a
+	// widening the daemon followed (fkmat.join_state.widened_lsn); 0 when
+	// none. Not part of the definition.
+	WidenedBefore uint64
 }
 
 // tables returns the join's source tables: the left one, then the right
@@ -594,13 +598,7 @@ func SpecOf(p *JoinPlan) join.Spec {
 // Fingerprint hashes what the target and the state depend on: tables, keys,
 // columns and their types, join type.
 func Fingerprint(p *JoinPlan) string {
-	b, _ := json.Marshal(struct {
-		Type        string
-		Left, Right TablePlan
-		Target      sink.Table
-		Edges       []EdgePlan `json:",omitempty"`
-	}{p.Type, p.Left, p.Right, p.Target, p.Edges})
-	sum := sha256.Sum256(b)
+	sum := sha256.Sum256(Definition(p))
 	return hex.EncodeToString(sum[:12])
 }
 

@@ -330,7 +330,13 @@ func (d *daemon) loadRows(ctx context.Context, snapshot string, table config.Tab
 		if err != nil {
 			return err
 		}
-		return sp.Load(ctx)
+		if err := sp.Load(ctx); err != nil {
+			return err
+		}
+		commands, entries := sp.Counts()
+		d.log.Debug("backfill wrote a table's state", "table", t.name, "temporary_file_bytes", sp.FileBytes(),
+			"commands", commands, "rows_and_references", entries)
+		return nil
 	}()
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)

@@ -587,6 +587,9 @@ func spoolEntryAt(b []byte, off uint32) (field, value string) {
 	return field, value
 }
 
+// FileBytes returns the bytes the spool wrote to its temporary file.
+func (sp *Spool) FileBytes() int64 { return sp.end.Load() }
+
 // Counts returns the commands sent and the rows and subscriptions they
 // carried.
 func (sp *Spool) Counts() (commands, entries int64) { return sp.commands.Load(), sp.entries.Load() }

@@ -71,20 +71,21 @@ type TableCost struct {
 // columns plus rowOverhead (listpack entry, field and bucket share: W4's
 // left rows took 65 B for 52 B of values), a reference its parent key and
 // foreign key plus refOverhead (W4: 18 B per subscription of two bigints);
-// a backfill loads backfillRowsPerSecond rows of all its tables together
-// (W4: 1.05M rows in 4.5 s, W7: 1.5M rows of 9 tables in 10.3 s), plus
-// backfillSetup for the slot, the snapshot and the swap.
+// a backfill writes backfillEntriesPerSecond rows and references of all
+// its tables together (W4: 2.05M in 1.8 s; W7 at scale factor 0.1: 4.6M in
+// 4.3-5.9 s, at 1: 46M in 73.5 s, where Postgres's own join weighs more),
+// plus backfillSetup per join for the slot, the snapshot and the swap.
 const (
-	rowOverhead           = 14
-	refOverhead           = 4
-	backfillRowsPerSecond = 150_000
-	backfillSetup         = 1.0
+	rowOverhead              = 14
+	refOverhead              = 4
+	backfillEntriesPerSecond = 900_000
+	backfillSetup            = 0.5
 )
 
 // estimateBasis is RunPlan.Basis.
 const estimateBasis = "rows: max(pg_class.reltuples, n_live_tup); widths: pg_stats.avg_width (the type's length where a column was never analyzed); " +
 	"Redis: 14 B per row plus its columns, 4 B per reference plus its keys (make bench W4: 65 B per order row, 18 B per subscription); " +
-	"backfill: 150k rows/s of all tables together, plus 1 s (make bench W4 236k/s, W7 143k/s, on 2 cores). " +
+	"backfill: 900k rows and references per second, plus 0.5 s per join (make bench W4 1.1M/s, W7 0.6-1.1M/s, on 2 cores). " +
 	"Expect the Redis estimate within 2x of the real state; the time varies with the machine"
 
 // Plan computes the RunPlan of cfg: which slot, publication, metadata
@@ -212,7 +213,11 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 		jc.RedisBytes += tc.StateBytes
 		jc.BackfillRows += rows
 	}
-	jc.BackfillSeconds = backfillSetup + float64(jc.BackfillRows)/backfillRowsPerSecond
+	var refs int64
+	for _, t := range jc.Tables {
+		refs += t.References
+	}
+	jc.BackfillSeconds = backfillSetup + float64(jc.BackfillRows+refs)/backfillEntriesPerSecond
 	return jc, nil
 }
 

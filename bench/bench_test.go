@@ -277,6 +277,10 @@ func (r *streamResult) add(rep *report) {
 	rep.row(name, "CPU per 1k changes (catch-up), fkmat + redis-server", per1k(u.cpu+u.redisCPU), "s",
 		fmt.Sprintf("fkmat %.1f ms, redis-server %.1f ms, walsender %.1f ms, target backends %.1f ms",
 			1000*per1k(u.cpu), 1000*per1k(u.redisCPU), 1000*per1k(u.walsenderCPU), 1000*per1k(u.backendCPU)), false)
+	// What fkmat allocated, per change: the catch-up daemon's whole life
+	// (its start-up is a few hundred KB).
+	rep.row(name, "fkmat allocations per change (catch-up)", u.allocBytes/n, "B",
+		fmt.Sprintf("%.1f allocations per change; %.0f MB in all", u.allocs/n, u.allocBytes/1e6), false)
 	// Each stage's busy fraction of the catch-up: the pipeline runs three
 	// stages at once (prepare: collect, map, join; target: write, verify,
 	// target commit; state: Redis commit), so the one near 1 bounds it.
@@ -333,6 +337,7 @@ func (r *streamResult) add(rep *report) {
 			rep.target(fmt.Sprintf("freshness p99 ≤ 250 ms at %d changes/s", r.pacedRate), quantile(r.pacedLat, 0.99).Seconds(), "<=", 0.25, "s")
 		}
 		rep.target("fkmat + redis-server CPU ≤ 10 ms per 1k W1 changes", 1000*per1k(u.cpu+u.redisCPU), "<=", 10, "ms")
+		rep.target("fkmat allocations ≤ 1 KB per W1 change", u.allocBytes/n/1024, "<=", 1, "KB")
 	case "W3":
 		rep.target("W3 catch-up ≥ 0.4x the decode limit", share, ">=", 0.4, "x")
 	}

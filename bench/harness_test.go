@@ -178,6 +178,10 @@ type usage struct {
 	// redisCmds are the Redis commands run meanwhile (INFO commandstats,
 	// every node), run only.
 	redisCmds map[string]commandStat
+	// allocBytes and allocs are what the Go runtime allocated in the
+	// daemon since it started (go_memstats_alloc_bytes_total,
+	// go_memstats_mallocs_total), run only.
+	allocBytes, allocs float64
 }
 
 // commandStat is one command's line of INFO commandstats.
@@ -353,6 +357,8 @@ func (p *daemon) stop() usage {
 	u.deleted = p.metric("fkmat_sink_rows_deleted_total")
 	u.fanoutRows = p.metric("fkmat_join_fanout_rows_total")
 	u.waitShort = p.metric("fkmat_redis_wait_short_total")
+	u.allocBytes = p.metric("go_memstats_alloc_bytes_total")
+	u.allocs = p.metric("go_memstats_mallocs_total")
 	u.phases = map[string]float64{}
 	for _, ph := range pipelinePhases {
 		u.phases[ph] = p.metricOr(`fkmat_pipeline_batch_seconds_sum\{phase="`+ph+`"\}`, 0)

@@ -70,23 +70,48 @@ func (s *Store) NewLoader(ctx context.Context) (*Loader, error) {
 // Add gathers the puts and subscription adds of m, writing what was
 // gathered once it passes the loader's size. It refuses clears and deletes.
 func (l *Loader) Add(ctx context.Context, m join.Mutations) error {
+	err := loadEntries(m, l.meta.Shape, func(kind byte, shard uint64, field string, value []byte) error {
+		if kind == kindSubs {
+			l.gather(kind, shard, string(value), "")
+		} else {
+			l.gather(kind, shard, field, string(value))
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return l.flushFull(ctx)
+}
+
+// loadEntries calls fn with each entry m puts into a state of shape sh, in
+// the key of kind in shard: a row (its key as field, its encoding as
+// value) or a subscription (its member as value, no field). It refuses
+// clears and deletes. value is reused after fn returns.
+func loadEntries(m join.Mutations, sh Shape, fn func(kind byte, shard uint64, field string, value []byte) error) error {
 	if m.ClearLeft || m.ClearRight || len(m.DelLeft) > 0 || len(m.DelRight) > 0 || len(m.DelSubs) > 0 {
 		return errors.New("load redis state: only puts and subscription adds can be loaded")
 	}
-	sh := l.meta.Shape
 	var buf []byte
 	for pk, st := range m.PutLeft {
 		buf = appendLeft(buf[:0], string(pk), st)
-		l.gather(kindLeft, shardOf(string(pk), uint64(sh.LeftBuckets)), string(pk), string(buf))
+		if err := fn(kindLeft, shardOf(string(pk), uint64(sh.LeftBuckets)), string(pk), buf); err != nil {
+			return err
+		}
 	}
 	for rk, st := range m.PutRight {
 		buf = appendRight(buf[:0], string(rk), st)
-		l.gather(kindRight, shardOf(string(rk), uint64(sh.RightBuckets)), string(rk), string(buf))
+		if err := fn(kindRight, shardOf(string(rk), uint64(sh.RightBuckets)), string(rk), buf); err != nil {
+			return err
+		}
 	}
 	for _, sub := range m.AddSubs {
-		l.gather(kindSubs, subShard(sh, string(sub.FK), string(sub.PK)), sub.Member(), "")
+		buf = append(append(buf[:0], sub.FK...), sub.PK...)
+		if err := fn(kindSubs, subShard(sh, string(sub.FK), string(sub.PK)), "", buf); err != nil {
+			return err
+		}
 	}
-	return l.flushFull(ctx)
+	return nil
 }
 
 // gather gathers one row (kindLeft, kindRight: field and value) or

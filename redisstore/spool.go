@@ -21,9 +21,11 @@ import (
 )
 
 // A Spool is the backfill's path into a fresh state: it gathers every row
-// and subscription of a table before it writes any, so that all the rows of
-// one bucket go out in one multi-field HSET and all the members of one set in
-// one ZADD, whatever the order the table is read in. A Loader groups only
+// and subscription of a table before it writes any, so that each key is
+// written once, whatever the order the table is read in: whole, with one
+// RESTORE of its listpack (listpack.go), or, beyond the listpack limits or
+// on a server that refuses RESTORE, with one multi-field HSET or ZADD per
+// page. A Loader groups only
 // what it gathers in a few MiB; on a table whose state has tens of
 // thousands of keys that is about one entry per command, and Redis, whose
 // one thread is the backfill's bound, spends most of its time per command,
@@ -31,7 +33,7 @@ import (
 //
 // Entries are spread over partitions by key (a key's entries all land in
 // one), each partition gathered in memory in chunks that go to one
-// temporary file once full. Load then reads the partitions one at a time,
+// temporary file once full. Load then reads the partitions two at a time,
 // sorts each by key and writes it. Memory is bounded by the chunks in
 // memory plus the partitions being written (spoolMergeBytes in the whole
 // process); the temporary file holds the encoded state, about the size it
@@ -137,30 +139,7 @@ func (sp *Spool) Close() error { return sp.file.Close() }
 // Add gathers the puts and subscription adds of m. It refuses clears and
 // deletes. Several goroutines may add at once.
 func (sp *Spool) Add(_ context.Context, m join.Mutations) error {
-	if m.ClearLeft || m.ClearRight || len(m.DelLeft) > 0 || len(m.DelRight) > 0 || len(m.DelSubs) > 0 {
-		return errors.New("load redis state: only puts and subscription adds can be loaded")
-	}
-	sh := sp.meta.Shape
-	var buf []byte
-	for pk, st := range m.PutLeft {
-		buf = appendLeft(buf[:0], string(pk), st)
-		if err := sp.gather(kindLeft, shardOf(string(pk), uint64(sh.LeftBuckets)), string(pk), buf); err != nil {
-			return err
-		}
-	}
-	for rk, st := range m.PutRight {
-		buf = appendRight(buf[:0], string(rk), st)
-		if err := sp.gather(kindRight, shardOf(string(rk), uint64(sh.RightBuckets)), string(rk), buf); err != nil {
-			return err
-		}
-	}
-	for _, sub := range m.AddSubs {
-		buf = append(append(buf[:0], sub.FK...), sub.PK...)
-		if err := sp.gather(kindSubs, subShard(sh, string(sub.FK), string(sub.PK)), "", buf); err != nil {
-			return err
-		}
-	}
-	return nil
+	return loadEntries(m, sp.meta.Shape, sp.gather)
 }
 
 // gather appends one entry to its key's partition: a row (field, value) or

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -32,7 +33,7 @@ func Backfill(ctx context.Context, cfg *config.Config, opts Options) error {
 		return err
 	}
 	defer d.close()
-	return d.backfill(ctx)
+	return d.backfill(ctx, "fkmat backfill")
 }
 
 // BackfillIfNeeded is `fkmat backfill`: it backfills when a join was never
@@ -55,11 +56,13 @@ func BackfillIfNeeded(ctx context.Context, cfg *config.Config, force bool, opts 
 			return nil
 		}
 		d.log.Info("backfilling", "reason", reason)
+		return d.backfill(ctx, reason)
 	}
-	return d.backfill(ctx)
+	return d.backfill(ctx, "fkmat backfill --force")
 }
 
-func (d *daemon) backfill(ctx context.Context) error {
+// backfill rebuilds every join; reason says why, in fkmat.build and status.
+func (d *daemon) backfill(ctx context.Context, reason string) error {
 	start := time.Now()
 	if err := preflightIgnoringSlot(d.cdc.Preflight(ctx)); err != nil {
 		return err
@@ -95,7 +98,7 @@ func (d *daemon) backfill(ctx context.Context) error {
 	d.log.Info("backfill started", "slot", d.cfg.Slot, "consistent_point", slot.ConsistentPoint.String(), "joins", len(d.joins))
 
 	epoch := redisstore.NewEpoch()
-	if err := d.beginBackfill(ctx, epoch, slot.ConsistentPoint); err != nil {
+	if err := d.beginBackfill(ctx, epoch, slot.ConsistentPoint, reason); err != nil {
 		return err
 	}
 	if err := d.dropOldLayout(ctx); err != nil {
@@ -203,7 +206,7 @@ func (d *daemon) waitSlotFree(ctx context.Context) error {
 // redone, never streamed from) and forgets the slot's checkpoint, in one
 // target transaction. The targets keep their rows: readers see them until
 // finishBackfill swaps the new ones in.
-func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc.LSN) error {
+func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc.LSN, reason string) error {
 	tx, err := d.writer.Begin(ctx)
 	if err != nil {
 		return err
@@ -225,6 +228,15 @@ func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc
 				definition = EXCLUDED.definition, widened_lsn = NULL, target_schema = EXCLUDED.target_schema, target_table = EXCLUDED.target_table,
 				phase = 'backfilling', consistent_lsn = EXCLUDED.consistent_lsn, updated_at = now()`,
 			d.cfg.Slot, p.Name, epoch, p.Fingerprint, string(plan.Definition(p)), p.Target.Schema, p.Target.Name, consistent.String())
+		if err != nil {
+			return fmt.Errorf("record backfill of join %q: %w", p.Name, err)
+		}
+		host, _ := os.Hostname()
+		err = tx.Exec(ctx, `
+			INSERT INTO fkmat.build (slot, join_name, reason, phase, host, pid) VALUES ($1, $2, $3, 'loading', $4, $5)
+			ON CONFLICT (slot, join_name) DO UPDATE SET reason = EXCLUDED.reason, phase = EXCLUDED.phase, rows_done = 0, rows_total = 0,
+				host = EXCLUDED.host, pid = EXCLUDED.pid, started_at = now(), updated_at = now()`,
+			d.cfg.Slot, p.Name, reason, host, os.Getpid())
 		if err != nil {
 			return fmt.Errorf("record backfill of join %q: %w", p.Name, err)
 		}
@@ -293,6 +305,9 @@ func (d *daemon) swapTargets(ctx context.Context, consistent cdc.LSN, leaves map
 	}
 	if err := tx.Exec(ctx, `UPDATE fkmat.join_state SET phase = 'streaming', updated_at = now() WHERE slot = $1`, d.cfg.Slot); err != nil {
 		return fmt.Errorf("mark joins streaming: %w", err)
+	}
+	if err := tx.Exec(ctx, `DELETE FROM fkmat.build WHERE slot = $1`, d.cfg.Slot); err != nil {
+		return fmt.Errorf("end the build record: %w", err)
 	}
 	if err := recordLeaves(ctx, tx, d.cfg.Slot, leaves); err != nil {
 		return err

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/plan"
@@ -40,6 +42,15 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
 	go prog.run(pctx)
+	recorded := make(chan struct{})
+	go func() {
+		defer close(recorded)
+		d.recordBuild(pctx, prog)
+	}()
+	defer func() {
+		stop()
+		<-recorded
+	}()
 
 	// The loads, longest first (so that a large table does not start last
 	// and finish alone), four at a time: the server's joins and scans, and
@@ -53,7 +64,7 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 	var targets []*task
 	for _, j := range d.joins {
 		p := j.Plan()
-		target := prog.add(p.Name+" target", d.estimate(ctx, p.Left.Table))
+		target := prog.add(p.Name, "target", d.estimate(ctx, p.Left.Table))
 		targets = append(targets, target)
 		add(target, func(ctx context.Context) error { return d.loadTarget(ctx, snapshot, p, target) })
 		if p.Edges != nil {
@@ -65,7 +76,7 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 				if tab > 0 {
 					name, table = p.Edges[tab-1].Alias, p.Edges[tab-1].Table.Table
 				}
-				task := prog.add(fmt.Sprintf("%s table %s", p.Name, name), d.estimate(ctx, table))
+				task := prog.add(p.Name, "table "+name, d.estimate(ctx, table))
 				add(task, func(ctx context.Context) error {
 					return d.loadRows(ctx, snapshot, table, layout.Columns(p, tab), j.Stores()[tab], task,
 						func(rows [][]join.Value) (join.Mutations, error) { return layout.Load(tab, rows) },
@@ -74,8 +85,8 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 			}
 			continue
 		}
-		right := prog.add(p.Name+" right "+p.Right.Table.String(), d.estimate(ctx, p.Right.Table))
-		left := prog.add(p.Name+" left "+p.Left.Table.String(), d.estimate(ctx, p.Left.Table))
+		right := prog.add(p.Name, "right "+p.Right.Table.String(), d.estimate(ctx, p.Right.Table))
+		left := prog.add(p.Name, "left "+p.Left.Table.String(), d.estimate(ctx, p.Left.Table))
 		add(right, func(ctx context.Context) error { return d.loadRight(ctx, snapshot, j, right) })
 		add(left, func(ctx context.Context) error { return d.loadLeft(ctx, snapshot, j, left) })
 	}
@@ -96,6 +107,32 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 		total += t.done.Load()
 	}
 	return total, nil
+}
+
+// buildInterval is how often a backfill records its progress in
+// fkmat.build (and the metrics of run).
+const buildInterval = 500 * time.Millisecond
+
+// recordBuild records the backfill's progress per join in fkmat.build and
+// in run's metrics, every buildInterval until ctx is done. A failed write
+// is only logged: progress is information, not state.
+func (d *daemon) recordBuild(ctx context.Context, prog *progress) {
+	t := time.NewTicker(buildInterval)
+	defer t.Stop()
+	for ticked(ctx, t.C) {
+		joins := prog.joins()
+		batch := &pgx.Batch{}
+		for _, name := range slices.Sorted(maps.Keys(joins)) {
+			n := joins[name]
+			batch.Queue(`UPDATE fkmat.build SET rows_done = $3, rows_total = $4, updated_at = now() WHERE slot = $1 AND join_name = $2`,
+				d.cfg.Slot, name, n[0], n[1])
+			d.obs.setBuild(name, n[0], n[1])
+		}
+		if err := d.target.SendBatch(ctx, batch).Close(); err != nil && ctx.Err() == nil {
+			d.log.Warn("could not record the backfill's progress in fkmat.build", "err", err)
+		}
+	}
+	d.obs.setBuild("", 0, 0)
 }
 
 // estimate is tableRows of a table, 0 when it cannot be read.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -51,6 +52,9 @@ type observer struct {
 	verify *verifyCounters
 	// batchSeconds is the time batches spend in each phase.
 	batchSeconds *prometheus.HistogramVec
+	// builds are, while a backfill runs, its rows done and estimated
+	// total per join.
+	builds map[string][2]int64
 }
 
 // resizeCounts are the resizes of one join's Redis states.
@@ -141,6 +145,21 @@ type joinCounters struct {
 }
 
 func (o *observer) setPhase(phase string) { o.locked(func() { o.phase = phase }) }
+
+// setBuild records a running backfill's progress for join; an empty join
+// ends it.
+func (o *observer) setBuild(join string, done, total int64) {
+	o.locked(func() {
+		if join == "" {
+			o.builds = nil
+			return
+		}
+		if o.builds == nil {
+			o.builds = map[string][2]int64{}
+		}
+		o.builds[join] = [2]int64{done, total}
+	})
+}
 
 // attach makes p the observed pipeline, folding the previous one's counters
 // into the base.
@@ -248,6 +267,8 @@ var (
 	mResizes    = desc("fkmat_redis_resizes_total", "Redis states moved to more buckets or lanes as their tables grew, by join.", "join")
 	mResizeTime = desc("fkmat_redis_resize_seconds_total", "Time the stream waited for Redis states to be resized, by join.", "join")
 	mSlotLag    = desc("fkmat_slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn of the slot, at the last sample.")
+	mBuildDone  = desc("fkmat_backfill_rows_done", "While a backfill runs: the rows of the join's tables and target loaded so far, by join.", "join")
+	mBuildTotal = desc("fkmat_backfill_rows_total", "While a backfill runs: the rows of the join's tables and target to load (an estimate that grows when low), by join.", "join")
 )
 
 // Describe implements prometheus.Collector.
@@ -264,6 +285,7 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	c := o.countersLocked()
 	joins := o.joinNamesLocked(c)
 	p, phase, stall, slot, restarts, verify := o.p, o.phase, o.stall, o.slot, o.restarts, o.verify
+	builds := maps.Clone(o.builds)
 	resizes := make(map[string]resizeCounts, len(o.resizes))
 	for name, r := range o.resizes {
 		resizes[name] = r
@@ -294,6 +316,10 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 			counter(mVerified, float64(jv.checked.Load()), name)
 			gaugeOf(mVerifyDiff, float64(jv.differences()), name)
 		}
+	}
+	for name, b := range builds {
+		gaugeOf(mBuildDone, float64(b[0]), name)
+		gaugeOf(mBuildTotal, float64(b[1]), name)
 	}
 	counter(mReconnects, float64(c.reconnects))
 	counter(mRestarts, float64(restarts))

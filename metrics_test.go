@@ -24,6 +24,7 @@ func TestMetricsLabels(t *testing.T) {
 	v.join("items_x").last.Store(3)
 	v.join("items_x").checked.Add(1000)
 	v.rounds.Add(1)
+	o.setBuild("orders_x", 1200, 5000)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	addr, wait, err := serveMetrics(ctx, "127.0.0.1:0", o, slog.New(slog.DiscardHandler))
@@ -53,10 +54,15 @@ func TestMetricsLabels(t *testing.T) {
 		`fkmat_verify_differences{join="items_x"} 3`, `fkmat_verify_differences{join="orders_x"} 0`,
 		`fkmat_verify_rows_checked_total{join="items_x"} 1000`,
 		"fkmat_verify_rounds_total 1", "fkmat_pipeline_changes_total 0", "fkmat_ready 0", "fkmat_pipeline_restarts_total 0",
+		`fkmat_backfill_rows_done{join="orders_x"} 1200`, `fkmat_backfill_rows_total{join="orders_x"} 5000`,
 	} {
 		if !strings.Contains(body, "\n"+line+"\n") {
 			t.Errorf("/metrics lacks %q", line)
 		}
+	}
+	// A join that is not backfilling has no backfill series.
+	if strings.Contains(body, `fkmat_backfill_rows_done{join="items_x"}`) {
+		t.Error("a join that is not backfilling has fkmat_backfill_rows_done")
 	}
 	// The slot's, the pipeline's and the process's series have no join.
 	for _, name := range []string{"fkmat_pipeline_changes_total", "fkmat_pipeline_restarts_total", "fkmat_verify_rounds_total", "fkmat_ready"} {

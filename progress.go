@@ -27,7 +27,9 @@ type progress struct {
 
 // task is one table being loaded.
 type task struct {
-	p     *progress
+	p *progress
+	// join is the join the task loads part of.
+	join  string
 	name  string
 	total atomic.Int64
 	done  atomic.Int64
@@ -44,8 +46,8 @@ func newProgress(log *slog.Logger, bars io.Writer) *progress {
 }
 
 // add registers a task with its estimated row count.
-func (p *progress) add(name string, estimate int64) *task {
-	t := &task{name: name, p: p}
+func (p *progress) add(join, name string, estimate int64) *task {
+	t := &task{join: join, name: join + " " + name, p: p}
 	t.total.Store(max(estimate, 1))
 	if p.bars != nil {
 		t.bar = p.bars.AddBar(t.total.Load(),
@@ -129,4 +131,19 @@ func (p *progress) close() {
 	if p.bars != nil {
 		p.bars.Shutdown()
 	}
+}
+
+// joins returns, per join, the rows its tasks loaded and their estimated
+// total (which grows when an estimate was low).
+func (p *progress) joins() map[string][2]int64 {
+	p.mu.Lock()
+	tasks := append([]*task(nil), p.tasks...)
+	p.mu.Unlock()
+	out := map[string][2]int64{}
+	for _, t := range tasks {
+		done, total := t.done.Load(), t.total.Load()
+		s := out[t.join]
+		out[t.join] = [2]int64{s[0] + done, s[1] + max(done, total)}
+	}
+	return out
 }

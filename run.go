@@ -200,7 +200,7 @@ func runOnce(ctx context.Context, cfg *config.Config, opts Options, obs *observe
 		}
 		d.log.Warn("backfilling before streaming", "reason", reason)
 		obs.setPhase("backfilling")
-		if err := d.backfill(ctx); err != nil {
+		if err := d.backfill(ctx, reason); err != nil {
 			return err
 		}
 	}

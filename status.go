@@ -26,6 +26,9 @@ type JoinStatus struct {
 	Join              string `json:"join"`
 	Target            string `json:"target"`
 	Phase             string `json:"phase"` // never_backfilled, backfilling, streaming
+	// Build is the backfill of the join, while it runs or after it was
+	// interrupted (phase backfilling); nil otherwise.
+	Build *BuildStatus `json:"build,omitempty"`
 	Slot              string `json:"slot"`
 	SlotExists        bool   `json:"slot_exists"`
 	SlotActive        bool   `json:"slot_active"`
@@ -161,6 +164,14 @@ func Status(ctx context.Context, cfg *config.Config, opts Options) ([]JoinStatus
 		if st.exists {
 			s.Phase = st.phase
 		}
+		if s.Phase == "backfilling" {
+			s.Build = meta.builds[p.Name]
+			if b := s.Build; b != nil && !b.Running {
+				s.Problems = append(s.Problems, fmt.Sprintf("the backfill of join %q was interrupted (no progress since %s): "+
+					"start fkmat run or fkmat backfill to start it again; the target keeps its old rows meanwhile",
+					p.Name, b.UpdatedAt.UTC().Format(time.RFC3339)))
+			}
+		}
 		s.Problems = append(s.Problems, slotProblems(cfg.Slot, info, s.Phase, meta.daemon, opts.MaxInactive, time.Now())...)
 		if err := statusRedis(ctx, rdb, cfg.Slot, opts, p, st, &s); err != nil {
 			return nil, err
@@ -172,6 +183,29 @@ func Status(ctx context.Context, cfg *config.Config, opts Options) ([]JoinStatus
 	}
 	return out, nil
 }
+
+// BuildStatus is a backfill of a join: why it runs, how far it is.
+type BuildStatus struct {
+	Reason    string    `json:"reason"`
+	Phase     string    `json:"phase"` // loading
+	RowsDone  int64     `json:"rows_done"`
+	RowsTotal int64     `json:"rows_total"` // estimated; grows when low
+	Host      string    `json:"host"`
+	PID       int       `json:"pid"`
+	StartedAt time.Time `json:"started_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+	// Running says the build recorded progress within buildStaleAfter;
+	// otherwise it was interrupted, and the next fkmat run or backfill
+	// starts it again.
+	Running bool `json:"running"`
+	// ETASeconds is the time left at the build's average speed so far; -1
+	// when unknown (not running, nothing done yet).
+	ETASeconds float64 `json:"eta_seconds"`
+}
+
+// buildStaleAfter is how long a build may not record progress before
+// status calls it interrupted: many times its recording interval.
+const buildStaleAfter = 10 * time.Second
 
 // Verdicts of a StatusReport, worst first: the report's is the worst that
 // applies.
@@ -386,6 +420,7 @@ type statusMeta struct {
 	joins      map[string]joinState
 	stall      *StallStatus
 	daemon     *DaemonStatus
+	builds     map[string]*BuildStatus
 }
 
 // slotProblems lists what is wrong with the slot of a join in phase: it is
@@ -423,9 +458,10 @@ func slotProblems(slot string, info cdc.SlotInfo, phase string, d *DaemonStatus,
 
 func readStatusMeta(ctx context.Context, target *pgxpool.Pool, slot string) (statusMeta, error) {
 	m := statusMeta{joins: map[string]joinState{}}
-	var hasStall, hasDaemon bool
+	var hasStall, hasDaemon, hasBuild bool
 	err := target.QueryRow(ctx, `SELECT to_regclass('fkmat.join_state') IS NOT NULL AND to_regclass('fkmat.checkpoint') IS NOT NULL,
-		to_regclass('fkmat.stall') IS NOT NULL, to_regclass('fkmat.daemon') IS NOT NULL`).Scan(&m.migrated, &hasStall, &hasDaemon)
+		to_regclass('fkmat.stall') IS NOT NULL, to_regclass('fkmat.daemon') IS NOT NULL, to_regclass('fkmat.build') IS NOT NULL`).Scan(
+		&m.migrated, &hasStall, &hasDaemon, &hasBuild)
 	if err != nil || !m.migrated {
 		return m, err
 	}
@@ -462,6 +498,11 @@ func readStatusMeta(ctx context.Context, target *pgxpool.Pool, slot string) (sta
 	}
 	if err := rows.Err(); err != nil {
 		return m, fmt.Errorf("read fkmat.join_state: %w", err)
+	}
+	if hasBuild {
+		if m.builds, err = readBuilds(ctx, target, slot); err != nil {
+			return m, err
+		}
 	}
 	if !hasStall {
 		return m, nil
@@ -615,4 +656,33 @@ func countRows(ctx context.Context, db *pgxpool.Pool, table string) (n int64, es
 		return 0, false, fmt.Errorf("count rows of %s: %w", table, err)
 	}
 	return n, false, nil
+}
+
+// readBuilds reads fkmat.build for slot, by join.
+func readBuilds(ctx context.Context, target *pgxpool.Pool, slot string) (map[string]*BuildStatus, error) {
+	rows, err := target.Query(ctx, `SELECT join_name, reason, phase, rows_done, rows_total, host, pid, started_at, updated_at,
+			updated_at > now() - $2::interval, extract(epoch FROM now() - started_at)
+		FROM fkmat.build WHERE slot = $1`, slot, buildStaleAfter.String())
+	if err != nil {
+		return nil, fmt.Errorf("read fkmat.build: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]*BuildStatus{}
+	for rows.Next() {
+		var name string
+		var elapsed float64
+		b := &BuildStatus{ETASeconds: -1}
+		if err := rows.Scan(&name, &b.Reason, &b.Phase, &b.RowsDone, &b.RowsTotal, &b.Host, &b.PID, &b.StartedAt, &b.UpdatedAt,
+			&b.Running, &elapsed); err != nil {
+			return nil, fmt.Errorf("read fkmat.build: %w", err)
+		}
+		if b.Running && b.RowsDone > 0 && elapsed > 0 {
+			b.ETASeconds = max(float64(b.RowsTotal-b.RowsDone), 0) / (float64(b.RowsDone) / elapsed)
+		}
+		out[name] = b
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read fkmat.build: %w", err)
+	}
+	return out, nil
 }

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os/exec"
@@ -120,7 +121,20 @@ func TestBackfillInterrupted(t *testing.T) {
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			time.Sleep(300 * time.Millisecond)
+			// status shows the backfill under way: why, how far.
+			for {
+				b := statusBuild(t, env)
+				if b != nil && b.Running && b.RowsDone > 0 {
+					if !strings.Contains(b.Reason, "never backfilled") || b.RowsTotal < b.RowsDone || b.PID != cmd.Process.Pid {
+						t.Fatalf("status of the backfill under way: %+v", *b)
+					}
+					break
+				}
+				if ctx.Err() != nil {
+					t.Fatal("status never showed the backfill's progress")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
 			if err := cmd.Process.Signal(sig); err != nil {
 				t.Fatal(err)
 			}
@@ -128,6 +142,25 @@ func TestBackfillInterrupted(t *testing.T) {
 			var phase string
 			if err := tc.Pool.QueryRow(ctx, `SELECT phase FROM fkmat.join_state`).Scan(&phase); err != nil || phase != "backfilling" {
 				t.Fatalf("after the interruption phase = %q, %v; the test did not interrupt the backfill", phase, err)
+			}
+			if sig == syscall.SIGKILL {
+				// Once it stops recording progress, status calls it
+				// interrupted, a problem, and names the fix.
+				for {
+					b := statusBuild(t, env)
+					if b != nil && !b.Running {
+						break
+					}
+					if ctx.Err() != nil {
+						t.Fatal("status never called the killed backfill interrupted")
+					}
+					time.Sleep(200 * time.Millisecond)
+				}
+				r := runCLI(t, env, "status")
+				if r.code == 0 || !strings.Contains(r.stdout, "interrupted at") || !strings.Contains(r.stdout, "start fkmat run or fkmat backfill") {
+					t.Fatalf("status after a killed backfill: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+				}
+				t.Logf("status after a killed backfill:\n%s", r.stdout)
 			}
 			sqlExec(t, tc, `UPDATE customers SET name = 'after' WHERE id < 100`, `DELETE FROM orders WHERE id % 1000 = 0`)
 
@@ -150,4 +183,18 @@ func TestBackfillInterrupted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// statusBuild returns the build of the first join in `fkmat status --json`.
+func statusBuild(t *testing.T, env []string) *fkmat.BuildStatus {
+	t.Helper()
+	r := runCLI(t, env, "status", "--json")
+	var rep fkmat.StatusReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("status --json: %v\n%s%s", err, r.stdout, r.stderr)
+	}
+	if len(rep.Joins) == 0 {
+		return nil
+	}
+	return rep.Joins[0].Build
 }

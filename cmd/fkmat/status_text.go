@@ -26,7 +26,7 @@ func writeStatus(w io.Writer, r fkmat.StatusReport, now time.Time) error {
 	writeVerdict(&b, r)
 	for _, s := range r.Joins {
 		b.WriteString("\n")
-		writeJoin(&b, s)
+		writeJoin(&b, s, now)
 	}
 	writeShared(&b, r, now)
 	_, err := io.WriteString(w, b.String())
@@ -81,9 +81,12 @@ func writeVerdict(b *strings.Builder, r fkmat.StatusReport) {
 }
 
 // writeJoin writes the block of one join.
-func writeJoin(b *strings.Builder, s fkmat.JoinStatus) {
+func writeJoin(b *strings.Builder, s fkmat.JoinStatus, now time.Time) {
 	b.WriteString("join " + s.Join + "\n")
 	writeField(b, "phase", strings.ReplaceAll(s.Phase, "_", " "))
+	if s.Build != nil {
+		writeField(b, "backfill", buildText(*s.Build, now))
+	}
 	writeField(b, "target", targetText(s))
 	writeField(b, "redis", redisText(s))
 	if len(s.Edges) > 0 {
@@ -241,4 +244,22 @@ func writeWrapped(b *strings.Builder, first, indent, text string) {
 		line += word
 	}
 	flush()
+}
+
+// buildText says how far a backfill is, or where it was interrupted.
+func buildText(bs fkmat.BuildStatus, now time.Time) string {
+	done := human.Count(bs.RowsDone) + " of " + human.Count(bs.RowsTotal) + " rows"
+	if bs.RowsTotal > 0 {
+		done += fmt.Sprintf(" (%d%%)", min(100*bs.RowsDone/bs.RowsTotal, 100))
+	}
+	if !bs.Running {
+		return fmt.Sprintf("interrupted at %s, last progress %s ago; the next fkmat run or fkmat backfill starts it again (it ran because: %s)",
+			done, human.Duration(max(now.Sub(bs.UpdatedAt), 0)), bs.Reason)
+	}
+	left := ""
+	if bs.ETASeconds >= 0 {
+		left = ", about " + human.Duration(time.Duration(bs.ETASeconds*float64(time.Second))) + " left"
+	}
+	return fmt.Sprintf("%s%s; started %s ago on %s (pid %d) because: %s", done, left,
+		human.Duration(max(now.Sub(bs.StartedAt), 0)), bs.Host, bs.PID, bs.Reason)
 }

@@ -26,9 +26,6 @@ type JoinStatus struct {
 	Join              string `json:"join"`
 	Target            string `json:"target"`
 	Phase             string `json:"phase"` // never_backfilled, backfilling, streaming
-	// Build is the backfill of the join, while it runs or after it was
-	// interrupted (phase backfilling); nil otherwise.
-	Build *BuildStatus `json:"build,omitempty"`
 	Slot              string `json:"slot"`
 	SlotExists        bool   `json:"slot_exists"`
 	SlotActive        bool   `json:"slot_active"`
@@ -70,6 +67,9 @@ type JoinStatus struct {
 	Stall *StallStatus `json:"stall,omitempty"`
 	// Problems lists what status found wrong, each with its fix.
 	Problems []string `json:"problems,omitempty"`
+	// Build is the backfill of the join, while it runs or after it was
+	// interrupted (phase backfilling); nil otherwise.
+	Build *BuildStatus `json:"build,omitempty"`
 }
 
 // DaemonStatus is the daemon as it last reported itself (every 10 s while

@@ -90,11 +90,20 @@ func (d *daemon) widen(ctx context.Context, p *plan.JoinPlan) error {
 		return fmt.Errorf("look up %s: %w", p.Target.Ident(), err)
 	}
 	if exists && len(widenings) > 0 {
+		// Bounded, like the backfill's swap: a long reader must not queue
+		// every new reader behind the ALTER's lock.
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+swapLockTimeout+"'"); err != nil {
+			return fmt.Errorf("widen the target: %w", err)
+		}
 		alters := make([]string, len(widenings))
 		for i, w := range widenings {
 			alters[i] = "ALTER COLUMN " + ident(w.Column) + " TYPE " + w.To
 		}
 		if _, err := tx.Exec(ctx, "ALTER TABLE "+p.Target.Ident()+" "+strings.Join(alters, ", ")); err != nil {
+			if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "55P03" {
+				return fmt.Errorf("%w: %s waits for its readers to widen a column (lock_timeout %s); trying again shortly",
+					errTargetBusy, p.Target.Ident(), swapLockTimeout)
+			}
 			if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "0A000" {
 				// feature_not_supported: a view or a rule uses the column.
 				return &config.ConfigError{Problems: []string{fmt.Sprintf(

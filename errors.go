@@ -47,6 +47,12 @@ var errCertificate = errors.New("server certificate not accepted")
 // retried.
 var errBackfillRaced = errors.New("a joined table was truncated or rewritten while the backfill read it")
 
+// errTargetBusy means a reader of a target held it longer than the lock
+// timeout of a change that needs it alone (a widened column's ALTER):
+// retried, as a server not ready is, without queueing every reader behind
+// the waiting change.
+var errTargetBusy = errors.New("a reader holds the target")
+
 // redactedError is err with a secret (a password) masked in its message.
 // It keeps err in its chain, so that recoveryOf still sees a refused
 // connection or a Redis LOADING behind it.
@@ -93,7 +99,7 @@ func recoveryOf(err error, connected bool) recovery {
 		return retryOrStall
 	case stops(err):
 		return stopRun
-	case connectionError(err), errors.Is(err, pipeline.ErrStateChanged), errors.Is(err, errBackfillRaced):
+	case connectionError(err), errors.Is(err, pipeline.ErrStateChanged), errors.Is(err, errBackfillRaced), errors.Is(err, errTargetBusy):
 		return retryConnection
 	}
 	return retryOrStall

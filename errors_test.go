@@ -69,6 +69,8 @@ func TestRecoveryOf(t *testing.T) {
 		{fmt.Errorf("%w: connect: %w", errAuthentication, &pgconn.PgError{Code: "28P01"}), true, retryOrStall},
 		{&config.ConfigError{Problems: []string{"bad"}}, true, stopRun},
 		{fmt.Errorf("join %q: %w", "j", pipeline.ErrSchemaChanged), true, stopRun},
+		{fmt.Errorf("join %q: %w", "j", pipeline.ErrWidened), true, retryOrStall}, // restarted at once by Run
+		{fmt.Errorf("join %q: %w: x", "j", errTargetBusy), true, retryConnection},
 		{fmt.Errorf("%w: gone", ErrLostState), true, stopRun},
 		{fmt.Errorf("%w: detached", ErrPartitionsChanged), true, stopRun},
 	} {

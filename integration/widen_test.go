@@ -198,3 +198,59 @@ func stateEpochs(t *testing.T, tc *testenv.Case) string {
 	}
 	return epochs
 }
+
+// TestWidenedColumnBehindReader: a reader holding the target while a
+// column is widened makes the target's ALTER wait a bounded time and try
+// again (no reader queues behind it for longer), and the widening goes
+// through once the reader is gone, with the daemon running all along.
+func TestWidenedColumnBehindReader(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, widenSchema)
+	cfg := daemonConfig(t, tc, widenJoins)
+	logs := &syncBuffer{}
+	d := startDaemon(t, cfg, fkmat.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	waitCaughtUp(t, tc, d)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	reader, err := tc.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reader.Rollback(context.Background()) }()
+	var n int
+	if err := reader.QueryRow(ctx, `SELECT count(*) FROM orders_wide`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	sqlExec(t, tc, `ALTER TABLE orders ALTER COLUMN amount TYPE numeric(14,4)`, `UPDATE orders SET amount = 0.1234 WHERE id % 7 = 0`)
+	waitFor(t, time.Minute, "the widening to wait for the reader", func() bool {
+		return strings.Contains(logs.String(), "waits for its readers")
+	})
+	// Other readers are not queued behind the waiting ALTER for longer
+	// than its lock timeout.
+	start := time.Now()
+	var m int
+	if err := tc.Pool.QueryRow(ctx, `SELECT count(*) FROM orders_wide`).Scan(&m); err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(start); waited > 15*time.Second {
+		t.Errorf("a reader waited %s behind the widening", waited)
+	}
+	if err := reader.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	if !strings.Contains(logs.String(), "followed a widened column type") {
+		t.Fatalf("the widening never went through:\n%s", logs.String())
+	}
+	select {
+	case err := <-d.done:
+		d.cancel = nil
+		t.Fatalf("the daemon stopped: %v", err)
+	default:
+	}
+	if err := d.stop(t); err != nil {
+		t.Fatalf("clean shutdown: %v", err)
+	}
+}

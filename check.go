@@ -9,6 +9,10 @@ import (
 
 	"github.com/fkmat/fkmat/internal/config"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/sink"
 )
@@ -70,11 +74,16 @@ func Check(ctx context.Context, cfg *config.Config, opts Options) error {
 		// without creating anything.
 		w := sink.NewWriter(target)
 		for _, p := range plans {
+			shape, err := builtShape(ctx, target, cfg.Slot, p)
+			if err != nil {
+				add(fmt.Errorf("join %q: %w", p.Name, err))
+				continue
+			}
 			var exists bool
 			if err := target.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, p.Target.Ident()).Scan(&exists); err != nil {
 				add(fmt.Errorf("look up target %s: %w", p.Target.Ident(), err))
 			} else if exists {
-				if err := w.CheckTable(ctx, &p.Target); err != nil {
+				if err := w.CheckTable(ctx, shape); err != nil {
 					add(fmt.Errorf("join %q: %w", p.Name, err))
 				}
 			}
@@ -89,6 +98,37 @@ func Check(ctx context.Context, cfg *config.Config, opts Options) error {
 		return &config.ConfigError{Problems: problems}
 	}
 	return nil
+}
+
+// builtShape is the shape join p's existing target must have now: p's own,
+// or, when a source column was widened since the join was built, the
+// shape it was built with (run widens it before it streams). A definition
+// that changed otherwise is the error run would stop with.
+func builtShape(ctx context.Context, target *pgxpool.Pool, slot string, p *plan.JoinPlan) (*sink.Table, error) {
+	var fingerprint, phase string
+	var def []byte
+	err := target.QueryRow(ctx, `SELECT fingerprint, phase, definition::text FROM fkmat.join_state WHERE slot = $1 AND join_name = $2`,
+		slot, p.Name).Scan(&fingerprint, &phase, &def)
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && (fingerprint == p.Fingerprint || phase != "streaming") {
+		return &p.Target, nil // nothing built yet, or a rebuild that starts over
+	}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "42P01" || pgErr.Code == "42703") {
+		return &p.Target, nil // fkmat's schema is older or absent: run migrates it
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the definition the join was built with: %w", err)
+	}
+	if def != nil {
+		if _, ok, err := plan.Widenings(def, plan.Definition(p)); err != nil {
+			return nil, err
+		} else if ok {
+			t, err := plan.DefinitionTarget(def)
+			return &t, err
+		}
+	}
+	return nil, &config.ConfigError{Problems: []string{fmt.Sprintf(
+		"the definition of join %q (tables, keys, columns or types) changed since its backfill, other than by widened column types; "+
+			"fkmat run refuses it: run fkmat backfill --force to rebuild it (the target keeps its rows until the rebuild replaces them)", p.Name)}}
 }
 
 func unjoin(err error) []error {

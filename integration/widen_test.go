@@ -146,6 +146,12 @@ func TestWidenedColumns(t *testing.T) {
 		`ALTER TABLE customers ALTER COLUMN name TYPE text`,
 		`UPDATE orders SET amount = 12345678901234.123456 WHERE id % 13 = 0`,
 		`UPDATE customers SET name = repeat('n', 100) WHERE id = 9`)
+	// check knows run will widen the targets: no shape problem.
+	cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)
+	defer ccancel()
+	if err := fkmat.Check(cctx, cfg, fkmat.Options{}); err != nil {
+		t.Fatalf("check before the start that widens the targets: %v", err)
+	}
 	before := followed()
 	d = startDaemon(t, cfg, opts)
 	waitCaughtUp(t, tc, d)
@@ -184,6 +190,10 @@ func TestWidenedColumns(t *testing.T) {
 		t.Fatalf("the daemon kept running after a joined column was narrowed; logs:\n%s", logs.String())
 	}
 	checkNotAcknowledged(t, tc, end)
+	// check says what run said.
+	if err := fkmat.Check(cctx, cfg, fkmat.Options{}); err == nil || !strings.Contains(err.Error(), "changed since its backfill") {
+		t.Fatalf("check after a narrowing: %v", err)
+	}
 }
 
 // stateEpochs returns the state epoch of every join of tc's slot: a

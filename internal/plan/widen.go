@@ -173,3 +173,13 @@ func (d *definition) untyped() {
 		d.Target.Columns[i].Type = ""
 	}
 }
+
+// DefinitionTarget returns the target table of a stored definition: the
+// shape the join's target was built with.
+func DefinitionTarget(def []byte) (sink.Table, error) {
+	var d definition
+	if err := json.Unmarshal(def, &d); err != nil {
+		return sink.Table{}, fmt.Errorf("read the join's stored definition: %w", err)
+	}
+	return d.Target, nil
+}

@@ -30,9 +30,11 @@ func TestStreamLargeTransactionBounded(t *testing.T) {
 	)
 	tc, c := setup(t, `CREATE TABLE big (id int PRIMARY KEY, pad text)`, []TableName{{Name: "big"}}, func(c *Config) {
 		c.ChunkChanges, c.ChunkBytes, c.QueueChanges, c.QueueBytes = chunkChanges, chunkBytes, queue*chunkChanges, queue*(chunkBytes+2048)
-		// A server that drops silent clients after 2s: the stream must
-		// keep the connection alive while the consumer stalls.
-		c.ConnString = withParam(t, c.ConnString, "wal_sender_timeout", "2s")
+		// A server that drops silent clients after 6 s: the stream must
+		// keep the connection alive while the consumer stalls. (At 2 s a
+		// loaded CI machine once delayed the 500 ms status updates past
+		// it, and the test read a reconnect's replay as a bug.)
+		c.ConnString = withParam(t, c.ConnString, "wal_sender_timeout", "6s")
 		c.StandbyInterval = 500 * time.Millisecond
 	})
 	s := startStream(t, c)
@@ -84,7 +86,7 @@ func TestStreamLargeTransactionBounded(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // a slow consumer
 		if chunks == 10 {
-			time.Sleep(5 * time.Second) // a stall longer than wal_sender_timeout
+			time.Sleep(10 * time.Second) // a stall longer than wal_sender_timeout
 		}
 		if txn.Final {
 			if txn.EndLSN <= txn.CommitLSN {

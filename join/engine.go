@@ -21,6 +21,9 @@ type Engine struct {
 	// reorder, when set (by tests), permutes each segment's response queue
 	// before it is resolved, to show that the order does not matter.
 	reorder func([]Response)
+	// spare is the last batch's segment, emptied: its maps and queue keep
+	// their room for the next batch, whose sizes are alike.
+	spare segment
 }
 
 // NewEngine returns an engine for spec reading state from store.
@@ -70,6 +73,15 @@ func newSegment() segment {
 	return segment{pending: map[Key]*pending{}, rightStart: map[Key]*RightState{}, dirty: map[Key]struct{}{}}
 }
 
+// reset empties s for the next segment, keeping its room.
+func (s *segment) reset() {
+	clear(s.queue)
+	s.queue = s.queue[:0]
+	clear(s.pending)
+	clear(s.rightStart)
+	clear(s.dirty)
+}
+
 // batch is the state of one Apply call.
 type batch struct {
 	e      *Engine
@@ -91,7 +103,16 @@ func (e *Engine) Apply(ctx context.Context, changes []Change, emit func(context.
 	if err := e.checkChanges(changes); err != nil {
 		return Mutations{}, fmt.Errorf("apply %s batch: %w", e.spec.Name, err)
 	}
-	b := &batch{e: e, ov: newOverlay(e.store, &e.spec), seg: newSegment(), prop: propagateKind(e.spec.Type), emit: emit}
+	seg := e.spare
+	if seg.pending == nil {
+		seg = newSegment()
+	}
+	e.spare = segment{}
+	b := &batch{e: e, ov: newOverlay(e.store, &e.spec, len(changes)), seg: seg, prop: propagateKind(e.spec.Type), emit: emit}
+	defer func() {
+		b.seg.reset()
+		e.spare = b.seg
+	}()
 	keys, err := b.prefetch(ctx, changes)
 	if err != nil {
 		return Mutations{}, fmt.Errorf("apply %s batch: %w", e.spec.Name, err)
@@ -173,10 +194,13 @@ type changeKeys struct {
 // the batch start: its state is known absent and not read.
 func (b *batch) prefetch(ctx context.Context, changes []Change) ([]changeKeys, error) {
 	keys := make([]changeKeys, len(changes))
-	left, right := map[Key]struct{}{}, map[Key]struct{}{}
+	// Sized for the batch: grown a doubling at a time, they allocated
+	// twice their final size.
+	n := len(changes)
+	left, right := make(map[Key]struct{}, n), make(map[Key]struct{}, n)
 	// firstLeft and firstRight record, per row key of each side, whether
 	// the row's first change in the batch was an insert.
-	firstLeft, firstRight := map[Key]bool{}, map[Key]bool{}
+	firstLeft, firstRight := make(map[Key]bool, n), map[Key]bool{}
 	see := func(first map[Key]bool, k Key, insert bool) {
 		if _, ok := first[k]; !ok {
 			first[k] = insert
@@ -291,7 +315,7 @@ func (b *batch) endSegment(ctx context.Context) error {
 	if err := b.flushPending(ctx); err != nil {
 		return err
 	}
-	b.seg = newSegment()
+	b.seg.reset()
 	return nil
 }
 

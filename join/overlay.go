@@ -38,11 +38,13 @@ type overlay struct {
 	scratch []byte // key encoding buffer
 }
 
-func newOverlay(store StateReader, spec *Spec) *overlay {
+// newOverlay returns an empty overlay for a batch of about n changes
+// (its left maps are sized for them).
+func newOverlay(store StateReader, spec *Spec, n int) *overlay {
 	return &overlay{
 		store: store, spec: spec,
-		storeLeft: map[Key]*leftEntry{}, storeRight: map[Key]*RightState{},
-		left: map[Key]*leftEntry{}, right: map[Key]*RightState{}, subs: map[Key]map[Key]bool{},
+		storeLeft: make(map[Key]*leftEntry, n), storeRight: map[Key]*RightState{},
+		left: make(map[Key]*leftEntry, n), right: map[Key]*RightState{}, subs: map[Key]map[Key]bool{},
 	}
 }
 

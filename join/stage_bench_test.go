@@ -39,7 +39,7 @@ func BenchmarkResolver(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	bt := &batch{e: e, ov: newOverlay(nil, &e.spec), seg: newSegment(), prop: PropagateNullIfNoRight}
+	bt := &batch{e: e, ov: newOverlay(nil, &e.spec, 0), seg: newSegment(), prop: PropagateNullIfNoRight}
 	cur, _, err := newLeft(&spec, nil, LeftRow{PK: []Value{TextValue("1001")}, FK: []Value{TextValue("42")},
 		Values: []Value{TextValue("42"), TextValue("19.99"), TextValue("description")}})
 	if err != nil {

@@ -225,7 +225,10 @@ func newWrites() writes {
 // plan groups m's writes by key, for the generations of next. The deletes of
 // a side that is cleared are left out: its new generation starts empty.
 func (s *Store) plan(m *join.Mutations, next Meta) writes {
-	w := newWrites()
+	// Sized for m: grown a doubling at a time, the maps allocated twice
+	// their final size.
+	w := writes{zrem: make(map[string][]string, len(m.DelSubs)), zadd: make(map[string][]string, len(m.AddSubs)),
+		hdel: make(map[string][]string, len(m.DelLeft)+len(m.DelRight)), hset: make(map[string][]any, len(m.PutLeft)+len(m.PutRight))}
 	if !m.ClearLeft {
 		for _, sub := range m.DelSubs {
 			k := s.keys.subs(next, string(sub.FK), string(sub.PK))

@@ -9,7 +9,6 @@ import (
 
 	"github.com/fkmat/fkmat/internal/config"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -105,30 +104,25 @@ func Check(ctx context.Context, cfg *config.Config, opts Options) error {
 // shape it was built with (run widens it before it streams). A definition
 // that changed otherwise is the error run would stop with.
 func builtShape(ctx context.Context, target *pgxpool.Pool, slot string, p *plan.JoinPlan) (*sink.Table, error) {
-	var fingerprint, phase string
-	var def []byte
-	err := target.QueryRow(ctx, `SELECT fingerprint, phase, definition::text FROM fkmat.join_state WHERE slot = $1 AND join_name = $2`,
-		slot, p.Name).Scan(&fingerprint, &phase, &def)
-	if errors.Is(err, pgx.ErrNoRows) || err == nil && (fingerprint == p.Fingerprint || phase != "streaming") {
-		return &p.Target, nil // nothing built yet, or a rebuild that starts over
-	}
+	st, err := readJoinState(ctx, target, slot, p.Name)
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "42P01" || pgErr.Code == "42703") {
 		return &p.Target, nil // fkmat's schema is older or absent: run migrates it
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read the definition the join was built with: %w", err)
+		return nil, err
 	}
-	if def != nil {
-		if _, ok, err := plan.Widenings(def, plan.Definition(p)); err != nil {
+	if !st.exists || st.fingerprint == p.Fingerprint || st.phase != "streaming" {
+		return &p.Target, nil // nothing built yet, or a rebuild that starts over
+	}
+	if st.definition != nil {
+		if _, ok, err := plan.Widenings(st.definition, plan.Definition(p)); err != nil {
 			return nil, err
 		} else if ok {
-			t, err := plan.DefinitionTarget(def)
+			t, err := plan.DefinitionTarget(st.definition)
 			return &t, err
 		}
 	}
-	return nil, &config.ConfigError{Problems: []string{fmt.Sprintf(
-		"the definition of join %q (tables, keys, columns or types) changed since its backfill, other than by widened column types; "+
-			"fkmat run refuses it: run fkmat backfill --force to rebuild it (the target keeps its rows until the rebuild replaces them)", p.Name)}}
+	return nil, definitionChanged(p.Name)
 }
 
 func unjoin(err error) []error {

@@ -535,14 +535,33 @@ type joinState struct {
 	fingerprint   string
 	phase         string
 	consistentLSN cdc.LSN
+	// definition is the one the join was built with (plan.Definition); nil
+	// for a join built before fkmat kept it.
+	definition []byte
+	// widenedLSN is where the last widening was followed (0: none).
+	widenedLSN cdc.LSN
 }
 
 func (d *daemon) loadJoinState(ctx context.Context, name string) (joinState, error) {
+	return readJoinState(ctx, d.target, d.cfg.Slot, name)
+}
+
+// definitionChanged is the error run stops with when the definition of join
+// name changed since its backfill other than by widened types (which open
+// follows, daemon.widen); check reports the same.
+func definitionChanged(name string) error {
+	return &config.ConfigError{Problems: []string{fmt.Sprintf(
+		"the definition of join %q (tables, keys, columns or types) changed since its backfill, other than by widened column types; "+
+			"run fkmat backfill --force to rebuild it (the target keeps its rows until the rebuild replaces them)", name)}}
+}
+
+// readJoinState reads join name's row of fkmat.join_state for slot.
+func readJoinState(ctx context.Context, db querier, slot, name string) (joinState, error) {
 	var s joinState
-	var lsn *string
-	err := d.target.QueryRow(ctx, `
-		SELECT epoch, fingerprint, phase, consistent_lsn::text FROM fkmat.join_state
-		WHERE slot = $1 AND join_name = $2`, d.cfg.Slot, name).Scan(&s.epoch, &s.fingerprint, &s.phase, &lsn)
+	var lsn, widened *string
+	err := db.QueryRow(ctx, `
+		SELECT epoch, fingerprint, phase, consistent_lsn::text, definition::text, widened_lsn::text FROM fkmat.join_state
+		WHERE slot = $1 AND join_name = $2`, slot, name).Scan(&s.epoch, &s.fingerprint, &s.phase, &lsn, &s.definition, &widened)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil
 	}
@@ -550,9 +569,14 @@ func (d *daemon) loadJoinState(ctx context.Context, name string) (joinState, err
 		return s, fmt.Errorf("read state of join %q: %w", name, err)
 	}
 	s.exists = true
-	if lsn != nil {
-		if s.consistentLSN, err = cdc.ParseLSN(*lsn); err != nil {
-			return s, err
+	for _, f := range []struct {
+		text *string
+		lsn  *cdc.LSN
+	}{{lsn, &s.consistentLSN}, {widened, &s.widenedLSN}} {
+		if f.text != nil {
+			if *f.lsn, err = cdc.ParseLSN(*f.text); err != nil {
+				return s, fmt.Errorf("read state of join %q: %w", name, err)
+			}
 		}
 	}
 	return s, nil
@@ -580,9 +604,7 @@ func (d *daemon) assess(ctx context.Context) (reason string, lost bool, err erro
 		case st.phase != "streaming":
 			return fmt.Sprintf("the backfill of join %q was interrupted; starting it again", j.Plan().Name), false, nil
 		case st.fingerprint != j.Plan().Fingerprint:
-			return "", false, &config.ConfigError{Problems: []string{fmt.Sprintf(
-				"the definition of join %q (tables, keys, columns or types) changed since its backfill; run fkmat backfill --force to rebuild it",
-				j.Plan().Name)}}
+			return "", false, definitionChanged(j.Plan().Name)
 		case !info.Exists:
 			return fmt.Sprintf("replication slot %q is gone", d.cfg.Slot), true, nil
 		}

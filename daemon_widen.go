@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fkmat/fkmat/cdc"
@@ -33,27 +32,14 @@ import (
 // A join built before fkmat kept definitions gets its definition recorded
 // here when nothing changed.
 func (d *daemon) widen(ctx context.Context, p *plan.JoinPlan) error {
-	var fingerprint string
-	var def []byte
-	var widened *string
-	err := d.target.QueryRow(ctx, `SELECT fingerprint, definition::text, widened_lsn::text FROM fkmat.join_state WHERE slot = $1 AND join_name = $2`,
-		d.cfg.Slot, p.Name).Scan(&fingerprint, &def, &widened)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil
+	st, err := d.loadJoinState(ctx, p.Name)
+	if err != nil || !st.exists {
+		return err
 	}
-	if err != nil {
-		return fmt.Errorf("read the definition of the join: %w", err)
-	}
-	if widened != nil {
-		lsn, err := cdc.ParseLSN(*widened)
-		if err != nil {
-			return fmt.Errorf("read the join's widened_lsn: %w", err)
-		}
-		p.WidenedBefore = uint64(lsn)
-	}
+	p.WidenedBefore = uint64(st.widenedLSN)
 	definition := plan.Definition(p)
-	if fingerprint == p.Fingerprint {
-		if def == nil {
+	if st.fingerprint == p.Fingerprint {
+		if st.definition == nil {
 			_, err := d.target.Exec(ctx, `UPDATE fkmat.join_state SET definition = $3
 				WHERE slot = $1 AND join_name = $2 AND fingerprint = $4 AND definition IS NULL`,
 				d.cfg.Slot, p.Name, string(definition), p.Fingerprint)
@@ -63,10 +49,10 @@ func (d *daemon) widen(ctx context.Context, p *plan.JoinPlan) error {
 		}
 		return nil
 	}
-	if def == nil {
+	if st.definition == nil {
 		return nil
 	}
-	widenings, ok, err := plan.Widenings(def, definition)
+	widenings, ok, err := plan.Widenings(st.definition, definition)
 	if err != nil || !ok {
 		return err
 	}
@@ -115,7 +101,7 @@ func (d *daemon) widen(ctx context.Context, p *plan.JoinPlan) error {
 		}
 	}
 	tag, err := tx.Exec(ctx, `UPDATE fkmat.join_state SET fingerprint = $3, definition = $4, widened_lsn = $6::pg_lsn, updated_at = now()
-		WHERE slot = $1 AND join_name = $2 AND fingerprint = $5`, d.cfg.Slot, p.Name, p.Fingerprint, string(definition), fingerprint, now.String())
+		WHERE slot = $1 AND join_name = $2 AND fingerprint = $5`, d.cfg.Slot, p.Name, p.Fingerprint, string(definition), st.fingerprint, now.String())
 	if err != nil {
 		return fmt.Errorf("record the widened definition: %w", err)
 	}

@@ -71,11 +71,7 @@ func (s *Store) NewLoader(ctx context.Context) (*Loader, error) {
 // gathered once it passes the loader's size. It refuses clears and deletes.
 func (l *Loader) Add(ctx context.Context, m join.Mutations) error {
 	err := loadEntries(m, l.meta.Shape, func(kind byte, shard uint64, field string, value []byte) error {
-		if kind == kindSubs {
-			l.gather(kind, shard, string(value), "")
-		} else {
-			l.gather(kind, shard, field, string(value))
-		}
+		l.gather(kind, shard, field, string(value))
 		return nil
 	})
 	if err != nil {
@@ -115,7 +111,7 @@ func loadEntries(m join.Mutations, sh Shape, fn func(kind byte, shard uint64, fi
 }
 
 // gather gathers one row (kindLeft, kindRight: field and value) or
-// subscription (kindSubs: member in field) of the key of kind in shard.
+// subscription (kindSubs: member in value) of the key of kind in shard.
 func (l *Loader) gather(kind byte, shard uint64, field, value string) {
 	e := loadEntry{kind, shard, field, value}
 	if kind == kindSubs {
@@ -147,26 +143,11 @@ func (l *Loader) Flush(ctx context.Context) error {
 	slices.SortFunc(l.rows, byKey)
 	slices.SortFunc(l.subs, byKey)
 	p := s.rdb.Pipeline()
-	for run := range runs(l.rows) {
-		key := s.keys.name(run[0].kind, l.gen(run[0].kind), run[0].shard)
-		for chunk := range slices.Chunk(run, page) {
-			args := make([]any, 0, 2*len(chunk))
-			for _, e := range chunk {
-				args = append(args, e.field, e.value)
-			}
-			p.HSet(ctx, key, args...)
-			l.commands++
-		}
-	}
-	for run := range runs(l.subs) {
-		key := s.keys.name(kindSubs, l.meta.LeftGen, run[0].shard)
-		for chunk := range slices.Chunk(run, page) {
-			zs := make([]redis.Z, len(chunk))
-			for i, e := range chunk {
-				zs[i] = redis.Z{Member: e.field}
-			}
-			p.ZAdd(ctx, key, zs...)
-			l.commands++
+	for _, entries := range [][]loadEntry{l.rows, l.subs} {
+		for run := range runs(entries) {
+			key := s.keys.name(run[0].kind, l.meta.gen(run[0].kind), run[0].shard)
+			n, _ := queueEntries(ctx, p, key, run[0].kind, len(run), page, func(i int) (string, string) { return run[i].field, run[i].value })
+			l.commands += n
 		}
 	}
 	// Loaded rows have distinct keys, so every add is a new member.
@@ -183,11 +164,41 @@ func (l *Loader) Flush(ctx context.Context) error {
 }
 
 // gen returns the generation of the keys of kind.
-func (l *Loader) gen(kind byte) uint64 {
+func (m Meta) gen(kind byte) uint64 {
 	if kind == kindRight {
-		return l.meta.RightGen
+		return m.RightGen
 	}
-	return l.meta.LeftGen
+	return m.LeftGen
+}
+
+// queueEntries queues in p the n entries of key, of kind, that entry(i)
+// gives (a row's field and value; a subscription's member as its value):
+// one multi-field HSET or multi-member ZADD per page of entries. It
+// returns the commands and the bytes queued.
+func queueEntries(ctx context.Context, p redis.Pipeliner, key string, kind byte, n, page int,
+	entry func(int) (field, value string)) (commands, bytes int) {
+	for start := 0; start < n; start += page {
+		end := min(start+page, n)
+		if kind == kindSubs {
+			zs := make([]redis.Z, 0, end-start)
+			for i := start; i < end; i++ {
+				_, member := entry(i)
+				zs = append(zs, redis.Z{Member: member})
+				bytes += len(member) + 16
+			}
+			p.ZAdd(ctx, key, zs...)
+		} else {
+			args := make([]any, 0, 2*(end-start))
+			for i := start; i < end; i++ {
+				field, value := entry(i)
+				args = append(args, field, value)
+				bytes += len(field) + len(value) + 16
+			}
+			p.HSet(ctx, key, args...)
+		}
+		commands++
+	}
+	return commands, bytes
 }
 
 // runs yields the runs of entries of one key in entries sorted by key.

@@ -234,7 +234,7 @@ func (s *Store) movePage(ctx context.Context, c redis.Cmdable, l *Loader, keys [
 			case !moves:
 			case !rehash:
 				// Same bucket, new generation: same shard tag, same slot.
-				p.Copy(ctx, k, s.keys.name(kind, l.gen(kind), bucket), 0, true)
+				p.Copy(ctx, k, s.keys.name(kind, l.meta.gen(kind), bucket), 0, true)
 				st.Copied++
 			case kind == kindSubs:
 				reads = append(reads, read{kind: kind, subs: p.ZRange(ctx, k, 0, -1)})
@@ -255,7 +255,7 @@ func (s *Store) movePage(ctx context.Context, c redis.Cmdable, l *Loader, keys [
 				if err != nil {
 					return fmt.Errorf("subscription %q: %w", member, err)
 				}
-				l.gather(kindSubs, subShard(sh, member[:n], member[n:]), member, "")
+				l.gather(kindSubs, subShard(sh, member[:n], member[n:]), "", member)
 				st.Subscriptions++
 			}
 			continue

@@ -125,14 +125,6 @@ func (s *Store) NewSpool(ctx context.Context, dir string, rows int64) (*Spool, e
 		chunk: max(spoolMemoryBytes/n, 16<<10), merge: spoolMergeBytes}, nil
 }
 
-// gen returns the generation of the keys of kind.
-func (sp *Spool) gen(kind byte) uint64 {
-	if kind == kindRight {
-		return sp.meta.RightGen
-	}
-	return sp.meta.LeftGen
-}
-
 // Close releases the spool's temporary file.
 func (sp *Spool) Close() error { return sp.file.Close() }
 
@@ -273,7 +265,7 @@ func (w *spoolWriter) key(run []spoolEntry, whole bool) error {
 	kind, shard := byte(run[0].key>>56), run[0].key&(1<<56-1)
 	if whole && !sp.noRestore.Load() {
 		if payload, n, ok := w.listpack(kind, run); ok {
-			cmd := w.pipe.Restore(w.ctx, sp.s.keys.name(kind, sp.gen(kind), shard), 0, payload)
+			cmd := w.pipe.Restore(w.ctx, sp.s.keys.name(kind, sp.meta.gen(kind), shard), 0, payload)
 			r := spoolRestore{cmd: cmd, run: run}
 			if kind == kindSubs {
 				r.subs = n
@@ -293,26 +285,13 @@ func (w *spoolWriter) key(run []spoolEntry, whole bool) error {
 func (w *spoolWriter) commands(run []spoolEntry) error {
 	sp := w.sp
 	kind, shard := byte(run[0].key>>56), run[0].key&(1<<56-1)
-	key := sp.s.keys.name(kind, sp.gen(kind), shard)
-	for chunk := range slices.Chunk(run, sp.s.cfg.PageSize) {
-		n := 0
+	key := sp.s.keys.name(kind, sp.meta.gen(kind), shard)
+	page := sp.s.cfg.PageSize
+	for start := 0; start < len(run); start += page {
+		chunk := run[start:min(start+page, len(run))]
+		_, n := queueEntries(w.ctx, w.pipe, key, kind, len(chunk), page, func(i int) (string, string) { return spoolEntryAt(w.b, chunk[i].off) })
 		if kind == kindSubs {
-			zs := make([]redis.Z, len(chunk))
-			for i, e := range chunk {
-				_, member := spoolEntryAt(w.b, e.off)
-				zs[i] = redis.Z{Member: member}
-				n += len(member) + 16
-			}
-			w.pipe.ZAdd(w.ctx, key, zs...)
 			w.subs += len(chunk)
-		} else {
-			args := make([]any, 0, 2*len(chunk))
-			for _, e := range chunk {
-				field, value := spoolEntryAt(w.b, e.off)
-				args = append(args, field, value)
-				n += len(field) + len(value) + 16
-			}
-			w.pipe.HSet(w.ctx, key, args...)
 		}
 		sp.commands.Add(1)
 		sp.entries.Add(int64(len(chunk)))

@@ -64,20 +64,26 @@ func (m *mapper) sidesOf(rel *cdc.Relation) []side {
 // uses reports whether rel is a table of this join.
 func (m *mapper) uses(rel *cdc.Relation) bool { return len(m.sidesOf(rel)) > 0 }
 
+// layoutOf is the layout of side s in rel, for a change at position at.
 func (m *mapper) layoutOf(rel *cdc.Relation, s side, at cdc.LSN) (*layout, error) {
 	if l, ok := m.layouts[layoutKey{rel, s}]; ok {
 		return l, nil
 	}
-	tp := &m.plan.Left
-	if s == sideRight {
-		tp = &m.plan.Right
-	}
-	l, err := newLayout(rel, tp, s, uint64(at) < m.plan.WidenedBefore)
+	l, err := m.newLayout(rel, s, uint64(at) < m.plan.WidenedBefore)
 	if err != nil {
 		return nil, err
 	}
 	m.layouts[layoutKey{rel, s}] = l
 	return l, nil
+}
+
+// newLayout is newLayout of side s's table.
+func (m *mapper) newLayout(rel *cdc.Relation, s side, narrower bool) (*layout, error) {
+	tp := &m.plan.Left
+	if s == sideRight {
+		tp = &m.plan.Right
+	}
+	return newLayout(rel, tp, s, narrower)
 }
 
 // newLayout finds the columns of tp in rel: its key, its foreign key (left
@@ -160,20 +166,26 @@ func (m *tableMapper) tablesOf(rel *cdc.Relation) []int {
 	return out
 }
 
+// layoutOf is the layout of table t in rel, for a change at position at.
 func (m *tableMapper) layoutOf(rel *cdc.Relation, t int, at cdc.LSN) (*layout, error) {
 	if l, ok := m.layouts[tableLayoutKey{rel, t}]; ok {
 		return l, nil
 	}
-	s := sideRight
-	if t == 0 {
-		s = sideLeft
-	}
-	l, err := newLayout(rel, &m.tables[t], s, uint64(at) < m.plan.WidenedBefore)
+	l, err := m.newLayout(rel, t, uint64(at) < m.plan.WidenedBefore)
 	if err != nil {
 		return nil, err
 	}
 	m.layouts[tableLayoutKey{rel, t}] = l
 	return l, nil
+}
+
+// newLayout is newLayout of table t.
+func (m *tableMapper) newLayout(rel *cdc.Relation, t int, narrower bool) (*layout, error) {
+	s := sideRight
+	if t == 0 {
+		s = sideLeft
+	}
+	return newLayout(rel, &m.tables[t], s, narrower)
 }
 
 // appendChanges maps one cdc change to the join's table changes.
@@ -199,11 +211,7 @@ func (m *tableMapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Ch
 		// message has no WAL position: a narrower column is checked at
 		// the first row (positions), which has one.
 		for _, t := range m.tablesOf(c.Schema.New) {
-			s := sideRight
-			if t == 0 {
-				s = sideLeft
-			}
-			if _, err := newLayout(c.Schema.New, &m.tables[t], s, true); err != nil {
+			if _, err := m.newLayout(c.Schema.New, t, true); err != nil {
 				return nil, err
 			}
 		}
@@ -314,11 +322,7 @@ func (m *mapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Change,
 		// message has no WAL position: a narrower column is checked at
 		// the first row (positions), which has one.
 		for _, s := range m.sidesOf(c.Schema.New) {
-			tp := &m.plan.Left
-			if s == sideRight {
-				tp = &m.plan.Right
-			}
-			if _, err := newLayout(c.Schema.New, tp, s, true); err != nil {
+			if _, err := m.newLayout(c.Schema.New, s, true); err != nil {
 				return nil, err
 			}
 		}

@@ -194,14 +194,21 @@ func knownLeaves(ctx context.Context, db *pgxpool.Pool, slot string) (map[uint32
 	return out, rows.Err()
 }
 
-// storageWatch holds, between checks, the leaves as last recorded, and
-// the leaves whose storage changed with the source WAL position at which
-// the change was seen. The partition watcher and the stream's last
+// storageWatch holds, between checks, the leaves as last recorded, the
+// leaves whose storage changed with the source WAL position at which the
+// change was seen, and the partition changes that moved rows and are not
+// followed yet. The partition watcher and the stream's last
 // acknowledgement share it.
 type storageWatch struct {
 	mu      sync.Mutex
 	known   map[uint32]leaf // nil until a check recorded them
 	pending map[uint32]pendingStorage
+	// moves are the partitioned tables whose partitions moved rows, by
+	// name, with the position at which that was first seen.
+	moves map[string]cdc.LSN
+	// awaiting is the source WAL position the pipeline must have applied
+	// before the slot is cleared again: past the last move written.
+	awaiting cdc.LSN
 	// applied is the position up to which the pipeline has applied
 	// every transaction.
 	applied func() cdc.LSN
@@ -213,9 +220,11 @@ type pendingStorage struct {
 }
 
 // checkPartitions compares the joined tables' partitions with the known
-// ones. A partition that came or went empty is fine (its rows, if any, came
-// through the WAL) and is recorded; one that brought or took rows with it
-// is ErrPartitionsChanged.
+// ones. A partition that came or went empty is recorded (its rows, if any,
+// came through the WAL). One that brought or took rows with it is followed
+// by moveRows once the pipeline has applied everything committed before the
+// change was first seen; until then nothing is recorded, and the check is
+// made again.
 //
 // "Empty" is judged by the rows' xmin: a row older than the partition's
 // pg_class row (which ATTACH and DETACH rewrite) was in the table before it
@@ -228,7 +237,8 @@ type pendingStorage struct {
 // everything committed before the change was seen: a change made by a
 // streamed TRUNCATE of the parent is fine; a rewrite that kept the rows
 // (VACUUM FULL, CLUSTER, a rewriting ALTER TABLE) is fine; anything else
-// lost the partition's rows without row changes in the WAL.
+// took the partition's rows without row changes in the WAL, and is
+// followed as a move.
 func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalogRead) error {
 	cur, seenAt := at.leaves, at.after // a change seen was committed before at.after
 	known, err := knownLeaves(ctx, d.target, d.cfg.Slot)
@@ -250,6 +260,13 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 		return nil
 	}
 	next := map[uint32]leaf{}
+	moves := map[string]*pendingMove{}
+	move := func(parent string) *pendingMove {
+		if moves[parent] == nil {
+			moves[parent] = &pendingMove{}
+		}
+		return moves[parent]
+	}
 	for _, oid := range slices.Sorted(maps.Keys(cur)) {
 		l := cur[oid]
 		k, ok := known[oid]
@@ -259,17 +276,21 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 				return err
 			}
 			if old {
-				return fmt.Errorf("%w: partition %s was attached to %s with rows in it; they joined the table without row changes in the WAL: "+
-					"run fkmat backfill --force (attach partitions empty and then fill them, to keep the join streaming)",
-					ErrPartitionsChanged, l.name, l.parent)
+				d.log.Info("a partition was attached to a joined table with rows in it", "table", l.parent, "partition", l.name)
+				m := move(l.parent)
+				m.entered = append(m.entered, l)
+			} else {
+				d.log.Info("a partition was added to a joined table", "table", l.parent, "partition", l.name)
 			}
-			d.log.Info("a partition was added to a joined table", "table", l.parent, "partition", l.name)
 			next[oid] = l
 			continue
 		}
-		adopt, err := d.checkStorage(ctx, w, k, l, seenAt)
+		adopt, lost, err := d.checkStorage(ctx, w, k, l, seenAt)
 		if err != nil {
 			return err
+		}
+		if lost {
+			move(l.parent).left = true
 		}
 		if adopt {
 			next[oid] = l
@@ -287,13 +308,21 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 			return err
 		}
 		if old {
-			return d.markLost(ctx, l, lostPartition(l))
+			d.log.Info("a partition with rows left a joined table (detached or dropped)", "table", l.parent, "partition", l.name)
+			move(l.parent).left = true
+		} else {
+			d.log.Info("an empty partition left a joined table", "table", l.parent, "partition", l.name)
 		}
-		d.log.Info("an empty partition left a joined table", "table", l.parent, "partition", l.name)
 	}
 	for oid := range w.pending {
 		if _, ok := next[oid]; !ok {
 			delete(w.pending, oid)
+		}
+	}
+	if len(moves) > 0 {
+		done, err := d.followMoves(ctx, w, moves, seenAt)
+		if err != nil || !done {
+			return err
 		}
 	}
 	if err := d.saveLeaves(ctx, known, next); err != nil {
@@ -301,6 +330,52 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 	}
 	w.known = next
 	return nil
+}
+
+// followMoves follows the moves of rows, once the pipeline has applied
+// everything committed before each was first seen; it reports whether it
+// did.
+func (d *daemon) followMoves(ctx context.Context, w *storageWatch, moves map[string]*pendingMove, seenAt cdc.LSN) (bool, error) {
+	if w.moves == nil {
+		w.moves = map[string]cdc.LSN{}
+	}
+	ready := true
+	for parent := range moves {
+		first, ok := w.moves[parent]
+		if !ok {
+			w.moves[parent], first = seenAt, seenAt
+		}
+		if w.applied() < first {
+			ready = false
+		}
+	}
+	if !ready {
+		return false, nil
+	}
+	for _, parent := range slices.Sorted(maps.Keys(moves)) {
+		m := moves[parent]
+		table := d.joinedTable(parent)
+		start := time.Now()
+		res, err := d.moveRows(ctx, table, *m)
+		if err != nil {
+			return false, err
+		}
+		d.log.Info("followed a partition change of a joined table", "table", parent, "rows_left", res.deleted, "rows_entered", res.upserted,
+			"took", time.Since(start).Round(time.Millisecond).String(), "lsn", res.after.String())
+		w.awaiting = max(w.awaiting, res.after)
+	}
+	clear(w.moves)
+	return true, nil
+}
+
+// joinedTable returns the joined table whose name (regclass text) is name.
+func (d *daemon) joinedTable(name string) config.TableName {
+	for _, t := range d.joinedTables() {
+		if t.String() == name {
+			return t
+		}
+	}
+	return config.TableName{}
 }
 
 // saveLeaves writes the differences between the known leaves and next. It
@@ -331,18 +406,19 @@ func (d *daemon) saveLeaves(ctx context.Context, known, next map[uint32]leaf) er
 }
 
 // checkStorage compares a known leaf k with its current state l and reports
-// whether l's storage is to be recorded.
-func (d *daemon) checkStorage(ctx context.Context, w *storageWatch, k, l leaf, seenAt cdc.LSN) (bool, error) {
+// whether l's storage is to be recorded, and whether it lost rows without
+// row changes in the WAL.
+func (d *daemon) checkStorage(ctx context.Context, w *storageWatch, k, l leaf, seenAt cdc.LSN) (adopt, lost bool, err error) {
 	switch {
 	case k.relfilenode == nil: // recorded by an older fkmat
-		return true, nil
+		return true, false, nil
 	case *k.relfilenode == *l.relfilenode:
 		delete(w.pending, l.oid)
-		return false, nil
+		return false, false, nil
 	case k.truncatedXid != nil && uint32(*k.truncatedXid) == l.xmin:
 		// The streamed TRUNCATE of the parent, applied, gave it this storage.
 		delete(w.pending, l.oid)
-		return true, nil
+		return true, false, nil
 	}
 	if w.pending == nil {
 		w.pending = map[uint32]pendingStorage{}
@@ -350,39 +426,28 @@ func (d *daemon) checkStorage(ctx context.Context, w *storageWatch, k, l leaf, s
 	p, ok := w.pending[l.oid]
 	if !ok || p.relfilenode != *l.relfilenode {
 		w.pending[l.oid] = pendingStorage{relfilenode: *l.relfilenode, seenAt: seenAt}
-		return false, nil
+		return false, false, nil
 	}
 	// Wait until the pipeline has applied everything committed before the
 	// change was seen: a TRUNCATE of the parent in it is applied by then.
 	if w.applied() < p.seenAt {
-		return false, nil
+		return false, false, nil
 	}
 	delete(w.pending, l.oid)
 	old, err := hasOldRows(ctx, d.source, l)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	if old {
 		d.log.Info("a partition of a joined table was rewritten with its rows (VACUUM FULL, CLUSTER or a rewriting ALTER TABLE)",
 			"table", l.parent, "partition", l.name)
-		return true, nil
+		return true, false, nil
 	}
-	return false, d.markLost(ctx, k, fmt.Errorf("%w: partition %s of %s was truncated on its own (or emptied and then rewritten): "+
-		"Postgres does not publish a TRUNCATE of a single partition when the publication publishes via the partitioned table, "+
-		"so the target still holds the joined rows of what it held: run fkmat backfill --force "+
-		"(TRUNCATE the partitioned table, or DELETE from the partition, to keep the join streaming)",
-		ErrPartitionsChanged, l.name, l.parent))
-}
-
-// markLost records leaf l as lost, so that every start refuses until a
-// backfill (attaching it back, say, would not bring back what was done to
-// it meanwhile), and returns err.
-func (d *daemon) markLost(ctx context.Context, l leaf, err error) error {
-	if _, uerr := d.target.Exec(ctx, `UPDATE fkmat.partitions SET lost = true WHERE slot = $1 AND leaf_oid = $2`,
-		d.cfg.Slot, l.oid); uerr != nil {
-		return fmt.Errorf("record partition %s as lost: %w (%w)", l.name, uerr, err)
-	}
-	return err
+	// Truncated on its own (Postgres does not publish a TRUNCATE of a
+	// single partition when the publication publishes via the partitioned
+	// table), or emptied and then rewritten.
+	d.log.Info("a partition of a joined table was truncated on its own", "table", l.parent, "partition", l.name)
+	return true, true, nil
 }
 
 func equalPtr[T comparable](a, b *T) bool {
@@ -390,7 +455,7 @@ func equalPtr[T comparable](a, b *T) bool {
 }
 
 func lostPartition(l leaf) error {
-	return fmt.Errorf("%w: partition %s left %s (detached or dropped) or was truncated on its own while it may have held rows; "+
+	return fmt.Errorf("%w: an older fkmat recorded that partition %s left %s (detached or dropped) or was truncated on its own while it may have held rows; "+
 		"they left the table without row changes in the WAL, and the target still holds their joined rows: run fkmat backfill --force",
 		ErrPartitionsChanged, l.name, l.parent)
 }
@@ -445,10 +510,17 @@ func (d *daemon) clearPartitions(ctx context.Context, w *storageWatch, stream *c
 			return err
 		}
 	}
-	if at.settled && len(w.pending) == 0 {
+	if at.settled && w.clearable() {
 		stream.Clear(at.before)
 	}
 	return nil
+}
+
+// clearable says whether nothing the join has not followed lies behind the
+// catalog read just checked: no storage change or move waits, and the last
+// move written is applied.
+func (w *storageWatch) clearable() bool {
+	return len(w.pending) == 0 && len(w.moves) == 0 && w.applied() >= w.awaiting
 }
 
 // sameLeaves reports whether the leaves read are the ones recorded: the

@@ -60,7 +60,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		// Partition DDL is not in the stream: the slot is confirmed only
 		// up to where the catalog was checked (clearPartitions).
 		stream.Hold()
-		if at.settled && len(watch.pending) == 0 {
+		if at.settled && watch.clearable() {
 			stream.Clear(at.before)
 		}
 	}

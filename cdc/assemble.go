@@ -25,6 +25,9 @@ const firstGenbkiObjectID = 10000
 type assembler struct {
 	chunkChanges, chunkBytes int
 	log                      *slog.Logger
+	// prefix is the prefix of the logical decoding messages that carry
+	// row changes (see Embedded).
+	prefix string
 
 	// rels are the relations announced in this replication session: tuples
 	// are decoded against them.
@@ -53,6 +56,7 @@ type assembler struct {
 
 func newAssembler(chunkChanges, chunkBytes int, log *slog.Logger) *assembler {
 	return &assembler{
+		prefix:       MessagePrefix(""),
 		chunkChanges: chunkChanges,
 		chunkBytes:   chunkBytes,
 		log:          log,
@@ -82,6 +86,9 @@ type result struct {
 	emptyEnd LSN
 	// ignored is the kind of a message that was skipped as unknown.
 	ignored byte
+	// chunks are full chunks to deliver before txn (from a message
+	// carrying many row changes).
+	chunks []*Txn
 }
 
 // handle processes one message that starts at WAL position lsn. data is only
@@ -100,7 +107,7 @@ func (a *assembler) handle(lsn LSN, data []byte) (result, error) {
 		}
 		return a.row(lsn, data)
 	case msgMessage:
-		return result{}, nil // logical decoding messages are not ours
+		return a.message(lsn, data)
 	}
 	m, err := decodeMessage(data, allocValues)
 	if err != nil {
@@ -149,6 +156,22 @@ func (a *assembler) begin(m message) error {
 		a.pending = nil
 	}
 	return nil
+}
+
+// message handles a logical decoding message: one of ours, transactional,
+// carries row changes; any other is not ours.
+func (a *assembler) message(lsn LSN, data []byte) (result, error) {
+	if !a.inTxn || a.skipping {
+		return result{}, nil
+	}
+	m, err := decodeMessage(data, allocValues)
+	if err != nil {
+		return result{}, fmt.Errorf("decode message at %s: %w", lsn, err)
+	}
+	if m.name != a.prefix || m.flags&1 == 0 {
+		return result{}, nil
+	}
+	return a.embedded(lsn, m.content)
 }
 
 func (a *assembler) curXid() uint32 {

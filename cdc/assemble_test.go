@@ -17,6 +17,7 @@ func feed(t *testing.T, a *assembler, msgs ...[]byte) (txns []*Txn, empty []LSN)
 		if err != nil {
 			t.Fatalf("message %d (%c): %v", i, m[0], err)
 		}
+		txns = append(txns, res.chunks...)
 		if res.txn != nil {
 			txns = append(txns, res.txn)
 			if res.txn.Final {

@@ -91,6 +91,7 @@ func (c *Client) NewStream(start LSN) *Stream {
 		asm:     newAssembler(c.cfg.ChunkChanges, c.cfg.ChunkBytes, c.log),
 		warned:  map[byte]time.Time{},
 	}
+	s.asm.prefix = MessagePrefix(c.cfg.Slot)
 	s.acked.Store(uint64(start))
 	return s
 }
@@ -301,6 +302,8 @@ func (s *Stream) session(ctx context.Context) (progressed bool, err error) {
 		PluginArgs: []string{
 			"proto_version '1'",
 			"publication_names " + quoteLiteral(quoteIdent(s.cfg.Publication)),
+			// The row changes fkmat writes into the WAL itself (Embedded).
+			"messages 'true'",
 		},
 	})
 	if err != nil {
@@ -429,6 +432,11 @@ func (ss *session) handleCopyData(ctx context.Context, data []byte) error {
 		}
 		if res.ignored != 0 {
 			s.warnIgnored(res.ignored)
+		}
+		for _, t := range res.chunks {
+			if err := ss.deliver(ctx, t); err != nil {
+				return err
+			}
 		}
 		if res.txn != nil {
 			return ss.deliver(ctx, res.txn)

@@ -113,3 +113,79 @@ func walPosition(t *testing.T, tc *testenv.Case) string {
 	}
 	return lsn
 }
+
+// partitionedTreeYAML joins a partitioned orders to a partitioned
+// customers and on to regions, and the same two tables in a second join.
+const partitionedTreeYAML = `joins:
+  - name: orders_wide
+    type: left
+    left:
+      table: public.orders
+      columns: [id, created, customer_id, amount]
+    right:
+      - table: public.customers
+        foreign_key: [customer_id]
+        columns: [name AS customer_name]
+      - table: public.regions
+        from: customers
+        foreign_key: [region_id]
+        columns: [name AS region_name]
+    target:
+      table: public.orders_wide
+  - name: orders_enriched
+    type: inner
+    left:
+      table: public.orders
+      foreign_key: [customer_id]
+      columns: [id, created, customer_id, note]
+    right:
+      table: public.customers
+      columns: [name AS customer_name]
+    target:
+      table: public.orders_enriched
+`
+
+// TestPartitionDDLInTree: partition DDL on the left table and on an entry
+// of a join of several tables, both tables also in a two-table join: each
+// change is followed in both joins without a stop, and the targets equal
+// their SQL after each.
+func TestPartitionDDLInTree(t *testing.T) {
+	testenv.Race(t)
+	tc := testenv.New(t)
+	sqlExec(t, tc, `CREATE TABLE regions (id int PRIMARY KEY, name text)`,
+		`CREATE TABLE customers (id bigint PRIMARY KEY, name text, region_id int) PARTITION BY RANGE (id)`,
+		`CREATE TABLE customers_lo PARTITION OF customers FOR VALUES FROM (0) TO (100)`,
+		`CREATE TABLE customers_hi PARTITION OF customers FOR VALUES FROM (100) TO (1000)`)
+	sqlExec(t, tc, rangeOrders...)
+	sqlExec(t, tc,
+		`INSERT INTO regions SELECT g, 'r' || g FROM generate_series(1, 5) g`,
+		`INSERT INTO customers SELECT g, 'c' || g, g % 6 FROM generate_series(1, 300) g`,
+		`INSERT INTO orders SELECT g, date '2025-01-01' + g % 700, g % 320, g, 'n' FROM generate_series(1, 2000) g`)
+	cfg := daemonConfig(t, tc, partitionedTreeYAML)
+	d := startDaemon(t, cfg, fkmat.Options{PartitionCheckInterval: 2 * time.Second})
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+
+	steps := [][]string{
+		{`ALTER TABLE customers DETACH PARTITION customers_hi`, `UPDATE regions SET name = name || '!' WHERE id = 2`},
+		{`UPDATE customers_hi SET name = 'back ' || name WHERE id % 2 = 0`,
+			`ALTER TABLE customers ATTACH PARTITION customers_hi FOR VALUES FROM (100) TO (1000)`,
+			`UPDATE customers SET region_id = 3 WHERE id = 150`},
+		{`DROP TABLE orders_2025`, `INSERT INTO orders VALUES (9001, '2026-05-05', 150, 1, 'new')`},
+		{`BEGIN; TRUNCATE customers_lo; INSERT INTO customers VALUES (7, 'seven', 1); COMMIT`},
+	}
+	for i, step := range steps {
+		sqlExec(t, tc, step...)
+		waitCaughtUp(t, tc, d)
+		assertOracle(t, cfg)
+		select {
+		case err := <-d.done:
+			d.cancel = nil
+			t.Fatalf("step %d: run stopped: %v", i+1, err)
+		default:
+		}
+	}
+	if n := queryInt(t, tc, `SELECT count(*) FROM orders_wide WHERE customer_name IS NULL AND customer_id < 100 AND customer_id <> 7`); n == 0 {
+		t.Fatal("the truncated customers did not leave orders_wide")
+	}
+}

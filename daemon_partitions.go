@@ -33,6 +33,10 @@ type leaf struct {
 	// xmin is the transaction that last rewrote its pg_class row (current
 	// leaves only).
 	xmin uint32
+	// attached identifies its attachment: the xmin of each pg_inherits row
+	// from it up to the joined table, which ATTACH PARTITION writes anew;
+	// nil in a record of an older fkmat.
+	attached *string
 	// truncatedXid is the source transaction whose streamed TRUNCATE of
 	// the parent was applied last, if any (known leaves only).
 	truncatedXid *int64
@@ -47,17 +51,17 @@ type querier interface {
 
 // leavesQuery lists the leaf partitions of the tables named in $1 (text[],
 // sanitized identifiers): the table's position in $1 (from 1), and each
-// leaf's OID, name, storage and pg_class xmin. A table that is not
-// partitioned (or no longer exists) has none.
+// leaf's OID, name, storage, pg_class xmin and attachment. A table that is
+// not partitioned (or no longer exists) has none.
 const leavesQuery = `
 	WITH RECURSIVE roots AS (
 		SELECT r.n, c.oid FROM unnest($1::text[]) WITH ORDINALITY AS r (name, n)
 		JOIN pg_class c ON c.oid = to_regclass(r.name) WHERE c.relkind = 'p'),
 	tree AS (
-		SELECT roots.n, i.inhrelid FROM roots JOIN pg_inherits i ON i.inhparent = roots.oid
+		SELECT roots.n, i.inhrelid, i.xmin::text AS attached FROM roots JOIN pg_inherits i ON i.inhparent = roots.oid
 		UNION ALL
-		SELECT tree.n, i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.inhrelid)
-	SELECT tree.n, c.oid, c.oid::regclass::text, c.relfilenode, c.xmin::text::bigint
+		SELECT tree.n, i.inhrelid, tree.attached || '/' || i.xmin::text FROM pg_inherits i JOIN tree ON i.inhparent = tree.inhrelid)
+	SELECT tree.n, c.oid, c.oid::regclass::text, c.relfilenode, c.xmin::text::bigint, tree.attached
 	FROM tree JOIN pg_class c ON c.oid = tree.inhrelid WHERE c.relkind <> 'p'`
 
 // readLeaves returns the leaf partitions of the tables, by OID; a table
@@ -87,7 +91,7 @@ func scanLeaves(rows pgx.Rows, tables []config.TableName) (map[uint32]leaf, erro
 		var n int
 		var node uint32
 		var xmin int64
-		if err := rows.Scan(&n, &l.oid, &l.name, &node, &xmin); err != nil {
+		if err := rows.Scan(&n, &l.oid, &l.name, &node, &xmin, &l.attached); err != nil {
 			return nil, fmt.Errorf("list partitions of the joined tables: %w", err)
 		}
 		l.parent, l.relfilenode, l.xmin = tables[n-1].String(), &node, uint32(xmin)
@@ -158,9 +162,9 @@ func recordLeaves(ctx context.Context, tx execer, slot string, leaves map[uint32
 		return fmt.Errorf("record partitions: %w", err)
 	}
 	for _, l := range leaves {
-		if err := tx.Exec(ctx, `INSERT INTO fkmat.partitions (slot, parent, leaf_oid, leaf, relfilenode, truncated_xid, lost)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-			slot, l.parent, l.oid, l.name, l.relfilenode, l.truncatedXid, l.lost); err != nil {
+		if err := tx.Exec(ctx, `INSERT INTO fkmat.partitions (slot, parent, leaf_oid, leaf, relfilenode, truncated_xid, lost, attached)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
+			slot, l.parent, l.oid, l.name, l.relfilenode, l.truncatedXid, l.lost, l.attached); err != nil {
 			return fmt.Errorf("record partitions: %w", err)
 		}
 	}
@@ -178,14 +182,14 @@ func (d *daemon) joinedTables() []config.TableName {
 
 // knownLeaves reads the partitions recorded for the slot.
 func knownLeaves(ctx context.Context, db *pgxpool.Pool, slot string) (map[uint32]leaf, error) {
-	rows, err := db.Query(ctx, `SELECT leaf_oid, leaf, parent, lost, relfilenode, truncated_xid FROM fkmat.partitions WHERE slot = $1`, slot)
+	rows, err := db.Query(ctx, `SELECT leaf_oid, leaf, parent, lost, relfilenode, truncated_xid, attached FROM fkmat.partitions WHERE slot = $1`, slot)
 	if err != nil {
 		return nil, fmt.Errorf("read known partitions: %w", err)
 	}
 	out := map[uint32]leaf{}
 	for rows.Next() {
 		var l leaf
-		if err := rows.Scan(&l.oid, &l.name, &l.parent, &l.lost, &l.relfilenode, &l.truncatedXid); err != nil {
+		if err := rows.Scan(&l.oid, &l.name, &l.parent, &l.lost, &l.relfilenode, &l.truncatedXid, &l.attached); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read known partitions: %w", err)
 		}
@@ -270,7 +274,10 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 	for _, oid := range slices.Sorted(maps.Keys(cur)) {
 		l := cur[oid]
 		k, ok := known[oid]
-		if !ok || k.parent != l.parent {
+		// Detached and attached back since the last check: what was done
+		// to it meanwhile is not in the WAL.
+		reattached := ok && k.parent == l.parent && k.attached != nil && !equalPtr(k.attached, l.attached)
+		if !ok || k.parent != l.parent || reattached {
 			old, err := hasOldRows(ctx, d.source, l)
 			if err != nil {
 				return err
@@ -279,6 +286,10 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 				d.log.Info("a partition was attached to a joined table with rows in it", "table", l.parent, "partition", l.name)
 				m := move(l.parent)
 				m.entered = append(m.entered, l)
+				m.left = m.left || reattached
+			} else if reattached {
+				d.log.Info("a partition of a joined table was detached and attached back", "table", l.parent, "partition", l.name)
+				move(l.parent).left = true
 			} else {
 				d.log.Info("a partition was added to a joined table", "table", l.parent, "partition", l.name)
 			}
@@ -292,11 +303,14 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 		if lost {
 			move(l.parent).left = true
 		}
+		n := k
 		if adopt {
-			next[oid] = l
-		} else {
-			next[oid] = k
+			n = l
 		}
+		if n.attached == nil { // recorded by an older fkmat
+			n.attached = l.attached
+		}
+		next[oid] = n
 	}
 	for _, oid := range slices.Sorted(maps.Keys(known)) {
 		if l, ok := cur[oid]; ok && l.parent == known[oid].parent {
@@ -384,12 +398,14 @@ func (d *daemon) saveLeaves(ctx context.Context, known, next map[uint32]leaf) er
 	batch := &pgx.Batch{}
 	for _, oid := range slices.Sorted(maps.Keys(next)) {
 		l := next[oid]
-		if k, ok := known[oid]; ok && k.parent == l.parent && k.name == l.name && equalPtr(k.relfilenode, l.relfilenode) {
+		if k, ok := known[oid]; ok && k.parent == l.parent && k.name == l.name && equalPtr(k.relfilenode, l.relfilenode) &&
+			equalPtr(k.attached, l.attached) {
 			continue
 		}
-		batch.Queue(`INSERT INTO fkmat.partitions (slot, parent, leaf_oid, leaf, relfilenode) VALUES ($1, $2, $3, $4, $5)
-			ON CONFLICT (slot, leaf_oid) DO UPDATE SET parent = EXCLUDED.parent, leaf = EXCLUDED.leaf, relfilenode = EXCLUDED.relfilenode`,
-			d.cfg.Slot, l.parent, l.oid, l.name, l.relfilenode)
+		batch.Queue(`INSERT INTO fkmat.partitions (slot, parent, leaf_oid, leaf, relfilenode, attached) VALUES ($1, $2, $3, $4, $5, $6)
+			ON CONFLICT (slot, leaf_oid) DO UPDATE SET parent = EXCLUDED.parent, leaf = EXCLUDED.leaf, relfilenode = EXCLUDED.relfilenode,
+				attached = EXCLUDED.attached`,
+			d.cfg.Slot, l.parent, l.oid, l.name, l.relfilenode, l.attached)
 	}
 	for _, oid := range slices.Sorted(maps.Keys(known)) {
 		if _, ok := next[oid]; !ok {
@@ -531,7 +547,7 @@ func sameLeaves(cur, known map[uint32]leaf) bool {
 	}
 	for oid, l := range cur {
 		k, ok := known[oid]
-		if !ok || k.parent != l.parent || !equalPtr(k.relfilenode, l.relfilenode) {
+		if !ok || k.parent != l.parent || !equalPtr(k.relfilenode, l.relfilenode) || !equalPtr(k.attached, l.attached) {
 			return false
 		}
 	}

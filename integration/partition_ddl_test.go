@@ -38,6 +38,12 @@ func TestPartitionDDLFollowed(t *testing.T) {
 			`ALTER TABLE orders ATTACH PARTITION orders_2027 FOR VALUES FROM ('2027-01-01') TO ('2028-01-01')`},
 			`SELECT count(*) FROM orders_enriched WHERE created >= '2027-01-01' AND note LIKE 'prepre%'`, 50},
 		{"truncate", "orders_2025", []string{`TRUNCATE orders_2025`}, in2025, 0},
+		// Detached, changed and attached back in one transaction: the
+		// partition keeps its OID, parent and storage.
+		{"detach, update, attach", "orders_2025", []string{`BEGIN; ALTER TABLE orders DETACH PARTITION orders_2025;
+			UPDATE orders_2025 SET note = 'while detached'; DELETE FROM orders_2025 WHERE id % 3 = 0;
+			ALTER TABLE orders ATTACH PARTITION orders_2025 FOR VALUES FROM ('2025-01-01') TO ('2026-01-01'); COMMIT`},
+			`SELECT count(*) FROM orders_enriched WHERE created >= '2025-01-01' AND created < '2026-01-01' AND (note <> 'while detached' OR id % 3 = 0)`, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -305,6 +305,11 @@ func (f *faultRun) kill() {
 	default:
 		moment, delay = "random", time.Duration(f.r.IntN(400))*time.Millisecond
 	}
+	f.killAt(moment, delay)
+}
+
+// killAt kills the daemon with SIGKILL after delay, and restarts it.
+func (f *faultRun) killAt(moment string, delay time.Duration) {
 	time.Sleep(delay)
 	f.p.mustRun("before kill -9")
 	var pending bool
@@ -623,6 +628,7 @@ func faultInjection(t *testing.T, shape string, ops int, cluster bool) {
 	yml := faultYAML(typ)
 	f := &faultRun{t: t, tc: tc, cfg: daemonConfig(t, tc, yml), env: cliEnv(t, tc, yml), r: r,
 		w: newWorkload(tc, seed), kills: map[string]int{}, warnings: map[string]int{}}
+	f.w.partitioned = shape == shapePartitioned
 	if cluster {
 		f.cluster = testenv.NewCluster(t)
 		f.cfg.Redis = f.cluster.URL()
@@ -645,6 +651,11 @@ func faultInjection(t *testing.T, shape string, ops int, cluster bool) {
 		f.w.step(t, i == truncateAt)
 		if i == hugeAt {
 			f.w.stepAs(t, opHuge)
+		}
+		if f.w.last == opPartition && r.IntN(2) == 0 {
+			// While the daemon follows the partition change.
+			f.killAt("partition", time.Duration(r.IntN(800))*time.Millisecond)
+			f.counts[faultKill]++
 		}
 		for _, k := range plan[i] {
 			f.inject(k)

@@ -115,6 +115,7 @@ const (
 	opBulk                   // one statement moving many orders
 	opTruncate               // TRUNCATE of one or both tables
 	opHuge                   // one transaction of more than a chunk (> 10k changes)
+	opPartition              // partition DDL that moves rows (shapePartitioned)
 )
 
 // The changes a single step makes, counted by name for the report: every
@@ -145,6 +146,10 @@ type workload struct {
 	ops       int // steps executed
 	truncates int
 	retries   int // statements retried after a connection error
+	// partitioned adds partition DDL to the steps (shapePartitioned).
+	partitioned bool
+	// last is the kind of the last step run.
+	last opKind
 	// counts counts the changes generated, by singleOps name and by kind
 	// of step.
 	counts map[string]int
@@ -329,6 +334,35 @@ func (w *workload) truncate() string {
 	}
 }
 
+// partitionDDL moves rows in or out of a hash partition of either table
+// without row changes in the WAL: a partition detached, changed while
+// detached and attached back (in one transaction, or in two with the
+// change between), or truncated on its own.
+func (w *workload) partitionDDL() string {
+	table, modulus := "orders", 4
+	change := `UPDATE %[1]s SET note = 'detached' WHERE id %% 5 = 0; DELETE FROM %[1]s WHERE id %% 7 = 0`
+	if w.r.IntN(2) == 0 {
+		table, modulus = "customers", 3
+		change = `UPDATE %[1]s SET name = 'detached' WHERE id %% 5 = 0; DELETE FROM %[1]s WHERE id %% 7 = 0`
+	}
+	rem := w.r.IntN(modulus)
+	leaf := fmt.Sprintf("%s_h%d", table, rem)
+	detach := fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", table, leaf)
+	attach := fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES WITH (MODULUS %d, REMAINDER %d)", table, leaf, modulus, rem)
+	change = fmt.Sprintf(change, leaf)
+	switch w.r.IntN(3) {
+	case 0:
+		w.counts["partition detach-change-attach, one transaction"]++
+		return "BEGIN; " + detach + "; " + change + "; " + attach + "; COMMIT"
+	case 1:
+		w.counts["partition detach, change, attach"]++
+		return detach + "; COMMIT; BEGIN; " + change + "; COMMIT; " + attach
+	default:
+		w.counts["partition truncate"]++
+		return "TRUNCATE " + leaf
+	}
+}
+
 // next returns the next step's SQL and kind; truncate forces a TRUNCATE.
 func (w *workload) next(truncate bool) (string, opKind) {
 	if truncate || w.r.IntN(4000) == 0 {
@@ -338,6 +372,9 @@ func (w *workload) next(truncate bool) (string, opKind) {
 	if w.r.IntN(1500) == 0 {
 		w.counts["huge transaction"]++
 		return w.huge(), opHuge
+	}
+	if w.partitioned && w.r.IntN(120) == 0 {
+		return w.partitionDDL(), opPartition
 	}
 	switch n := w.r.IntN(100); {
 	case n < 8:
@@ -388,6 +425,7 @@ func (w *workload) exec(t *testing.T, q string, kind opKind) {
 		cancel()
 		if err == nil {
 			w.ops++
+			w.last = kind
 			return
 		}
 		var pgErr *pgconn.PgError

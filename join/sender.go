@@ -132,6 +132,10 @@ func (b *batch) leftUpsert(ctx context.Context, pk Key, row LeftRow) error {
 		return err
 	}
 	cur, changed, err := newLeft(&b.e.spec, old, row)
+	if old == nil && b.e.spec.LeftPartitioned && errors.Is(err, ErrNoToastState) {
+		b.e.stats.AbsentToastSkips++
+		return nil // its partition's move writes it whole
+	}
 	if err != nil || !changed {
 		return err
 	}
@@ -153,6 +157,10 @@ func (b *batch) leftKeyChange(ctx context.Context, old, pk Key, row LeftRow) err
 	prev, err := b.ov.leftOf(ctx, old)
 	if err != nil {
 		return err
+	}
+	if prev == nil && b.e.spec.LeftPartitioned && (hasToast(row.FK) || hasToast(row.Values)) {
+		b.e.stats.AbsentToastSkips++
+		return nil // its partition's move writes it whole
 	}
 	if row.FK, err = fillToast(row.FK, prev, func(e *leftEntry) []Value { return e.FK }); err != nil {
 		return fmt.Errorf("fill foreign key from the old key's row: %w", err)

@@ -47,6 +47,14 @@ type Spec struct {
 	// (LeftRow.Values, RightRow.Values).
 	LeftValues  int
 	RightValues int
+	// LeftPartitioned and RightPartitioned say the table is partitioned.
+	// Partition DDL moves rows of such a table without row changes in the
+	// WAL, and the daemon writes them into the WAL itself a moment later:
+	// meanwhile an update of a row that came with a partition finds no
+	// stored row, and one with unchanged-TOAST values is skipped (the
+	// row is written whole after it) instead of failing with
+	// ErrNoToastState.
+	LeftPartitioned, RightPartitioned bool
 	// PageSize bounds the dependents resolved per fan-out page; 0 means
 	// DefaultPageSize.
 	PageSize int
@@ -214,6 +222,10 @@ type Stats struct {
 	StaleResponses uint64
 	// InnerNullFKDrops counts inner-join left rows dropped for a NULL foreign key.
 	InnerNullFKDrops uint64
+	// AbsentToastSkips counts updates of rows of a partitioned table that
+	// were not stored and held unchanged-TOAST values: rows that came with
+	// a partition, skipped until the daemon writes them whole.
+	AbsentToastSkips uint64
 	// FanoutRows counts responses produced by right-side fan-out.
 	FanoutRows uint64
 }
@@ -224,5 +236,6 @@ func (s *Stats) Add(o Stats) {
 	s.Responses += o.Responses
 	s.StaleResponses += o.StaleResponses
 	s.InnerNullFKDrops += o.InnerNullFKDrops
+	s.AbsentToastSkips += o.AbsentToastSkips
 	s.FanoutRows += o.FanoutRows
 }

@@ -2,6 +2,7 @@ package join
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 )
@@ -70,6 +71,10 @@ func (b *batch) rightUpsert(ctx context.Context, k Key, row RightRow) error {
 		return err
 	}
 	values, err := fillToast(row.Values, old, func(r *RightState) []Value { return r.Values })
+	if old == nil && b.e.spec.RightPartitioned && errors.Is(err, ErrNoToastState) {
+		b.e.stats.AbsentToastSkips++
+		return nil // its partition's move writes it whole
+	}
 	if err != nil {
 		return fmt.Errorf("fill right values: %w", err)
 	}
@@ -90,6 +95,10 @@ func (b *batch) rightKeyChange(ctx context.Context, old, k Key, row RightRow) er
 	prev, err := b.ov.rightOf(ctx, old)
 	if err != nil {
 		return err
+	}
+	if prev == nil && b.e.spec.RightPartitioned && hasToast(row.Values) {
+		b.e.stats.AbsentToastSkips++
+		return nil // its partition's move writes it whole
 	}
 	if row.Values, err = fillToast(row.Values, prev, func(r *RightState) []Value { return r.Values }); err != nil {
 		return fmt.Errorf("fill right values from the old key's row: %w", err)

@@ -76,6 +76,8 @@ type TreeTable struct {
 	From int
 	// Type is the entry's join type (the root's is ignored).
 	Type JoinType
+	// Partitioned: see Spec.LeftPartitioned.
+	Partitioned bool
 }
 
 // TreeRow is a row of one table of a Tree: its key, its output values and,
@@ -363,6 +365,9 @@ func (a *treeApply) fold(ctx context.Context, changes []TreeChange) error {
 		switch c.Kind {
 		case TreeUpsert:
 			row, err := tr.fill(c.Table, c.Row, ch.new)
+			if ch.new == nil && tr.spec.Tables[c.Table].Partitioned && errors.Is(err, ErrNoToastState) {
+				continue // its partition's move writes it whole
+			}
 			if err != nil {
 				return err
 			}
@@ -372,6 +377,9 @@ func (a *treeApply) fold(ctx context.Context, changes []TreeChange) error {
 		case TreeKeyChange:
 			from := a.changed[c.Table][encoded[i][1]]
 			row, err := tr.fill(c.Table, c.Row, from.new)
+			if from.new == nil && tr.spec.Tables[c.Table].Partitioned && errors.Is(err, ErrNoToastState) {
+				continue // its partition's move writes it whole
+			}
 			if err != nil {
 				return err
 			}

@@ -38,7 +38,10 @@ type layoutKey struct {
 
 // layout holds column positions in a relation's tuples.
 type layout struct {
-	side   side
+	side side
+	// inserts says an insert proves the row absent from the state (not so
+	// for a partitioned table: see plan.TablePlan.Partitioned).
+	inserts bool
 	key    []int // left PK / right key
 	fk     []int // left only
 	values []int
@@ -90,7 +93,7 @@ func (m *mapper) newLayout(rel *cdc.Relation, s side, narrower bool) (*layout, e
 // side), its values. narrower accepts columns of rel narrower than tp's
 // (positions).
 func newLayout(rel *cdc.Relation, tp *plan.TablePlan, s side, narrower bool) (*layout, error) {
-	l := &layout{side: s}
+	l := &layout{side: s, inserts: !tp.Partitioned}
 	// The left key and the projected columns are target columns; the
 	// foreign key (unless projected) and the right key live only in the
 	// join state.
@@ -147,9 +150,11 @@ func newTableMapper(p *plan.JoinPlan, l plan.Carried) *tableMapper {
 		return out
 	}
 	m := &tableMapper{plan: p, layouts: map[tableLayoutKey]*layout{}}
-	m.tables = append(m.tables, plan.TablePlan{Table: p.Left.Table, Key: p.Left.Key, Values: carried(l.Columns[0])})
+	m.tables = append(m.tables, plan.TablePlan{Table: p.Left.Table, Key: p.Left.Key, Values: carried(l.Columns[0]),
+		Partitioned: p.Left.Partitioned})
 	for i, e := range p.Edges {
-		m.tables = append(m.tables, plan.TablePlan{Table: e.Table.Table, Key: e.Table.Key, Values: carried(l.Columns[i+1])})
+		m.tables = append(m.tables, plan.TablePlan{Table: e.Table.Table, Key: e.Table.Key, Values: carried(l.Columns[i+1]),
+			Partitioned: e.Table.Partitioned})
 	}
 	return m
 }
@@ -345,7 +350,7 @@ func (l *layout) appendChange(dst []join.Change, c *cdc.Change) ([]join.Change, 
 	switch c.Kind {
 	case cdc.ChangeInsert:
 		up := l.upsert(c.New)
-		up.Insert = true
+		up.Insert = l.inserts
 		return append(dst, up), nil
 	case cdc.ChangeUpdate:
 		if c.OldKind == cdc.OldNone {

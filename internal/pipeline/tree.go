@@ -240,14 +240,15 @@ func TreeLayoutOf(p *plan.JoinPlan) *TreeLayout {
 	l := &TreeLayout{carried: plan.CarriedOf(p), Spec: join.TreeSpec{Name: p.Name}}
 	n := len(p.Edges) + 1
 	l.fks, l.children = make([][][]int, n), make([][]int, n)
-	l.Spec.Tables = append(l.Spec.Tables, join.TreeTable{Key: plan.Families(p.Left.Key), Values: l.carried.Shown[0], From: -1})
+	l.Spec.Tables = append(l.Spec.Tables, join.TreeTable{Key: plan.Families(p.Left.Key), Values: l.carried.Shown[0], From: -1,
+		Partitioned: p.Left.Partitioned})
 	for i, e := range p.Edges {
 		typ := join.Left
 		if e.Type == config.JoinInner {
 			typ = join.Inner
 		}
 		l.Spec.Tables = append(l.Spec.Tables, join.TreeTable{Key: plan.Families(e.Table.Key), Values: l.carried.Shown[i+1],
-			From: e.Parent + 1, Type: typ})
+			From: e.Parent + 1, Type: typ, Partitioned: e.Table.Partitioned})
 		from := e.Parent + 1
 		l.children[from] = append(l.children[from], i+1)
 		var pos []int

@@ -49,6 +49,10 @@ type TablePlan struct {
 	KeyNames []string
 	// Replica is the table's replica identity: d(efault), f(ull), i(ndex), n(othing).
 	Replica string `json:"-"`
+	// Partitioned says it is a partitioned table: partition DDL may move
+	// its rows without row changes in the WAL, so an insert streamed for it
+	// does not prove that the join state has no row of that key.
+	Partitioned bool `json:"-"`
 }
 
 // JoinPlan is a join resolved against the source catalog: everything the
@@ -150,6 +154,8 @@ type catalogTable struct {
 	byName  map[string]SourceColumn
 	pk      []string
 	replica string
+	// partitioned says relkind is 'p'.
+	partitioned bool
 	// identity are the columns of the replica identity index (replica "i").
 	identity []string
 	// leaves are the leaf partitions of a partitioned table: pgoutput sends
@@ -183,8 +189,8 @@ func describeTable(ctx context.Context, db Querier, t config.TableName) (*catalo
 	ct := &catalogTable{name: t, byName: map[string]SourceColumn{}}
 	var oid uint32
 	err := db.QueryRow(ctx, `
-		SELECT c.oid, c.relreplident::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`, t.Schema, t.Name).Scan(&oid, &ct.replica)
+		SELECT c.oid, c.relreplident::text, c.relkind = 'p' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`, t.Schema, t.Name).Scan(&oid, &ct.replica, &ct.partitioned)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ct, nil
 	}
@@ -308,6 +314,7 @@ func resolveJoin(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 	p := &JoinPlan{Name: jc.Name, Type: jc.Type}
 	p.Left.Table, p.Right.Table = jc.Left.Table, jc.Right.Table
 	p.Left.Replica, p.Right.Replica = left.replica, right.replica
+	p.Left.Partitioned, p.Right.Partitioned = left.partitioned, right.partitioned
 
 	p.Left.Key = resolveKey(left, jc.Left.Key, "left", add)
 	p.Right.Key = resolveKey(right, jc.Right.Key, "right", add)
@@ -592,6 +599,9 @@ func SpecOf(p *JoinPlan) join.Spec {
 		RightKey:    Families(p.Right.Key),
 		LeftValues:  len(p.Left.Values),
 		RightValues: len(p.Right.Values),
+
+		LeftPartitioned:  p.Left.Partitioned,
+		RightPartitioned: p.Right.Partitioned,
 	}
 }
 
@@ -633,7 +643,7 @@ func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 		return nil, probs, nil
 	}
 	p := &JoinPlan{Name: jc.Name, Type: jc.Type}
-	p.Left.Table, p.Left.Replica = jc.Left.Table, left.replica
+	p.Left.Table, p.Left.Replica, p.Left.Partitioned = jc.Left.Table, left.replica, left.partitioned
 	p.Left.Key = resolveKey(left, jc.Left.Key, "left", add)
 	resolveLeft(left, jc.Left, &p.Left, add)
 	for i, r := range jc.Rights {
@@ -645,7 +655,7 @@ func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 		}
 		ct, from := cts[i+1], cts[parent+1]
 		e := EdgePlan{Alias: r.Alias(), Parent: parent, Type: r.Type}
-		e.Table.Table, e.Table.Replica = r.Table, ct.replica
+		e.Table.Table, e.Table.Replica, e.Table.Partitioned = r.Table, ct.replica, ct.partitioned
 		e.Table.Key = resolveKey(ct, r.Key, where, add)
 		e.Table.ForeignKey = resolveColumns(from, r.ForeignKey, where+".foreign_key", add)
 		for k, c := range e.Table.ForeignKey {

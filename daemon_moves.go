@@ -50,18 +50,10 @@ const moveProbeRows = 5000
 // pendingMove is a change of a partitioned table's partitions that moved
 // rows and is not followed yet.
 type pendingMove struct {
-	// seenAt is the source WAL position before which the change committed,
-	// read when it was first seen.
-	seenAt cdc.LSN
 	// entered are the partitions that came with rows; left says that rows
 	// may have gone (a partition detached, dropped or truncated).
 	entered []leaf
 	left    bool
-}
-
-func (m *pendingMove) add(o pendingMove) {
-	m.entered = append(m.entered, o.entered...)
-	m.left = m.left || o.left
 }
 
 // sourceRelation is a table as pgoutput describes it, read from the catalog.

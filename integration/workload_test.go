@@ -109,13 +109,13 @@ func faultYAML(typ string) string {
 type opKind int
 
 const (
-	opSingle   opKind = iota // one row on one side
-	opFanout                 // an update of a hot customer (hundreds of dependents)
-	opMulti                  // a multi-statement transaction on both sides
-	opBulk                   // one statement moving many orders
-	opTruncate               // TRUNCATE of one or both tables
-	opHuge                   // one transaction of more than a chunk (> 10k changes)
-	opPartition              // partition DDL that moves rows (shapePartitioned)
+	opSingle    opKind = iota // one row on one side
+	opFanout                  // an update of a hot customer (hundreds of dependents)
+	opMulti                   // a multi-statement transaction on both sides
+	opBulk                    // one statement moving many orders
+	opTruncate                // TRUNCATE of one or both tables
+	opHuge                    // one transaction of more than a chunk (> 10k changes)
+	opPartition               // partition DDL that moves rows (shapePartitioned)
 )
 
 // The changes a single step makes, counted by name for the report: every

@@ -42,9 +42,9 @@ type layout struct {
 	// inserts says an insert proves the row absent from the state (not so
 	// for a partitioned table: see plan.TablePlan.Partitioned).
 	inserts bool
-	key    []int // left PK / right key
-	fk     []int // left only
-	values []int
+	key     []int // left PK / right key
+	fk      []int // left only
+	values  []int
 }
 
 func newMapper(p *plan.JoinPlan) *mapper {

@@ -277,7 +277,16 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 		// Detached and attached back since the last check: what was done
 		// to it meanwhile is not in the WAL.
 		reattached := ok && k.parent == l.parent && k.attached != nil && !equalPtr(k.attached, l.attached)
-		if !ok || k.parent != l.parent || reattached {
+		if reattached {
+			// Every row may have changed meanwhile, even in the
+			// transaction of the ATTACH: read them all.
+			d.log.Info("a partition of a joined table was detached and attached back", "table", l.parent, "partition", l.name)
+			m := move(l.parent)
+			m.entered, m.left = append(m.entered, l), true
+			next[oid] = l
+			continue
+		}
+		if !ok || k.parent != l.parent {
 			old, err := hasOldRows(ctx, d.source, l)
 			if err != nil {
 				return err
@@ -286,10 +295,6 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 				d.log.Info("a partition was attached to a joined table with rows in it", "table", l.parent, "partition", l.name)
 				m := move(l.parent)
 				m.entered = append(m.entered, l)
-				m.left = m.left || reattached
-			} else if reattached {
-				d.log.Info("a partition of a joined table was detached and attached back", "table", l.parent, "partition", l.name)
-				move(l.parent).left = true
 			} else {
 				d.log.Info("a partition was added to a joined table", "table", l.parent, "partition", l.name)
 			}
@@ -476,8 +481,8 @@ func lostPartition(l leaf) error {
 		ErrPartitionsChanged, l.name, l.parent)
 }
 
-// hasOldRows reports whether relation l (by OID) holds a row older than its
-// pg_class row; a relation that no longer exists counts as true.
+// hasOldRows reports whether relation l (by OID) holds a row not newer than
+// its pg_class row; a relation that no longer exists counts as true.
 func hasOldRows(ctx context.Context, db *pgxpool.Pool, l leaf) (bool, error) {
 	var schema, name string
 	var age int64
@@ -491,7 +496,9 @@ func hasOldRows(ctx context.Context, db *pgxpool.Pool, l leaf) (bool, error) {
 	}
 	ident := pgx.Identifier{schema, name}.Sanitize()
 	var old bool
-	err = db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM ONLY `+ident+` WHERE age(xmin) > $1)`, age).Scan(&old)
+	// A row written by the transaction that attached or detached it (a
+	// table filled and attached in one transaction) counts as old too.
+	err = db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM ONLY `+ident+` WHERE age(xmin) >= $1)`, age).Scan(&old)
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "42501" {
 		return false, fmt.Errorf("%w: partition %s of %s changed and fkmat may not read it to tell whether rows came or went with it; "+
 			"GRANT SELECT ON %s to fkmat's role and start again, or run fkmat backfill --force",

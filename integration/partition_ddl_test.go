@@ -38,6 +38,12 @@ func TestPartitionDDLFollowed(t *testing.T) {
 			`ALTER TABLE orders ATTACH PARTITION orders_2027 FOR VALUES FROM ('2027-01-01') TO ('2028-01-01')`},
 			`SELECT count(*) FROM orders_enriched WHERE created >= '2027-01-01' AND note LIKE 'prepre%'`, 50},
 		{"truncate", "orders_2025", []string{`TRUNCATE orders_2025`}, in2025, 0},
+		// Created, filled and attached in one transaction: the rows are
+		// as old as the ATTACH.
+		{"create, fill, attach", "orders_2027", []string{`BEGIN; CREATE TABLE orders_2027 (LIKE orders INCLUDING ALL);
+			INSERT INTO orders_2027 SELECT g, date '2027-01-01' + g % 300, g % 12, g, 'one' FROM generate_series(1, 40) g;
+			ALTER TABLE orders ATTACH PARTITION orders_2027 FOR VALUES FROM ('2027-01-01') TO ('2028-01-01'); COMMIT`},
+			`SELECT count(*) FROM orders_enriched WHERE created >= '2027-01-01' AND note = 'one'`, 40},
 		// Detached, changed and attached back in one transaction: the
 		// partition keeps its OID, parent and storage.
 		{"detach, update, attach", "orders_2025", []string{`BEGIN; ALTER TABLE orders DETACH PARTITION orders_2025;

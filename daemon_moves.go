@@ -54,6 +54,20 @@ type pendingMove struct {
 	// may have gone (a partition detached, dropped or truncated).
 	entered []leaf
 	left    bool
+	// bounds are the partition constraints of the partitions that lost
+	// rows, when every one is known: the rows that left satisfy one.
+	bounds    []string
+	unbounded bool
+}
+
+// lost notes that partition l (as recorded) may have lost rows.
+func (m *pendingMove) lost(l leaf) {
+	m.left = true
+	if l.bound == nil {
+		m.unbounded = true
+		return
+	}
+	m.bounds = append(m.bounds, *l.bound)
 }
 
 // sourceRelation is a table as pgoutput describes it, read from the catalog.
@@ -252,6 +266,53 @@ func absentKeys(ctx context.Context, q querier, sr *sourceRelation, sk stateKeys
 	return out, nil
 }
 
+// keysWithin returns the keys of sk that satisfy one of the partition
+// constraints bounds (SQL on the table's columns, from
+// pg_get_partition_constraintdef). Every column a partition constraint
+// reads is in every unique key of the table.
+func keysWithin(ctx context.Context, q querier, sr *sourceRelation, sk stateKeys, bounds []string) ([][]string, error) {
+	var cols, params []string
+	for i, name := range sk.columns {
+		p := sr.rel.ColumnIndex(name)
+		if p < 0 {
+			return nil, fmt.Errorf("%w: key column %q of %s is gone", ErrPartitionsChanged, name, sr.table)
+		}
+		cols = append(cols, fmt.Sprintf("c%d::%s AS %s", i+1, sr.casts[p], ident(name)))
+		params = append(params, fmt.Sprintf("$%d::text[]", i+1))
+	}
+	names := make([]string, len(sk.columns))
+	for i := range names {
+		names[i] = fmt.Sprintf("c%d", i+1)
+	}
+	sql := fmt.Sprintf(`SELECT n FROM (SELECT %s, n FROM unnest(%s) WITH ORDINALITY AS k (%s, n)) k WHERE (%s)`,
+		strings.Join(cols, ", "), strings.Join(params, ", "), strings.Join(names, ", "), strings.Join(bounds, ") OR ("))
+	var out [][]string
+	const chunk = 50000
+	for from := 0; from < len(sk.keys); from += chunk {
+		part := sk.keys[from:min(len(sk.keys), from+chunk)]
+		args := make([]any, len(sk.columns))
+		for i := range args {
+			col := make([]string, len(part))
+			for r, k := range part {
+				col[r] = k[i]
+			}
+			args[i] = col
+		}
+		rows, err := q.Query(ctx, sql, args...)
+		if err != nil {
+			return nil, fmt.Errorf("select the keys of %s in its partitions that lost rows: %w", sr.table, err)
+		}
+		ns, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return nil, fmt.Errorf("select the keys of %s in its partitions that lost rows: %w", sr.table, err)
+		}
+		for _, n := range ns {
+			out = append(out, part[n-1])
+		}
+	}
+	return out, nil
+}
+
 // moveResult is what one move wrote into the WAL.
 type moveResult struct {
 	deleted, upserted int
@@ -271,11 +332,17 @@ func (d *daemon) moveRows(ctx context.Context, parent config.TableName, m pendin
 		if sk, err = d.tableStateKeys(ctx, parent); err != nil {
 			return res, err
 		}
-		// A first look without the lock: most keys are still there.
 		sr, err := readRelation(ctx, d.source, parent)
 		if err != nil {
 			return res, err
 		}
+		if !m.unbounded && len(m.bounds) > 0 {
+			// Only keys in the partitions that lost rows can have left.
+			if sk.keys, err = keysWithin(ctx, d.source, sr, sk, m.bounds); err != nil {
+				return res, err
+			}
+		}
+		// A first look without the lock: most keys are still there.
 		if gone, err = absentKeys(ctx, d.source, sr, sk); err != nil {
 			return res, err
 		}

@@ -37,6 +37,10 @@ type leaf struct {
 	// from it up to the joined table, which ATTACH PARTITION writes anew;
 	// nil in a record of an older fkmat.
 	attached *string
+	// bound is its partition constraint (pg_get_partition_constraintdef),
+	// as SQL on the joined table's columns; nil in a record of an older
+	// fkmat.
+	bound *string
 	// truncatedXid is the source transaction whose streamed TRUNCATE of
 	// the parent was applied last, if any (known leaves only).
 	truncatedXid *int64
@@ -61,7 +65,8 @@ const leavesQuery = `
 		SELECT roots.n, i.inhrelid, i.xmin::text AS attached FROM roots JOIN pg_inherits i ON i.inhparent = roots.oid
 		UNION ALL
 		SELECT tree.n, i.inhrelid, tree.attached || '/' || i.xmin::text FROM pg_inherits i JOIN tree ON i.inhparent = tree.inhrelid)
-	SELECT tree.n, c.oid, c.oid::regclass::text, c.relfilenode, c.xmin::text::bigint, tree.attached
+	SELECT tree.n, c.oid, c.oid::regclass::text, c.relfilenode, c.xmin::text::bigint, tree.attached,
+		pg_get_partition_constraintdef(c.oid)
 	FROM tree JOIN pg_class c ON c.oid = tree.inhrelid WHERE c.relkind <> 'p'`
 
 // readLeaves returns the leaf partitions of the tables, by OID; a table
@@ -91,7 +96,7 @@ func scanLeaves(rows pgx.Rows, tables []config.TableName) (map[uint32]leaf, erro
 		var n int
 		var node uint32
 		var xmin int64
-		if err := rows.Scan(&n, &l.oid, &l.name, &node, &xmin, &l.attached); err != nil {
+		if err := rows.Scan(&n, &l.oid, &l.name, &node, &xmin, &l.attached, &l.bound); err != nil {
 			return nil, fmt.Errorf("list partitions of the joined tables: %w", err)
 		}
 		l.parent, l.relfilenode, l.xmin = tables[n-1].String(), &node, uint32(xmin)
@@ -162,9 +167,9 @@ func recordLeaves(ctx context.Context, tx execer, slot string, leaves map[uint32
 		return fmt.Errorf("record partitions: %w", err)
 	}
 	for _, l := range leaves {
-		if err := tx.Exec(ctx, `INSERT INTO fkmat.partitions (slot, parent, leaf_oid, leaf, relfilenode, truncated_xid, lost, attached)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
-			slot, l.parent, l.oid, l.name, l.relfilenode, l.truncatedXid, l.lost, l.attached); err != nil {
+		if err := tx.Exec(ctx, `INSERT INTO fkmat.partitions (slot, parent, leaf_oid, leaf, relfilenode, truncated_xid, lost, attached, bound)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			slot, l.parent, l.oid, l.name, l.relfilenode, l.truncatedXid, l.lost, l.attached, l.bound); err != nil {
 			return fmt.Errorf("record partitions: %w", err)
 		}
 	}
@@ -182,14 +187,14 @@ func (d *daemon) joinedTables() []config.TableName {
 
 // knownLeaves reads the partitions recorded for the slot.
 func knownLeaves(ctx context.Context, db *pgxpool.Pool, slot string) (map[uint32]leaf, error) {
-	rows, err := db.Query(ctx, `SELECT leaf_oid, leaf, parent, lost, relfilenode, truncated_xid, attached FROM fkmat.partitions WHERE slot = $1`, slot)
+	rows, err := db.Query(ctx, `SELECT leaf_oid, leaf, parent, lost, relfilenode, truncated_xid, attached, bound FROM fkmat.partitions WHERE slot = $1`, slot)
 	if err != nil {
 		return nil, fmt.Errorf("read known partitions: %w", err)
 	}
 	out := map[uint32]leaf{}
 	for rows.Next() {
 		var l leaf
-		if err := rows.Scan(&l.oid, &l.name, &l.parent, &l.lost, &l.relfilenode, &l.truncatedXid, &l.attached); err != nil {
+		if err := rows.Scan(&l.oid, &l.name, &l.parent, &l.lost, &l.relfilenode, &l.truncatedXid, &l.attached, &l.bound); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read known partitions: %w", err)
 		}
@@ -282,12 +287,14 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 			// transaction of the ATTACH: read them all.
 			d.log.Info("a partition of a joined table was detached and attached back", "table", l.parent, "partition", l.name)
 			m := move(l.parent)
-			m.entered, m.left = append(m.entered, l), true
+			m.entered = append(m.entered, l)
+			m.lost(k)
+			m.lost(l) // a default partition's constraint changes with its siblings
 			next[oid] = l
 			continue
 		}
 		if !ok || k.parent != l.parent {
-			old, err := hasOldRows(ctx, d.source, l)
+			old, err := hasOldRows(ctx, d.source, l, true)
 			if err != nil {
 				return err
 			}
@@ -306,7 +313,8 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 			return err
 		}
 		if lost {
-			move(l.parent).left = true
+			move(l.parent).lost(k)
+			move(l.parent).lost(l) // a default partition's constraint changes with its siblings
 		}
 		n := k
 		if adopt {
@@ -315,6 +323,8 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 		if n.attached == nil { // recorded by an older fkmat
 			n.attached = l.attached
 		}
+		// A default partition's constraint changes with its siblings.
+		n.bound = l.bound
 		next[oid] = n
 	}
 	for _, oid := range slices.Sorted(maps.Keys(known)) {
@@ -322,13 +332,13 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 			continue
 		}
 		l := known[oid]
-		old, err := hasOldRows(ctx, d.source, l)
+		old, err := hasOldRows(ctx, d.source, l, true)
 		if err != nil {
 			return err
 		}
 		if old {
 			d.log.Info("a partition with rows left a joined table (detached or dropped)", "table", l.parent, "partition", l.name)
-			move(l.parent).left = true
+			move(l.parent).lost(l)
 		} else {
 			d.log.Info("an empty partition left a joined table", "table", l.parent, "partition", l.name)
 		}
@@ -404,13 +414,13 @@ func (d *daemon) saveLeaves(ctx context.Context, known, next map[uint32]leaf) er
 	for _, oid := range slices.Sorted(maps.Keys(next)) {
 		l := next[oid]
 		if k, ok := known[oid]; ok && k.parent == l.parent && k.name == l.name && equalPtr(k.relfilenode, l.relfilenode) &&
-			equalPtr(k.attached, l.attached) {
+			equalPtr(k.attached, l.attached) && equalPtr(k.bound, l.bound) {
 			continue
 		}
-		batch.Queue(`INSERT INTO fkmat.partitions (slot, parent, leaf_oid, leaf, relfilenode, attached) VALUES ($1, $2, $3, $4, $5, $6)
+		batch.Queue(`INSERT INTO fkmat.partitions (slot, parent, leaf_oid, leaf, relfilenode, attached, bound) VALUES ($1, $2, $3, $4, $5, $6, $7)
 			ON CONFLICT (slot, leaf_oid) DO UPDATE SET parent = EXCLUDED.parent, leaf = EXCLUDED.leaf, relfilenode = EXCLUDED.relfilenode,
-				attached = EXCLUDED.attached`,
-			d.cfg.Slot, l.parent, l.oid, l.name, l.relfilenode, l.attached)
+				attached = EXCLUDED.attached, bound = EXCLUDED.bound`,
+			d.cfg.Slot, l.parent, l.oid, l.name, l.relfilenode, l.attached, l.bound)
 	}
 	for _, oid := range slices.Sorted(maps.Keys(known)) {
 		if _, ok := next[oid]; !ok {
@@ -455,7 +465,7 @@ func (d *daemon) checkStorage(ctx context.Context, w *storageWatch, k, l leaf, s
 		return false, false, nil
 	}
 	delete(w.pending, l.oid)
-	old, err := hasOldRows(ctx, d.source, l)
+	old, err := hasOldRows(ctx, d.source, l, false)
 	if err != nil {
 		return false, false, err
 	}
@@ -483,7 +493,14 @@ func lostPartition(l leaf) error {
 
 // hasOldRows reports whether relation l (by OID) holds a row not newer than
 // its pg_class row; a relation that no longer exists counts as true.
-func hasOldRows(ctx context.Context, db *pgxpool.Pool, l leaf) (bool, error) {
+//
+// A row written by the transaction that rewrote the pg_class row counts as
+// old when ofThatTxn is set: a table filled and attached in one transaction
+// brought those rows (their inserts were not published), and rows detached
+// in the transaction that wrote them take them along. It does not count
+// for a change of storage: rows written into the partition after a
+// TRUNCATE in the same transaction are published.
+func hasOldRows(ctx context.Context, db *pgxpool.Pool, l leaf, ofThatTxn bool) (bool, error) {
 	var schema, name string
 	var age int64
 	err := db.QueryRow(ctx, `SELECT n.nspname, c.relname, age(c.xmin) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -496,9 +513,11 @@ func hasOldRows(ctx context.Context, db *pgxpool.Pool, l leaf) (bool, error) {
 	}
 	ident := pgx.Identifier{schema, name}.Sanitize()
 	var old bool
-	// A row written by the transaction that attached or detached it (a
-	// table filled and attached in one transaction) counts as old too.
-	err = db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM ONLY `+ident+` WHERE age(xmin) >= $1)`, age).Scan(&old)
+	op := ">"
+	if ofThatTxn {
+		op = ">="
+	}
+	err = db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM ONLY `+ident+` WHERE age(xmin) `+op+` $1)`, age).Scan(&old)
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "42501" {
 		return false, fmt.Errorf("%w: partition %s of %s changed and fkmat may not read it to tell whether rows came or went with it; "+
 			"GRANT SELECT ON %s to fkmat's role and start again, or run fkmat backfill --force",
@@ -554,7 +573,8 @@ func sameLeaves(cur, known map[uint32]leaf) bool {
 	}
 	for oid, l := range cur {
 		k, ok := known[oid]
-		if !ok || k.parent != l.parent || !equalPtr(k.relfilenode, l.relfilenode) || !equalPtr(k.attached, l.attached) {
+		if !ok || k.parent != l.parent || !equalPtr(k.relfilenode, l.relfilenode) || !equalPtr(k.attached, l.attached) ||
+			!equalPtr(k.bound, l.bound) {
 			return false
 		}
 	}

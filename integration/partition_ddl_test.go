@@ -28,28 +28,37 @@ func TestPartitionDDLFollowed(t *testing.T) {
 		// their count once it is followed.
 		moved string
 		want  int64
+		// setup runs, and is followed, before the change.
+		setup []string
 	}{
-		{"detach", "orders_2025", []string{`ALTER TABLE orders DETACH PARTITION orders_2025`}, in2025, 0},
-		{"drop", "orders_2025", []string{`DROP TABLE orders_2025`}, in2025, 0},
-		{"detach then drop", "orders_2025", []string{`ALTER TABLE orders DETACH PARTITION orders_2025`, `DROP TABLE orders_2025`}, in2025, 0},
+		{"detach", "orders_2025", []string{`ALTER TABLE orders DETACH PARTITION orders_2025`}, in2025, 0, nil},
+		{"drop", "orders_2025", []string{`DROP TABLE orders_2025`}, in2025, 0, nil},
+		{"detach then drop", "orders_2025", []string{`ALTER TABLE orders DETACH PARTITION orders_2025`, `DROP TABLE orders_2025`}, in2025, 0, nil},
 		{"attach", "orders_2027", []string{
 			`CREATE TABLE orders_2027 (LIKE orders INCLUDING ALL)`,
 			`INSERT INTO orders_2027 SELECT g, date '2027-01-01' + g % 300, g % 12, g, repeat('pre', 1000 + g) FROM generate_series(1, 50) g`,
 			`ALTER TABLE orders ATTACH PARTITION orders_2027 FOR VALUES FROM ('2027-01-01') TO ('2028-01-01')`},
-			`SELECT count(*) FROM orders_enriched WHERE created >= '2027-01-01' AND note LIKE 'prepre%'`, 50},
-		{"truncate", "orders_2025", []string{`TRUNCATE orders_2025`}, in2025, 0},
+			`SELECT count(*) FROM orders_enriched WHERE created >= '2027-01-01' AND note LIKE 'prepre%'`, 50, nil},
+		{"truncate", "orders_2025", []string{`TRUNCATE orders_2025`}, in2025, 0, nil},
+		// Rows streamed into a partition and detached with it in one
+		// transaction: as old as the DETACH, and they leave.
+		{"insert, detach", "orders_2030", []string{
+			`BEGIN; INSERT INTO orders SELECT g, date '2030-01-01' + g, g % 12, g, 'x' FROM generate_series(1, 30) g;
+			ALTER TABLE orders DETACH PARTITION orders_2030; COMMIT`},
+			`SELECT count(*) FROM orders_enriched WHERE created >= '2030-01-01'`, 0, []string{
+				`CREATE TABLE orders_2030 PARTITION OF orders FOR VALUES FROM ('2030-01-01') TO ('2031-01-01')`}},
 		// Created, filled and attached in one transaction: the rows are
 		// as old as the ATTACH.
 		{"create, fill, attach", "orders_2027", []string{`BEGIN; CREATE TABLE orders_2027 (LIKE orders INCLUDING ALL);
 			INSERT INTO orders_2027 SELECT g, date '2027-01-01' + g % 300, g % 12, g, 'one' FROM generate_series(1, 40) g;
 			ALTER TABLE orders ATTACH PARTITION orders_2027 FOR VALUES FROM ('2027-01-01') TO ('2028-01-01'); COMMIT`},
-			`SELECT count(*) FROM orders_enriched WHERE created >= '2027-01-01' AND note = 'one'`, 40},
+			`SELECT count(*) FROM orders_enriched WHERE created >= '2027-01-01' AND note = 'one'`, 40, nil},
 		// Detached, changed and attached back in one transaction: the
 		// partition keeps its OID, parent and storage.
 		{"detach, update, attach", "orders_2025", []string{`BEGIN; ALTER TABLE orders DETACH PARTITION orders_2025;
 			UPDATE orders_2025 SET note = 'while detached'; DELETE FROM orders_2025 WHERE id % 3 = 0;
 			ALTER TABLE orders ATTACH PARTITION orders_2025 FOR VALUES FROM ('2025-01-01') TO ('2026-01-01'); COMMIT`},
-			`SELECT count(*) FROM orders_enriched WHERE created >= '2025-01-01' AND created < '2026-01-01' AND (note <> 'while detached' OR id % 3 = 0)`, 0},
+			`SELECT count(*) FROM orders_enriched WHERE created >= '2025-01-01' AND created < '2026-01-01' AND (note <> 'while detached' OR id % 3 = 0)`, 0, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -66,6 +75,7 @@ func TestPartitionDDLFollowed(t *testing.T) {
 			assertOracle(t, cfg)
 
 			// Writes before the change, which the slot must confirm.
+			sqlExec(t, tc, c.setup...)
 			sqlExec(t, tc, `UPDATE customers SET tier = 'gold' WHERE id < 5`)
 			before := walPosition(t, tc)
 			waitCaughtUp(t, tc, d)
@@ -199,5 +209,50 @@ func TestPartitionDDLInTree(t *testing.T) {
 	}
 	if n := queryInt(t, tc, `SELECT count(*) FROM orders_wide WHERE customer_name IS NULL AND customer_id < 100 AND customer_id <> 7`); n == 0 {
 		t.Fatal("the truncated customers did not leave orders_wide")
+	}
+}
+
+// TestPartitionDefaultBound: the rows a partition takes with it are looked
+// for within its partition constraint; a default partition's constraint
+// widens when a sibling is detached, and rows that went into it then must
+// still be found when it is truncated, whether or not a partition check ran
+// in between.
+func TestPartitionDefaultBound(t *testing.T) {
+	testenv.Race(t)
+	tc := testenv.New(t)
+	sqlExec(t, tc, `CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`)
+	sqlExec(t, tc, rangeOrders...)
+	sqlExec(t, tc, `CREATE TABLE orders_default PARTITION OF orders DEFAULT`,
+		`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 10) g`,
+		`INSERT INTO orders SELECT g, date '2024-06-01' + g % 800, g % 12, g, 'n' FROM generate_series(1, 400) g`)
+	cfg := daemonConfig(t, tc, partitionedYAML)
+	d := startDaemon(t, cfg, fkmat.Options{PartitionCheckInterval: 2 * time.Second})
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	for _, together := range []bool{false, true} {
+		steps := [][]string{
+			{`ALTER TABLE orders DETACH PARTITION orders_2026`},
+			{`INSERT INTO orders SELECT g, date '2026-01-01' + g % 300, g % 12, g, 'default' FROM generate_series(5000, 5100) g`},
+			{`TRUNCATE orders_default`},
+		}
+		if together {
+			// orders_2025 leaves empty, so only the default partition's
+			// constraint, as it is after the detach, holds the rows.
+			steps = [][]string{{`DELETE FROM orders WHERE created >= '2025-01-01' AND created < '2026-01-01'`},
+				{`BEGIN; ALTER TABLE orders DETACH PARTITION orders_2025; COMMIT;
+				INSERT INTO orders SELECT g, date '2025-01-01' + g % 300, g % 12, g, 'default' FROM generate_series(6000, 6100) g;
+				TRUNCATE orders_default`}}
+		}
+		for _, step := range steps {
+			sqlExec(t, tc, step...)
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
+		}
+	}
+	select {
+	case err := <-d.done:
+		d.cancel = nil
+		t.Fatalf("run stopped: %v", err)
+	default:
 	}
 }

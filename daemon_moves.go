@@ -316,6 +316,12 @@ func keysWithin(ctx context.Context, q querier, sr *sourceRelation, sk stateKeys
 // moveResult is what one move wrote into the WAL.
 type moveResult struct {
 	deleted, upserted int
+	// listed are the state's keys of the table, read in listTook; within
+	// those in the partitions that lost rows, looked up in the table (in
+	// probeTook, with the filter); lockTook is the time the lock was held.
+	listed, within      int
+	listTook, probeTook time.Duration
+	lockTook            time.Duration
 	// after is a source WAL position after the move's commit.
 	after cdc.LSN
 }
@@ -328,28 +334,33 @@ func (d *daemon) moveRows(ctx context.Context, parent config.TableName, m pendin
 	var gone [][]string
 	var sk stateKeys
 	if m.left {
+		start := time.Now()
 		var err error
 		if sk, err = d.tableStateKeys(ctx, parent); err != nil {
 			return res, err
 		}
+		res.listed, res.listTook = len(sk.keys), time.Since(start)
 		sr, err := readRelation(ctx, d.source, parent)
 		if err != nil {
 			return res, err
 		}
+		start = time.Now()
 		if !m.unbounded && len(m.bounds) > 0 {
 			// Only keys in the partitions that lost rows can have left.
 			if sk.keys, err = keysWithin(ctx, d.source, sr, sk, m.bounds); err != nil {
 				return res, err
 			}
 		}
+		res.within = len(sk.keys)
 		// A first look without the lock: most keys are still there.
 		if gone, err = absentKeys(ctx, d.source, sr, sk); err != nil {
 			return res, err
 		}
+		res.probeTook = time.Since(start)
 	}
 	for attempt := 1; ; attempt++ {
-		var err error
-		res, err = d.tryMove(ctx, parent, m, sk.columns, gone)
+		t, err := d.tryMove(ctx, parent, m, sk.columns, gone)
+		res.deleted, res.upserted, res.after, res.lockTook = t.deleted, t.upserted, t.after, t.lockTook
 		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "55P03" && attempt < 60 {
 			d.log.Warn("writers of a partitioned table hold it: following its partition change again shortly", "table", parent, "attempt", attempt)
 			if !sleepCtx(ctx, time.Second) {
@@ -375,6 +386,7 @@ func (d *daemon) tryMove(ctx context.Context, parent config.TableName, m pending
 	if _, err := tx.Exec(ctx, "LOCK TABLE "+tableIdent(parent)+" IN SHARE MODE"); err != nil {
 		return res, fmt.Errorf("lock %s to follow its partitions: %w", parent, err)
 	}
+	locked := time.Now()
 	sr, err := readRelation(ctx, tx, parent)
 	if err != nil {
 		return res, err
@@ -416,6 +428,7 @@ func (d *daemon) tryMove(ctx context.Context, parent config.TableName, m pending
 	if err := tx.Commit(ctx); err != nil {
 		return res, fmt.Errorf("follow the partitions of %s: %w", parent, err)
 	}
+	res.lockTook = time.Since(locked)
 	var after int64
 	if err := d.source.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - '0/0')::bigint`).Scan(&after); err != nil {
 		return res, fmt.Errorf("read the source's WAL position: %w", err)

@@ -21,7 +21,7 @@ import (
 // DefaultPartitionCheckInterval is how often the daemon compares the
 // partitions of the joined partitioned tables with the ones it knows
 // (Options.PartitionCheckInterval).
-const DefaultPartitionCheckInterval = 10 * time.Second
+const DefaultPartitionCheckInterval = 2 * time.Second
 
 // leaf is one leaf partition of a joined partitioned table.
 type leaf struct {
@@ -390,7 +390,10 @@ func (d *daemon) followMoves(ctx context.Context, w *storageWatch, moves map[str
 			return false, err
 		}
 		d.log.Info("followed a partition change of a joined table", "table", parent, "rows_left", res.deleted, "rows_entered", res.upserted,
-			"took", time.Since(start).Round(time.Millisecond).String(), "lsn", res.after.String())
+			"took", time.Since(start).Round(time.Millisecond).String(), "lsn", res.after.String(),
+			"state_keys", res.listed, "state_keys_took", res.listTook.Round(time.Millisecond).String(),
+			"keys_in_partitions", res.within, "lookup_took", res.probeTook.Round(time.Millisecond).String(),
+			"lock_held", res.lockTook.Round(time.Millisecond).String())
 		w.awaiting = max(w.awaiting, res.after)
 	}
 	clear(w.moves)

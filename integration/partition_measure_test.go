@@ -3,8 +3,10 @@ package integration
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,7 +38,15 @@ func TestMeasurePartitionMoves(t *testing.T) {
 		`ANALYZE orders`, `ANALYZE customers`)
 	cfg := daemonConfig(t, tc, partitionedYAML)
 	start := time.Now()
-	d := startDaemon(t, cfg, fkmat.Options{})
+	logs := &syncBuffer{}
+	d := startDaemon(t, cfg, fkmat.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	defer func() {
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, "followed a partition change") {
+				t.Log(line)
+			}
+		}
+	}()
 	waitCaughtUp(t, tc, d)
 	t.Logf("backfill and catch-up of %d orders: %s", rows, time.Since(start).Round(100*time.Millisecond))
 	stale := func(what string, ddl ...string) {

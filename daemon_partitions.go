@@ -394,6 +394,7 @@ func (d *daemon) followMoves(ctx context.Context, w *storageWatch, moves map[str
 			"state_keys", res.listed, "state_keys_took", res.listTook.Round(time.Millisecond).String(),
 			"keys_in_partitions", res.within, "lookup_took", res.probeTook.Round(time.Millisecond).String(),
 			"lock_held", res.lockTook.Round(time.Millisecond).String())
+		d.obs.moved(parent, res, time.Since(start))
 		w.awaiting = max(w.awaiting, res.after)
 	}
 	clear(w.moves)

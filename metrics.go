@@ -55,6 +55,14 @@ type observer struct {
 	// builds are, while a backfill runs, its rows done and estimated
 	// total per join.
 	builds map[string][2]int64
+	// moves counts, per partitioned table, the partition changes followed.
+	moves map[string]moveCounts
+}
+
+// moveCounts are the partition changes followed on one table.
+type moveCounts struct {
+	n, left, entered int64
+	seconds          float64
 }
 
 // resizeCounts are the resizes of one join's Redis states.
@@ -65,7 +73,7 @@ type resizeCounts struct {
 
 // newObserver returns the observer of a daemon running cfg.
 func newObserver(cfg *config.Config) *observer {
-	o := &observer{phase: "starting", resizes: map[string]resizeCounts{}}
+	o := &observer{phase: "starting", resizes: map[string]resizeCounts{}, moves: map[string]moveCounts{}}
 	for _, j := range cfg.Joins {
 		o.joins = append(o.joins, j.Name)
 	}
@@ -122,6 +130,18 @@ func (o *observer) resized(join string, took time.Duration) {
 		r.n++
 		r.seconds += took.Seconds()
 		o.resizes[join] = r
+	})
+}
+
+// moved counts a partition change of table followed in took.
+func (o *observer) moved(table string, res moveResult, took time.Duration) {
+	o.locked(func() {
+		m := o.moves[table]
+		m.n++
+		m.left += int64(res.deleted)
+		m.entered += int64(res.upserted)
+		m.seconds += took.Seconds()
+		o.moves[table] = m
 	})
 }
 
@@ -268,6 +288,9 @@ var (
 	mResizeTime = desc("fkmat_redis_resize_seconds_total", "Time the stream waited for Redis states to be resized, by join.", "join")
 	mSlotLag    = desc("fkmat_slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn of the slot, at the last sample.")
 	mBuildDone  = desc("fkmat_backfill_rows_done", "While a backfill runs: the rows of the join's tables and target loaded so far, by join.", "join")
+	mMoves      = desc("fkmat_partition_moves_total", "Partition changes that moved rows (ATTACH of a filled table, DETACH or DROP of a partition with rows, TRUNCATE of one partition) followed online, by table.", "table")
+	mMovedRows  = desc("fkmat_partition_moved_rows_total", "Rows those changes took out of (direction=\"left\") or brought into (\"entered\") a joined table, by table.", "table", "direction")
+	mMoveTime   = desc("fkmat_partition_move_seconds_total", "Time spent following those changes, from the first look at the state to the commit of the rows written into the WAL, by table.", "table")
 	mBuildTotal = desc("fkmat_backfill_rows_total", "While a backfill runs: the rows of the join's tables and target to load (an estimate that grows when low), by join.", "join")
 )
 
@@ -285,7 +308,7 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	c := o.countersLocked()
 	joins := o.joinNamesLocked(c)
 	p, phase, stall, slot, restarts, verify := o.p, o.phase, o.stall, o.slot, o.restarts, o.verify
-	builds := maps.Clone(o.builds)
+	builds, moves := maps.Clone(o.builds), maps.Clone(o.moves)
 	resizes := make(map[string]resizeCounts, len(o.resizes))
 	for name, r := range o.resizes {
 		resizes[name] = r
@@ -316,6 +339,12 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 			counter(mVerified, float64(jv.checked.Load()), name)
 			gaugeOf(mVerifyDiff, float64(jv.differences()), name)
 		}
+	}
+	for table, m := range moves {
+		counter(mMoves, float64(m.n), table)
+		counter(mMovedRows, float64(m.left), table, "left")
+		counter(mMovedRows, float64(m.entered), table, "entered")
+		counter(mMoveTime, m.seconds, table)
 	}
 	for name, b := range builds {
 		gaugeOf(mBuildDone, float64(b[0]), name)

@@ -25,6 +25,8 @@ func TestMetricsLabels(t *testing.T) {
 	v.join("items_x").checked.Add(1000)
 	v.rounds.Add(1)
 	o.setBuild("orders_x", 1200, 5000)
+	o.moved("public.orders", moveResult{deleted: 100, upserted: 7}, 2*time.Second)
+	o.moved("public.orders", moveResult{upserted: 3}, time.Second)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	addr, wait, err := serveMetrics(ctx, "127.0.0.1:0", o, slog.New(slog.DiscardHandler))
@@ -55,6 +57,8 @@ func TestMetricsLabels(t *testing.T) {
 		`fkmat_verify_rows_checked_total{join="items_x"} 1000`,
 		"fkmat_verify_rounds_total 1", "fkmat_pipeline_changes_total 0", "fkmat_ready 0", "fkmat_pipeline_restarts_total 0",
 		`fkmat_backfill_rows_done{join="orders_x"} 1200`, `fkmat_backfill_rows_total{join="orders_x"} 5000`,
+		`fkmat_partition_moves_total{table="public.orders"} 2`, `fkmat_partition_moved_rows_total{direction="left",table="public.orders"} 100`,
+		`fkmat_partition_moved_rows_total{direction="entered",table="public.orders"} 10`, `fkmat_partition_move_seconds_total{table="public.orders"} 3`,
 	} {
 		if !strings.Contains(body, "\n"+line+"\n") {
 			t.Errorf("/metrics lacks %q", line)

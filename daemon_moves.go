@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -130,7 +131,7 @@ func readRelation(ctx context.Context, q querier, t config.TableName) (*sourceRe
 	return sr, nil
 }
 
-// stateKeys are the keys of one table's rows in the joins' states.
+// stateKeys are keys of one table's rows in the joins' states.
 type stateKeys struct {
 	// columns are the key's columns.
 	columns []string
@@ -138,11 +139,15 @@ type stateKeys struct {
 	keys [][]string
 }
 
+// stateKeysChunk is about how many keys tableStateKeys hands over at once.
+const stateKeysChunk = 20000
+
 // tableStateKeys lists the keys of table's rows in the state of every join
-// that has it. All joins must key the table by the same columns.
-func (d *daemon) tableStateKeys(ctx context.Context, table config.TableName) (stateKeys, error) {
-	var out stateKeys
-	seen := map[string]bool{}
+// that has it, handing them to each a chunk at a time (a key in several
+// joins' states comes once per state). All joins must key the table by the
+// same columns.
+func (d *daemon) tableStateKeys(ctx context.Context, table config.TableName, each func(stateKeys) error) error {
+	var columns []string
 	for _, j := range d.joins {
 		jp, stores := j.Plan(), j.Stores()
 		for i, t := range jp.Tables() {
@@ -151,18 +156,15 @@ func (d *daemon) tableStateKeys(ctx context.Context, table config.TableName) (st
 			}
 			store, right, key := stateOfTable(jp, stores, i)
 			names := columnNames(key)
-			if out.columns == nil {
-				out.columns = names
-			} else if !slices.Equal(out.columns, names) {
-				return out, fmt.Errorf("%w: the joins key %s by different columns (%s and %s), so fkmat cannot tell which rows a partition took with it: "+
-					"run fkmat backfill --force", ErrPartitionsChanged, table, strings.Join(out.columns, ", "), strings.Join(names, ", "))
+			if columns == nil {
+				columns = names
+			} else if !slices.Equal(columns, names) {
+				return fmt.Errorf("%w: the joins key %s by different columns (%s and %s), so fkmat cannot tell which rows a partition took with it: "+
+					"run fkmat backfill --force", ErrPartitionsChanged, table, strings.Join(columns, ", "), strings.Join(names, ", "))
 			}
+			chunk := stateKeys{columns: names}
 			err := scanRowKeys(ctx, store, right, func(keys []string) error {
 				for _, k := range keys {
-					if seen[k] {
-						continue
-					}
-					seen[k] = true
 					vals, err := join.KeyValues(k)
 					if err != nil || len(vals) != len(names) {
 						return fmt.Errorf("join %q: a key of %s in its state does not decode (%v)", jp.Name, table, err)
@@ -171,16 +173,24 @@ func (d *daemon) tableStateKeys(ctx context.Context, table config.TableName) (st
 					for n, v := range vals {
 						texts[n] = v.Text
 					}
-					out.keys = append(out.keys, texts)
+					chunk.keys = append(chunk.keys, texts)
 				}
-				return nil
+				if len(chunk.keys) < stateKeysChunk {
+					return nil
+				}
+				err := each(chunk)
+				chunk.keys = nil
+				return err
 			})
+			if err == nil && len(chunk.keys) > 0 {
+				err = each(chunk)
+			}
 			if err != nil {
-				return out, err
+				return err
 			}
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // scanRowKeys is Store.RowKeys, read again when a resize moved the state
@@ -316,12 +326,11 @@ func keysWithin(ctx context.Context, q querier, sr *sourceRelation, sk stateKeys
 // moveResult is what one move wrote into the WAL.
 type moveResult struct {
 	deleted, upserted int
-	// listed are the state's keys of the table, read in listTook; within
-	// those in the partitions that lost rows, looked up in the table (in
-	// probeTook, with the filter); lockTook is the time the lock was held.
-	listed, within      int
-	listTook, probeTook time.Duration
-	lockTook            time.Duration
+	// listed are the state's keys of the table; within those in the
+	// partitions that lost rows, looked up in the table; lookTook is the
+	// time the first look took, lockTook the time the lock was held.
+	listed, within     int
+	lookTook, lockTook time.Duration
 	// after is a source WAL position after the move's commit.
 	after cdc.LSN
 }
@@ -332,34 +341,43 @@ type moveResult struct {
 func (d *daemon) moveRows(ctx context.Context, parent config.TableName, m pendingMove) (moveResult, error) {
 	var res moveResult
 	var gone [][]string
-	var sk stateKeys
+	var keyCols []string
 	if m.left {
 		start := time.Now()
-		var err error
-		if sk, err = d.tableStateKeys(ctx, parent); err != nil {
-			return res, err
-		}
-		res.listed, res.listTook = len(sk.keys), time.Since(start)
 		sr, err := readRelation(ctx, d.source, parent)
 		if err != nil {
 			return res, err
 		}
-		start = time.Now()
-		if !m.unbounded && len(m.bounds) > 0 {
-			// Only keys in the partitions that lost rows can have left.
-			if sk.keys, err = keysWithin(ctx, d.source, sr, sk, m.bounds); err != nil {
-				return res, err
+		// A first look without the lock, a chunk of the state at a time:
+		// only keys in the partitions that lost rows can have left, and
+		// most of those are still there.
+		found := map[string][]string{}
+		err = d.tableStateKeys(ctx, parent, func(sk stateKeys) error {
+			keyCols = sk.columns
+			res.listed += len(sk.keys)
+			if !m.unbounded && len(m.bounds) > 0 {
+				var err error
+				if sk.keys, err = keysWithin(ctx, d.source, sr, sk, m.bounds); err != nil {
+					return err
+				}
 			}
-		}
-		res.within = len(sk.keys)
-		// A first look without the lock: most keys are still there.
-		if gone, err = absentKeys(ctx, d.source, sr, sk); err != nil {
+			res.within += len(sk.keys)
+			absent, err := absentKeys(ctx, d.source, sr, sk)
+			for _, k := range absent {
+				found[strings.Join(k, "\x00")] = k
+			}
+			return err
+		})
+		if err != nil {
 			return res, err
 		}
-		res.probeTook = time.Since(start)
+		for _, k := range slices.Sorted(maps.Keys(found)) {
+			gone = append(gone, found[k])
+		}
+		res.lookTook = time.Since(start)
 	}
 	for attempt := 1; ; attempt++ {
-		t, err := d.tryMove(ctx, parent, m, sk.columns, gone)
+		t, err := d.tryMove(ctx, parent, m, keyCols, gone)
 		res.deleted, res.upserted, res.after, res.lockTook = t.deleted, t.upserted, t.after, t.lockTook
 		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "55P03" && attempt < 60 {
 			d.log.Warn("writers of a partitioned table hold it: following its partition change again shortly", "table", parent, "attempt", attempt)

@@ -391,8 +391,7 @@ func (d *daemon) followMoves(ctx context.Context, w *storageWatch, moves map[str
 		}
 		d.log.Info("followed a partition change of a joined table", "table", parent, "rows_left", res.deleted, "rows_entered", res.upserted,
 			"took", time.Since(start).Round(time.Millisecond).String(), "lsn", res.after.String(),
-			"state_keys", res.listed, "state_keys_took", res.listTook.Round(time.Millisecond).String(),
-			"keys_in_partitions", res.within, "lookup_took", res.probeTook.Round(time.Millisecond).String(),
+			"state_keys", res.listed, "keys_in_partitions", res.within, "lookup_took", res.lookTook.Round(time.Millisecond).String(),
 			"lock_held", res.lockTook.Round(time.Millisecond).String())
 		d.obs.moved(parent, res, time.Since(start))
 		w.awaiting = max(w.awaiting, res.after)

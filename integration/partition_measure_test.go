@@ -42,7 +42,7 @@ func TestMeasurePartitionMoves(t *testing.T) {
 	d := startDaemon(t, cfg, fkmat.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	defer func() {
 		for _, line := range strings.Split(logs.String(), "\n") {
-			if strings.Contains(line, "followed a partition change") {
+			if strings.Contains(line, "followed a partition change") || strings.Contains(line, "level=ERROR") || strings.Contains(line, "level=WARN") {
 				t.Log(line)
 			}
 		}
@@ -63,7 +63,12 @@ func TestMeasurePartitionMoves(t *testing.T) {
 			if past {
 				break
 			}
-			time.Sleep(20 * time.Millisecond)
+			select {
+			case err := <-d.done:
+				d.cancel = nil
+				t.Fatalf("%s: run stopped: %v", what, err)
+			case <-time.After(20 * time.Millisecond):
+			}
 		}
 		t.Logf("%s (%d rows): target stale for %s", what, per, time.Since(start).Round(10*time.Millisecond))
 	}
@@ -74,4 +79,11 @@ func TestMeasurePartitionMoves(t *testing.T) {
 	stale("DROP of a partition", `DROP TABLE orders_6`)
 	waitCaughtUp(t, tc, d)
 	assertOracle(t, cfg)
+	if status, err := os.ReadFile("/proc/self/status"); err == nil {
+		for _, line := range strings.Split(string(status), "\n") {
+			if strings.HasPrefix(line, "VmHWM") {
+				t.Logf("peak RSS of the test process (the daemon runs in it): %s", strings.TrimSpace(strings.TrimPrefix(line, "VmHWM:")))
+			}
+		}
+	}
 }

@@ -337,7 +337,8 @@ func (w *workload) truncate() string {
 // partitionDDL moves rows in or out of a hash partition of either table
 // without row changes in the WAL: a partition detached, changed while
 // detached and attached back (in one transaction, or in two with the
-// change between), or truncated on its own.
+// change between), truncated on its own, or dropped and created again
+// empty.
 func (w *workload) partitionDDL() string {
 	table, modulus := "orders", 4
 	change := `UPDATE %[1]s SET note = 'detached' WHERE id %% 5 = 0; DELETE FROM %[1]s WHERE id %% 7 = 0`
@@ -350,7 +351,11 @@ func (w *workload) partitionDDL() string {
 	detach := fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", table, leaf)
 	attach := fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES WITH (MODULUS %d, REMAINDER %d)", table, leaf, modulus, rem)
 	change = fmt.Sprintf(change, leaf)
-	switch w.r.IntN(3) {
+	switch w.r.IntN(4) {
+	case 3:
+		w.counts["partition drop, create"]++
+		create := fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES WITH (MODULUS %d, REMAINDER %d)", leaf, table, modulus, rem)
+		return "DROP TABLE " + leaf + "; COMMIT; " + create
 	case 0:
 		w.counts["partition detach-change-attach, one transaction"]++
 		return "BEGIN; " + detach + "; " + change + "; " + attach + "; COMMIT"

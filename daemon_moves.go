@@ -38,9 +38,13 @@ import (
 // back meanwhile). The rows that came are the rows of the attached
 // partitions, read under the lock.
 
-// moveLockTimeout bounds the wait for the lock on the partitioned table:
-// while the move waits, writers queue behind it.
-const moveLockTimeout = "5s"
+// moveLockTimeout bounds each wait for the lock on the partitioned table:
+// while the move waits, writers queue behind it. maxMovePause is the
+// longest pause between two attempts.
+const (
+	moveLockTimeout = "2s"
+	maxMovePause    = 30 * time.Second
+)
 
 // moveMessageBytes is the size of the messages a move writes.
 const moveMessageBytes = 1 << 20
@@ -376,14 +380,20 @@ func (d *daemon) moveRows(ctx context.Context, parent config.TableName, m pendin
 		}
 		res.lookTook = time.Since(start)
 	}
+	// A writer that holds the table for long must not have every other
+	// writer queue behind the lock request most of the time: the waits
+	// for the lock are short, and the pauses between them grow.
+	pause := time.Second
 	for attempt := 1; ; attempt++ {
 		t, err := d.tryMove(ctx, parent, m, keyCols, gone)
 		res.deleted, res.upserted, res.after, res.lockTook = t.deleted, t.upserted, t.after, t.lockTook
-		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "55P03" && attempt < 60 {
-			d.log.Warn("writers of a partitioned table hold it: following its partition change again shortly", "table", parent, "attempt", attempt)
-			if !sleepCtx(ctx, time.Second) {
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "55P03" {
+			d.log.Warn("a transaction holds a partitioned table: following its partition change again shortly",
+				"table", parent, "attempt", attempt, "retry_in", pause.String())
+			if !sleepCtx(ctx, pause) {
 				return res, ctx.Err()
 			}
+			pause = min(2*pause, maxMovePause)
 			continue
 		}
 		return res, err

@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -173,6 +175,13 @@ const partitionedTreeYAML = `joins:
 // their SQL after each.
 func TestPartitionDDLInTree(t *testing.T) {
 	testenv.Race(t)
+	t.Run("redis", func(t *testing.T) { partitionDDLInTree(t, "") })
+	t.Run("cluster", func(t *testing.T) { partitionDDLInTree(t, testenv.NewCluster(t).URL()) })
+}
+
+// partitionDDLInTree is TestPartitionDDLInTree with the state on redisURL
+// (a Redis Cluster), or on the test's Redis server.
+func partitionDDLInTree(t *testing.T, redisURL string) {
 	tc := testenv.New(t)
 	sqlExec(t, tc, `CREATE TABLE regions (id int PRIMARY KEY, name text)`,
 		`CREATE TABLE customers (id bigint PRIMARY KEY, name text, region_id int) PARTITION BY RANGE (id)`,
@@ -184,6 +193,9 @@ func TestPartitionDDLInTree(t *testing.T) {
 		`INSERT INTO customers SELECT g, 'c' || g, g % 6 FROM generate_series(1, 300) g`,
 		`INSERT INTO orders SELECT g, date '2025-01-01' + g % 700, g % 320, g, 'n' FROM generate_series(1, 2000) g`)
 	cfg := daemonConfig(t, tc, partitionedTreeYAML)
+	if redisURL != "" {
+		cfg.Redis = redisURL
+	}
 	d := startDaemon(t, cfg, fkmat.Options{PartitionCheckInterval: 2 * time.Second})
 	waitCaughtUp(t, tc, d)
 	assertOracle(t, cfg)
@@ -249,6 +261,66 @@ func TestPartitionDefaultBound(t *testing.T) {
 			assertOracle(t, cfg)
 		}
 	}
+	select {
+	case err := <-d.done:
+		d.cancel = nil
+		t.Fatalf("run stopped: %v", err)
+	default:
+	}
+}
+
+// TestPartitionMoveWaitsForWriters: following a partition change takes a
+// SHARE lock on the partitioned table. A transaction that holds the table
+// for longer makes the move wait (in short lock requests, so that the other
+// writers are not queued behind it all the time) and try again; the daemon
+// never stops, the slot is not confirmed past the change meanwhile, and
+// once the transaction ends the change is followed.
+func TestPartitionMoveWaitsForWriters(t *testing.T) {
+	testenv.Race(t)
+	tc := testenv.New(t)
+	sqlExec(t, tc, `CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`)
+	sqlExec(t, tc, rangeOrders...)
+	sqlExec(t, tc,
+		`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 10) g`,
+		`INSERT INTO orders SELECT g, date '2025-01-01' + g % 700, g % 12, g, 'n' FROM generate_series(1, 400) g`)
+	cfg := daemonConfig(t, tc, partitionedYAML)
+	logs := &syncBuffer{}
+	d := startDaemon(t, cfg, fkmat.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	waitCaughtUp(t, tc, d)
+
+	ctx := context.Background()
+	holder, err := tc.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Rollback(ctx) }()
+	if _, err := holder.Exec(ctx, `INSERT INTO orders VALUES (9001, '2026-06-06', 1, 1, 'held')`); err != nil {
+		t.Fatal(err)
+	}
+	sqlExec(t, tc, `TRUNCATE orders_2025`)
+	after := walPosition(t, tc)
+	waitFor(t, 60*time.Second, "the move to wait for the holder", func() bool {
+		return strings.Count(logs.String(), "a transaction holds a partitioned table") >= 2
+	})
+	// Other writers get through between the move's lock requests.
+	start := time.Now()
+	for i := range 5 {
+		sqlExec(t, tc, fmt.Sprintf(`INSERT INTO orders VALUES (%d, '2026-07-07', 2, 1, 'other')`, 9100+i))
+	}
+	t.Logf("five other writes while the move waited: %s", time.Since(start).Round(time.Millisecond))
+	var past bool
+	if err := tc.Pool.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2`,
+		after, tc.Slot).Scan(&past); err != nil {
+		t.Fatal(err)
+	}
+	if past {
+		t.Fatal("the slot was confirmed past the TRUNCATE while its move waited")
+	}
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
 	select {
 	case err := <-d.done:
 		d.cancel = nil

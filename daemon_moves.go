@@ -254,28 +254,9 @@ func absentKeys(ctx context.Context, q querier, sr *sourceRelation, sk stateKeys
 	}
 	sql := fmt.Sprintf(`SELECT n FROM unnest(%s) WITH ORDINALITY AS k (%s, n) WHERE NOT EXISTS (SELECT FROM %s t WHERE %s)`,
 		strings.Join(params, ", "), strings.Join(cols, ", "), tableIdent(sr.table), strings.Join(conds, " AND "))
-	var out [][]string
-	for from := 0; from < len(sk.keys); from += moveProbeRows {
-		chunk := sk.keys[from:min(len(sk.keys), from+moveProbeRows)]
-		args := make([]any, len(pos))
-		for i := range args {
-			col := make([]string, len(chunk))
-			for r, k := range chunk {
-				col[r] = k[i]
-			}
-			args[i] = col
-		}
-		rows, err := q.Query(ctx, sql, args...)
-		if err != nil {
-			return nil, fmt.Errorf("look up the keys of %s: %w", sr.table, err)
-		}
-		ns, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			return nil, fmt.Errorf("look up the keys of %s: %w", sr.table, err)
-		}
-		for _, n := range ns {
-			out = append(out, chunk[n-1])
-		}
+	out, err := selectKeys(ctx, q, sql, sk.keys, moveProbeRows)
+	if err != nil {
+		return nil, fmt.Errorf("look up the keys of %s: %w", sr.table, err)
 	}
 	return out, nil
 }
@@ -300,11 +281,20 @@ func keysWithin(ctx context.Context, q querier, sr *sourceRelation, sk stateKeys
 	}
 	sql := fmt.Sprintf(`SELECT n FROM (SELECT %s, n FROM unnest(%s) WITH ORDINALITY AS k (%s, n)) k WHERE (%s)`,
 		strings.Join(cols, ", "), strings.Join(params, ", "), strings.Join(names, ", "), strings.Join(bounds, ") OR ("))
+	out, err := selectKeys(ctx, q, sql, sk.keys, 50000)
+	if err != nil {
+		return nil, fmt.Errorf("select the keys of %s in its partitions that lost rows: %w", sr.table, err)
+	}
+	return out, nil
+}
+
+// selectKeys runs sql on keys, size at a time, passed as one text array per
+// key column, and returns the keys whose ordinality (from 1) it selects.
+func selectKeys(ctx context.Context, q querier, sql string, keys [][]string, size int) ([][]string, error) {
 	var out [][]string
-	const chunk = 50000
-	for from := 0; from < len(sk.keys); from += chunk {
-		part := sk.keys[from:min(len(sk.keys), from+chunk)]
-		args := make([]any, len(sk.columns))
+	for from := 0; from < len(keys); from += size {
+		part := keys[from:min(len(keys), from+size)]
+		args := make([]any, len(part[0]))
 		for i := range args {
 			col := make([]string, len(part))
 			for r, k := range part {
@@ -314,11 +304,11 @@ func keysWithin(ctx context.Context, q querier, sr *sourceRelation, sk stateKeys
 		}
 		rows, err := q.Query(ctx, sql, args...)
 		if err != nil {
-			return nil, fmt.Errorf("select the keys of %s in its partitions that lost rows: %w", sr.table, err)
+			return nil, err
 		}
 		ns, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		if err != nil {
-			return nil, fmt.Errorf("select the keys of %s in its partitions that lost rows: %w", sr.table, err)
+			return nil, err
 		}
 		for _, n := range ns {
 			out = append(out, part[n-1])

@@ -79,21 +79,18 @@ func (e *Embedded) Relation(rel *Relation) {
 
 // Update is an update of a row whose key did not change: vals are its
 // columns in the relation's order, in text form, nil for NULL.
-func (e *Embedded) Update(relid uint32, vals []*string) {
-	at := e.begin(msgUpdate)
-	e.buf = binary.BigEndian.AppendUint32(e.buf, relid)
-	e.buf = append(e.buf, 'N')
-	e.tuple(vals)
-	e.end(at)
-}
+func (e *Embedded) Update(relid uint32, vals []*string) { e.row(msgUpdate, relid, 'N', vals) }
 
 // Delete is a delete by replica identity: key holds the key columns' values
 // in text form and nil for every other column.
-func (e *Embedded) Delete(relid uint32, key []*string) {
-	at := e.begin(msgDelete)
+func (e *Embedded) Delete(relid uint32, key []*string) { e.row(msgDelete, relid, 'K', key) }
+
+// row writes a row message of kind k on relid with one tuple, tagged tag.
+func (e *Embedded) row(k byte, relid uint32, tag byte, vals []*string) {
+	at := e.begin(k)
 	e.buf = binary.BigEndian.AppendUint32(e.buf, relid)
-	e.buf = append(e.buf, 'K')
-	e.tuple(key)
+	e.buf = append(e.buf, tag)
+	e.tuple(vals)
 	e.end(at)
 }
 

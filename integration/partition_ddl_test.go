@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
@@ -65,12 +66,7 @@ func TestPartitionDDLFollowed(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			tc := testenv.New(t)
-			sqlExec(t, tc, `CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`)
-			sqlExec(t, tc, rangeOrders...)
-			sqlExec(t, tc,
-				`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 10) g`,
-				`INSERT INTO orders SELECT g, date '2025-01-01' + g % 700, g % 12, g, 'n' FROM generate_series(1, 400) g`)
-			cfg := daemonConfig(t, tc, partitionedYAML)
+			cfg := seedRangeOrders(t, tc, `date '2025-01-01' + g % 700`)
 			opts := fkmat.Options{PartitionCheckInterval: 2 * time.Second}
 			d := startDaemon(t, cfg, opts)
 			waitCaughtUp(t, tc, d)
@@ -232,12 +228,7 @@ func partitionDDLInTree(t *testing.T, redisURL string) {
 func TestPartitionDefaultBound(t *testing.T) {
 	testenv.Race(t)
 	tc := testenv.New(t)
-	sqlExec(t, tc, `CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`)
-	sqlExec(t, tc, rangeOrders...)
-	sqlExec(t, tc, `CREATE TABLE orders_default PARTITION OF orders DEFAULT`,
-		`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 10) g`,
-		`INSERT INTO orders SELECT g, date '2024-06-01' + g % 800, g % 12, g, 'n' FROM generate_series(1, 400) g`)
-	cfg := daemonConfig(t, tc, partitionedYAML)
+	cfg := seedRangeOrders(t, tc, `date '2024-06-01' + g % 800`, `CREATE TABLE orders_default PARTITION OF orders DEFAULT`)
 	d := startDaemon(t, cfg, fkmat.Options{PartitionCheckInterval: 2 * time.Second})
 	waitCaughtUp(t, tc, d)
 	assertOracle(t, cfg)
@@ -261,12 +252,7 @@ func TestPartitionDefaultBound(t *testing.T) {
 			assertOracle(t, cfg)
 		}
 	}
-	select {
-	case err := <-d.done:
-		d.cancel = nil
-		t.Fatalf("run stopped: %v", err)
-	default:
-	}
+	assertRunning(t, d)
 }
 
 // TestPartitionMoveWaitsForWriters: following a partition change takes a
@@ -278,12 +264,7 @@ func TestPartitionDefaultBound(t *testing.T) {
 func TestPartitionMoveWaitsForWriters(t *testing.T) {
 	testenv.Race(t)
 	tc := testenv.New(t)
-	sqlExec(t, tc, `CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`)
-	sqlExec(t, tc, rangeOrders...)
-	sqlExec(t, tc,
-		`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 10) g`,
-		`INSERT INTO orders SELECT g, date '2025-01-01' + g % 700, g % 12, g, 'n' FROM generate_series(1, 400) g`)
-	cfg := daemonConfig(t, tc, partitionedYAML)
+	cfg := seedRangeOrders(t, tc, `date '2025-01-01' + g % 700`)
 	logs := &syncBuffer{}
 	d := startDaemon(t, cfg, fkmat.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	waitCaughtUp(t, tc, d)
@@ -321,10 +302,30 @@ func TestPartitionMoveWaitsForWriters(t *testing.T) {
 	}
 	waitCaughtUp(t, tc, d)
 	assertOracle(t, cfg)
+	assertRunning(t, d)
+}
+
+// assertRunning fails the test if the daemon has stopped.
+func assertRunning(t *testing.T, d *daemon) {
+	t.Helper()
 	select {
 	case err := <-d.done:
 		d.cancel = nil
 		t.Fatalf("run stopped: %v", err)
 	default:
 	}
+}
+
+// seedRangeOrders creates customers and the range-partitioned orders (with
+// the partitions of rangeOrders and those of more), 10 customers and 400
+// orders created on the date expression created (of g), and returns the
+// configuration of partitionedYAML.
+func seedRangeOrders(t *testing.T, tc *testenv.Case, created string, more ...string) *config.Config {
+	t.Helper()
+	sqlExec(t, tc, `CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`)
+	sqlExec(t, tc, rangeOrders...)
+	sqlExec(t, tc, more...)
+	sqlExec(t, tc, `INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 10) g`,
+		`INSERT INTO orders SELECT g, `+created+`, g % 12, g, 'n' FROM generate_series(1, 400) g`)
+	return daemonConfig(t, tc, partitionedYAML)
 }

@@ -133,6 +133,14 @@ func (c *Client) Preflight(ctx context.Context) error {
 	}
 	defer closeConn(conn)
 	var errs []error
+	var version int
+	var versionText string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int, current_setting('server_version')").Scan(&version, &versionText); err != nil {
+		return fmt.Errorf("read the server's version: %w", err)
+	}
+	if err := checkServerVersion(version, versionText); err != nil {
+		errs = append(errs, err)
+	}
 	var walLevel string
 	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
 		return fmt.Errorf("read wal_level: %w", err)
@@ -522,4 +530,18 @@ func (c *Client) terminateBackend(ctx context.Context, pid int) error {
 		return fmt.Errorf("terminate backend %d: %w", pid, err)
 	}
 	return nil
+}
+
+// MinServerVersion is the oldest PostgreSQL the stream works with
+// (server_version_num): pgoutput's messages option, which carries the row
+// changes the consumer writes into the WAL itself (Embedded), is 14's.
+const MinServerVersion = 140000
+
+// checkServerVersion checks server_version_num against MinServerVersion.
+func checkServerVersion(num int, text string) error {
+	if num >= MinServerVersion {
+		return nil
+	}
+	return fmt.Errorf("%w (it is %s): fkmat needs PostgreSQL 14 or newer, whose pgoutput sends logical decoding messages "+
+		"(they carry the rows that partition changes move)", ErrServerVersion, text)
 }

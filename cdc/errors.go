@@ -16,6 +16,8 @@ import (
 var (
 	// ErrWALLevel: the server's wal_level is not logical.
 	ErrWALLevel = errors.New("wal_level is not logical")
+	// ErrServerVersion: the server is older than MinServerVersion.
+	ErrServerVersion = errors.New("PostgreSQL is too old")
 	// ErrReplicationPrivilege: the role may not use replication.
 	ErrReplicationPrivilege = errors.New("role lacks the REPLICATION privilege")
 	// ErrPermission: the role may not do a catalog operation (publication,
@@ -44,7 +46,7 @@ var (
 
 // terminal lists the sentinels that retrying cannot fix.
 var terminal = []error{
-	ErrWALLevel, ErrReplicationPrivilege, ErrPermission, ErrSlotsExhausted,
+	ErrWALLevel, ErrServerVersion, ErrReplicationPrivilege, ErrPermission, ErrSlotsExhausted,
 	ErrSlotInUse, ErrSlotExists, ErrSlotMissing, ErrSlotInvalidated,
 	ErrPublicationMissing, ErrTableMissing, ErrProtocol,
 }

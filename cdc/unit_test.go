@@ -247,3 +247,17 @@ func TestBackoff(t *testing.T) {
 		t.Errorf("after reset: %s", d)
 	}
 }
+
+func TestCheckServerVersion(t *testing.T) {
+	t.Parallel()
+	if err := checkServerVersion(150004, "15.4"); err != nil {
+		t.Errorf("15.4: %v", err)
+	}
+	if err := checkServerVersion(140000, "14.0"); err != nil {
+		t.Errorf("14.0: %v", err)
+	}
+	err := checkServerVersion(130012, "13.12")
+	if !errors.Is(err, ErrServerVersion) || !strings.Contains(err.Error(), "13.12") || !strings.Contains(err.Error(), "PostgreSQL 14") {
+		t.Errorf("13.12: %v, want ErrServerVersion naming the version and the fix", err)
+	}
+}

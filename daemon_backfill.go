@@ -357,6 +357,9 @@ func (d *daemon) checkRaced(ctx context.Context, snapshot string) (map[uint32]le
 			return fmt.Errorf("%w: %s; backfilling again", errBackfillRaced, *raced)
 		}
 		leaves, err = readLeaves(ctx, conn, tables)
+		if catalogRaced(err) {
+			return fmt.Errorf("%w: a partition of a joined table was attached or detached (%w); backfilling again", errBackfillRaced, err)
+		}
 		return err
 	})
 	return leaves, err

@@ -55,19 +55,20 @@ const moveProbeRows = 5000
 // pendingMove is a change of a partitioned table's partitions that moved
 // rows and is not followed yet.
 type pendingMove struct {
-	// entered are the partitions that came with rows; left says that rows
-	// may have gone (a partition detached, dropped or truncated).
+	// entered are the partitions that came with rows.
 	entered []leaf
-	left    bool
-	// bounds are the partition constraints of the partitions that lost
-	// rows, when every one is known: the rows that left satisfy one.
+	// bounds are the partition constraints of the partitions that may
+	// have lost rows (detached, dropped or truncated): the rows that left
+	// satisfy one; unbounded says one of them has none recorded.
 	bounds    []string
 	unbounded bool
 }
 
+// left says that rows may have gone.
+func (m *pendingMove) left() bool { return m.unbounded || len(m.bounds) > 0 }
+
 // lost notes that partition l (as recorded) may have lost rows.
 func (m *pendingMove) lost(l leaf) {
-	m.left = true
 	if l.bound == nil {
 		m.unbounded = true
 		return
@@ -119,7 +120,7 @@ func readRelation(ctx context.Context, q querier, t config.TableName) (*sourceRe
 			return nil, fmt.Errorf("describe %s: %w", t, err)
 		}
 		sr.rel.ReplicaIdentity = cdc.ReplicaIdentity(ident[0])
-		if c.Type >= 10000 && !seen[c.Type] {
+		if c.Type >= cdc.FirstGenbkiObjectID && !seen[c.Type] {
 			seen[c.Type] = true
 			sr.types = append(sr.types, sourceType{oid: c.Type, namespace: typNS, name: typName})
 		}
@@ -336,7 +337,7 @@ func (d *daemon) moveRows(ctx context.Context, parent config.TableName, m pendin
 	var res moveResult
 	var gone [][]string
 	var keyCols []string
-	if m.left {
+	if m.left() {
 		start := time.Now()
 		sr, err := readRelation(ctx, d.source, parent)
 		if err != nil {
@@ -349,7 +350,7 @@ func (d *daemon) moveRows(ctx context.Context, parent config.TableName, m pendin
 		err = d.tableStateKeys(ctx, parent, func(sk stateKeys) error {
 			keyCols = sk.columns
 			res.listed += len(sk.keys)
-			if !m.unbounded && len(m.bounds) > 0 {
+			if !m.unbounded {
 				var err error
 				if sk.keys, err = keysWithin(ctx, d.source, sr, sk, m.bounds); err != nil {
 					return err

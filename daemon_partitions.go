@@ -123,8 +123,34 @@ type catalogRead struct {
 	settled bool
 }
 
-// readCatalog reads the partitions of the joined tables in one round trip.
+// catalogRaced reports whether err is a read of the partitions that met a
+// partition being attached or detached at that moment: the leaves are read
+// in the query's snapshot, but their partition constraints
+// (pg_get_partition_constraintdef) from the catalog as it is now, which
+// fails with an internal error ("could not find tuple for parent of
+// relation …") for a leaf detached in between. Read again, it is fine.
+func catalogRaced(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Code == "XX000"
+}
+
+// readCatalog reads the partitions of the joined tables in one round trip,
+// again when it raced with partition DDL (catalogRaced).
 func (d *daemon) readCatalog(ctx context.Context) (catalogRead, error) {
+	for attempt := 1; ; attempt++ {
+		r, err := d.readCatalogOnce(ctx)
+		if !catalogRaced(err) || attempt == 5 {
+			return r, err
+		}
+		d.log.Debug("reading the partitions raced with partition DDL; reading them again", "err", err)
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return r, ctx.Err()
+		}
+	}
+}
+
+// readCatalogOnce is one attempt of readCatalog.
+func (d *daemon) readCatalogOnce(ctx context.Context) (catalogRead, error) {
 	tables := d.joinedTables()
 	batch := &pgx.Batch{}
 	batch.Queue(`SELECT (pg_current_wal_lsn() - '0/0')::bigint`)

@@ -16,9 +16,9 @@ const (
 	slabBytes  = 64 << 10
 )
 
-// firstGenbkiObjectID: pgoutput sends Type messages for types with OIDs from
+// FirstGenbkiObjectID: pgoutput sends Type messages for types with OIDs from
 // here up (PostgreSQL's FirstGenbkiObjectId).
-const firstGenbkiObjectID = 10000
+const FirstGenbkiObjectID = 10000
 
 // assembler turns decoded pgoutput messages into Txn chunks. It owns the
 // relation cache. It is used by one goroutine.
@@ -212,7 +212,7 @@ func (a *assembler) delivered() {
 
 func (a *assembler) relation(lsn LSN, rel *Relation) {
 	for i := range rel.Columns {
-		if c := &rel.Columns[i]; c.Type >= firstGenbkiObjectID {
+		if c := &rel.Columns[i]; c.Type >= FirstGenbkiObjectID {
 			c.TypeName = a.types[c.Type]
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -102,6 +103,10 @@ type Options struct {
 	// VerifyInterval, when set, makes run compare every target with its SQL
 	// join in the background, a round per interval (see verifyLoop).
 	VerifyInterval time.Duration
+	// online lets run build a join whose definition changed beside the
+	// running one (daemon_rebuild.go); rebuildAll builds every join so
+	// (backfill --force while the joins stream).
+	online, rebuildAll bool
 	// MaxInactive is how long status accepts that no daemon streams from a
 	// streaming join's slot before it reports a problem; zero means
 	// DefaultMaxInactive.
@@ -161,6 +166,10 @@ type daemon struct {
 	writer *sink.Writer
 	joins  []pipeline.Join
 	obs    *observer // nil without --metrics-addr
+	// builds are the joins to build anew beside the running ones (a
+	// changed definition, backfill --force): d.plans holds their old
+	// definitions meanwhile (daemon_rebuild.go).
+	builds []*rebuild
 }
 
 // open connects to the source, the target and Redis, resolves the joins
@@ -191,22 +200,41 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 		return nil, err
 	}
 	d.writer = sink.NewWriter(d.target)
-	for _, p := range d.plans {
+	gens := make([]int, len(d.plans))
+	for i, p := range d.plans {
 		if err := d.widen(ctx, p); err != nil {
 			return nil, fmt.Errorf("join %q: %w", p.Name, err)
+		}
+		st, err := d.loadJoinState(ctx, p.Name)
+		if err != nil {
+			return nil, err
+		}
+		gens[i] = st.generation
+		b, err := d.planRebuild(ctx, p, st)
+		if err != nil {
+			return nil, fmt.Errorf("join %q: %w", p.Name, err)
+		}
+		if b != nil {
+			d.builds = append(d.builds, b)
+			d.plans[i] = b.old // until the new one is switched in
+			p = b.old
 		}
 		if err := d.ensureTarget(ctx, p); err != nil {
 			return nil, fmt.Errorf("join %q: %w", p.Name, err)
 		}
 	}
+	published := slices.Clone(d.plans)
+	for _, b := range d.builds {
+		published = append(published, b.plan)
+	}
 	if d.cdc, err = cdc.New(cdc.Config{
 		ConnString: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication,
-		Tables: publishedTables(d.plans), Logger: d.log, SlotBusyTimeout: opts.slotBusyTimeout(),
+		Tables: publishedTables(published), Logger: d.log, SlotBusyTimeout: opts.slotBusyTimeout(),
 	}); err != nil {
 		return nil, err
 	}
-	for _, p := range d.plans {
-		j, err := d.openJoin(ctx, p)
+	for i, p := range d.plans {
+		j, err := d.openJoin(ctx, p, gens[i])
 		if err != nil {
 			return nil, err
 		}
@@ -216,26 +244,30 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 }
 
 // openJoin opens a join's Redis state (one per entry of a join of more
-// than two tables) and its engine.
-func (d *daemon) openJoin(ctx context.Context, p *plan.JoinPlan) (pipeline.Join, error) {
-	open := func(prefix string) (*redisstore.Store, error) {
-		return redisstore.Open(ctx, d.rdb, redisstore.Config{
+// than two tables) of generation gen (fkmat.join_state.generation) and its
+// engine.
+func (d *daemon) openJoin(ctx context.Context, p *plan.JoinPlan, gen int) (pipeline.Join, error) {
+	prefixes := statePrefixes(d.cfg.Slot, p.Name, len(p.Edges), gen)
+	stores := make([]*redisstore.Store, len(prefixes))
+	for t, prefix := range prefixes {
+		var err error
+		stores[t], err = redisstore.Open(ctx, d.rdb, redisstore.Config{
 			Prefix: prefix, SubShards: d.opts.SubShards, RowShards: d.opts.RowShards, WaitReplicas: d.opts.RedisWaitReplicas,
 		})
-	}
-	if p.Edges == nil {
-		store, err := open(RedisPrefix(d.cfg.Slot, p.Name))
 		if err != nil {
-			return nil, fmt.Errorf("join %q: %w", p.Name, err)
-		}
-		return pipeline.NewPair(p, store, d.opts.PageSize)
-	}
-	stores := make([]*redisstore.Store, len(p.Edges)+1)
-	for t := range stores {
-		var err error
-		if stores[t], err = open(RedisTablePrefix(d.cfg.Slot, p.Name, t)); err != nil {
+			if p.Edges == nil {
+				return nil, fmt.Errorf("join %q: %w", p.Name, err)
+			}
 			return nil, fmt.Errorf("join %q: table %d: %w", p.Name, t, err)
 		}
+	}
+	return d.joinOn(p, stores)
+}
+
+// joinOn returns join p's engine on its Redis states stores.
+func (d *daemon) joinOn(p *plan.JoinPlan, stores []*redisstore.Store) (pipeline.Join, error) {
+	if p.Edges == nil {
+		return pipeline.NewPair(p, stores[0], d.opts.PageSize)
 	}
 	return pipeline.NewTree(p, stores, d.opts.PageSize)
 }
@@ -302,20 +334,36 @@ func redisStepPrefix(slot, joinName string, i int) string {
 // RedisPrefixes returns the prefixes of every Redis state of a join with
 // entries entries (0: the two-table form): its one, or one per table.
 func RedisPrefixes(slot, joinName string, entries int) []string {
-	if entries == 0 {
-		return []string{RedisPrefix(slot, joinName)}
-	}
-	out := make([]string, entries+1)
-	for t := range out {
-		out[t] = RedisTablePrefix(slot, joinName, t)
-	}
-	return out
+	return statePrefixes(slot, joinName, entries, 0)
 }
 
 // RedisPrefix is the key prefix of one join's state (redisstore.Config's
 // Prefix): every key of it starts with the prefix and a colon. redisstore
 // owns the rest of the key names.
 func RedisPrefix(slot, joinName string) string { return "fkmat:" + slot + ":" + joinName }
+
+// GenerationPrefix is RedisPrefix for generation gen of the join's state
+// (fkmat.join_state.generation): a rebuild beside the running join builds
+// the next generation.
+func GenerationPrefix(slot, joinName string, gen int) string {
+	if gen == 0 {
+		return RedisPrefix(slot, joinName)
+	}
+	return fmt.Sprintf("%s~g%d", RedisPrefix(slot, joinName), gen)
+}
+
+// statePrefixes are RedisPrefixes of generation gen.
+func statePrefixes(slot, joinName string, entries, gen int) []string {
+	base := GenerationPrefix(slot, joinName, gen)
+	if entries == 0 {
+		return []string{base}
+	}
+	out := make([]string, entries+1)
+	for t := range out {
+		out[t] = fmt.Sprintf("%s~t%d", base, t)
+	}
+	return out
+}
 
 func (d *daemon) close() {
 	if d.source != nil {
@@ -540,6 +588,8 @@ type joinState struct {
 	definition []byte
 	// widenedLSN is where the last widening was followed (0: none).
 	widenedLSN cdc.LSN
+	// generation is the Redis state's (GenerationPrefix).
+	generation int
 }
 
 func (d *daemon) loadJoinState(ctx context.Context, name string) (joinState, error) {
@@ -560,8 +610,8 @@ func readJoinState(ctx context.Context, db querier, slot, name string) (joinStat
 	var s joinState
 	var lsn, widened *string
 	err := db.QueryRow(ctx, `
-		SELECT epoch, fingerprint, phase, consistent_lsn::text, definition::text, widened_lsn::text FROM fkmat.join_state
-		WHERE slot = $1 AND join_name = $2`, slot, name).Scan(&s.epoch, &s.fingerprint, &s.phase, &lsn, &s.definition, &widened)
+		SELECT epoch, fingerprint, phase, consistent_lsn::text, definition::text, widened_lsn::text, generation FROM fkmat.join_state
+		WHERE slot = $1 AND join_name = $2`, slot, name).Scan(&s.epoch, &s.fingerprint, &s.phase, &lsn, &s.definition, &widened, &s.generation)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil
 	}

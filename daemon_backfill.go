@@ -40,6 +40,17 @@ func Backfill(ctx context.Context, cfg *config.Config, opts Options) error {
 // backfilled, an earlier backfill was interrupted, or the Redis state is
 // lost; with force it always rebuilds. Otherwise it does nothing.
 func BackfillIfNeeded(ctx context.Context, cfg *config.Config, force bool, opts Options) error {
+	if force {
+		done, err := rebuildOnline(ctx, cfg, opts)
+		if done || ctx.Err() != nil {
+			return err
+		}
+		if err != nil {
+			opts.setDefaults()
+			opts.Logger.Warn("the joins cannot be rebuilt while they stream; rebuilding them from a new slot (the targets keep their rows, not streaming, until the swap)",
+				"err", err)
+		}
+	}
 	opts.Force = force
 	d, err := open(ctx, cfg, opts)
 	if err != nil {
@@ -59,6 +70,41 @@ func BackfillIfNeeded(ctx context.Context, cfg *config.Config, force bool, opts 
 		return d.backfill(ctx, reason)
 	}
 	return d.backfill(ctx, "fkmat backfill --force")
+}
+
+// rebuildOnline is backfill --force while the joins can stream: every join
+// is built anew beside the running one, which keeps its target streaming
+// until the rebuilt one replaces it (daemon_rebuild.go). done says it
+// switched the joins in (or was interrupted); false with an error when the
+// joins cannot stream (then the rebuild is done from a new slot), false
+// and nil when a join needs a backfill anyway.
+func rebuildOnline(ctx context.Context, cfg *config.Config, opts Options) (done bool, err error) {
+	opts.online, opts.rebuildAll = true, true
+	d, err := open(ctx, cfg, opts)
+	if errors.Is(err, errOldDefinitionGone) {
+		return false, err
+	}
+	if err != nil {
+		return true, err
+	}
+	defer d.close()
+	reason, _, err := d.assess(ctx)
+	if err != nil || reason != "" || len(d.builds) == 0 {
+		return false, err
+	}
+	if err := d.waitSlotFree(ctx); err != nil {
+		return true, err
+	}
+	err = d.stream(ctx, &runState{verify: &verifyCounters{}, progress: func() {}})
+	switch {
+	case errors.Is(err, errRebuilt):
+		return true, nil
+	case ctx.Err() != nil:
+		return true, ctx.Err()
+	case err == nil:
+		return false, errors.New("the stream stopped before the rebuild switched in")
+	}
+	return false, err
 }
 
 // backfill rebuilds every join; reason says why, in fkmat.build and status.

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync/atomic"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/pipeline"
 
 	"golang.org/x/sync/errgroup"
@@ -67,10 +69,18 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	watch.mu.Lock()
 	watch.applied = func() cdc.LSN { return stream.Stats().ConfirmableLSN }
 	watch.mu.Unlock()
+	// The tables only a rebuild joins are published for it: the main
+	// pipeline skips their changes.
+	var rebuilding []config.TableName
+	for _, b := range d.builds {
+		rebuilding = append(rebuilding, b.plan.Tables()...)
+	}
+	joined := d.joinedTables()
 	p := pipeline.New(pipeline.Config{
 		Slot: d.cfg.Slot, Publication: d.cfg.Publication, Joins: d.joins, Source: stream, Target: pipeline.SinkTarget{W: d.writer},
 		Limits: d.opts.Batch, Log: d.log.With("component", "pipeline"), TargetCheckpoint: targetLSN, Cuts: cuts,
 		OnBatch: rs.progress, OnTiming: d.obs.timingHook(),
+		Ignore: func(t config.TableName) bool { return slices.Contains(rebuilding, t) && !slices.Contains(joined, t) },
 	})
 
 	// The stream, the pipeline and the sweeper are supervised together: the
@@ -82,8 +92,8 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	defer stopStream()
 	g.Go(func() error {
 		err := stream.Run(streamCtx)
-		if streamCtx.Err() != nil {
-			return nil // stopped by the pipeline's goroutine
+		if streamCtx.Err() != nil || errors.Is(err, cdc.ErrStopped) {
+			return nil // stopped by the pipeline's goroutine, or at a rebuild's switch
 		}
 		return err
 	})
@@ -119,8 +129,24 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		return nil
 	})
 	g.Go(func() error { return d.verifyLoop(gctx, p, rs.verify) })
+	mainDone := make(chan struct{})
 	g.Go(func() error {
+		if err := d.dropLeftovers(gctx); err != nil && gctx.Err() == nil {
+			d.log.Warn("could not drop what an interrupted rebuild left behind; the next start tries again", "err", err)
+		}
+		return nil
+	})
+	if len(d.builds) > 0 {
+		g.Go(func() error { return d.runRebuilds(gctx, stream, mainDone) })
+	}
+	g.Go(func() error {
+		defer close(mainDone)
 		runErr := p.Run(gctx)
+		if errors.Is(runErr, cdc.ErrStopped) {
+			// At a rebuild's switch: runRebuilds goes on from here.
+			d.log.Info("the pipeline stopped at the rebuild's switch")
+			runErr = nil
+		}
 		d.obs.setPhase("stopping")
 		if stream.Stats().Held {
 			// Clear the last acknowledgement, unless the join cannot go

@@ -109,7 +109,7 @@ func recoveryOf(err error, connected bool) recovery {
 func stops(err error) bool {
 	_, isConfig := errors.AsType[*config.ConfigError](err)
 	return isConfig || errors.Is(err, pipeline.ErrSchemaChanged) || errors.Is(err, ErrLostState) ||
-		errors.Is(err, ErrPartitionsChanged) || errors.Is(err, sink.ErrShapeMismatch) ||
+		errors.Is(err, ErrPartitionsChanged) || errors.Is(err, sink.ErrShapeMismatch) || errors.Is(err, sink.ErrCannotSwap) ||
 		errors.Is(err, sink.ErrCheckpointBackwards) || errors.Is(err, sink.ErrFenced) || cdc.IsTerminal(err)
 }
 

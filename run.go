@@ -39,6 +39,7 @@ const ShutdownTimeout = pipeline.ShutdownGrace + 15*time.Second
 // process takes the slot first.
 func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	opts.setDefaults()
+	opts.online = true
 	var obs *observer
 	if opts.MetricsAddr != "" {
 		obs = newObserver(cfg)
@@ -81,6 +82,11 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		err := runOnce(ctx, cfg, opts, obs, &connected, rs)
 		if err == nil {
 			return nil
+		}
+		if errors.Is(err, errRebuilt) && ctx.Err() == nil {
+			opts.Logger.Info("restarting from the checkpoints with the rebuilt joins")
+			delay = time.Second
+			continue
 		}
 		if ctx.Err() != nil {
 			// Shutting down: work cut short by the signal is a clean exit; a
@@ -193,6 +199,17 @@ func runOnce(ctx context.Context, cfg *config.Config, opts Options, obs *observe
 	reason, lost, err := d.assess(ctx)
 	if err != nil {
 		return err
+	}
+	if reason != "" && len(d.builds) > 0 {
+		// A backfill is due anyway: it builds the new definitions.
+		d.close()
+		offline := opts
+		offline.online = false
+		if d, err = open(ctx, cfg, offline); err != nil {
+			return err
+		}
+		defer d.close()
+		d.obs = obs
 	}
 	if reason != "" {
 		if lost && d.opts.OnLostState == LostStateRefuse {

@@ -483,14 +483,14 @@ func readStatusMeta(ctx context.Context, target *pgxpool.Pool, slot string) (sta
 		return m, err
 	}
 	m.checkpoint = lsn
-	rows, err := target.Query(ctx, `SELECT join_name, epoch, phase FROM fkmat.join_state WHERE slot = $1`, slot)
+	rows, err := target.Query(ctx, `SELECT join_name, epoch, phase, coalesce((to_jsonb(s) ->> 'generation')::int, 0) FROM fkmat.join_state s WHERE slot = $1`, slot)
 	if err != nil {
 		return m, fmt.Errorf("read fkmat.join_state: %w", err)
 	}
 	for rows.Next() {
 		var name string
 		st := joinState{exists: true}
-		if err := rows.Scan(&name, &st.epoch, &st.phase); err != nil {
+		if err := rows.Scan(&name, &st.epoch, &st.phase, &st.generation); err != nil {
 			rows.Close()
 			return m, fmt.Errorf("read fkmat.join_state: %w", err)
 		}
@@ -542,12 +542,12 @@ type EdgeStatus struct {
 // only: its state's, or each step's of a join of more than two tables.
 func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, opts Options, p *plan.JoinPlan, st joinState, s *JoinStatus) error {
 	if p.Edges == nil {
-		return statusStore(ctx, rdb, RedisPrefix(slot, p.Name), opts, p, st, s)
+		return statusStore(ctx, rdb, GenerationPrefix(slot, p.Name, st.generation), opts, p, st, s)
 	}
 	var total int64
 	for t := range len(p.Edges) + 1 {
 		one := JoinStatus{RedisState: "ok"}
-		if err := statusStore(ctx, rdb, RedisTablePrefix(slot, p.Name, t), opts, p, st, &one); err != nil {
+		if err := statusStore(ctx, rdb, statePrefixes(slot, p.Name, len(p.Edges), st.generation)[t], opts, p, st, &one); err != nil {
 			return err
 		}
 		for _, problem := range one.Problems { // a join's tables lose their states together

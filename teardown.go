@@ -2,7 +2,10 @@ package fkmat
 
 import (
 	"context"
+	"errors"
 	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fkmat/fkmat/internal/plan"
 
@@ -55,7 +58,30 @@ func Teardown(ctx context.Context, cfg *config.Config, dropTarget bool, opts Opt
 	if err := client.Teardown(ctx); err != nil {
 		return err
 	}
+	// The second slot of a rebuild beside the running joins, if one was
+	// interrupted.
+	rebuilder, err := cdc.New(cdc.Config{ConnString: cfg.Source, Slot: rebuildSlot(cfg.Slot), Publication: cfg.Publication,
+		Tables: configuredTables(cfg), Logger: opts.Logger})
+	if err != nil {
+		return err
+	}
+	if err := rebuilder.DropSlot(ctx); err != nil {
+		return err
+	}
 	for _, j := range cfg.Joins {
+		// The generations a rebuild beside the running join made.
+		var gen int
+		if err := target.QueryRow(ctx, `SELECT coalesce((SELECT generation FROM fkmat.join_state WHERE slot = $1 AND join_name = $2), 0)`,
+			cfg.Slot, j.Name).Scan(&gen); err != nil {
+			if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || (pgErr.Code != "42P01" && pgErr.Code != "42703" && pgErr.Code != "3F000") {
+				return fmt.Errorf("read the generation of join %q: %w", j.Name, err)
+			}
+		}
+		for g := 1; g <= gen+1; g++ {
+			if err := dropGeneration(ctx, rdb, opts.Logger, cfg.Slot, j.Name, g); err != nil {
+				return fmt.Errorf("delete redis state of join %q: %w", j.Name, err)
+			}
+		}
 		prefixes := []string{RedisPrefix(cfg.Slot, j.Name)}
 		for i := range j.Rights {
 			prefixes = append(prefixes, redisStepPrefix(cfg.Slot, j.Name, i))
@@ -92,10 +118,13 @@ func Teardown(ctx context.Context, cfg *config.Config, dropTarget bool, opts Opt
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	for _, q := range []string{`DELETE FROM fkmat.join_state WHERE slot = $1`, `DELETE FROM fkmat.checkpoint WHERE slot = $1`,
 		`DELETE FROM fkmat.stall WHERE slot = $1`, `DELETE FROM fkmat.partitions WHERE slot = $1`,
-		`DELETE FROM fkmat.daemon WHERE slot = $1`, `DELETE FROM fkmat.owner WHERE slot = $1`} {
+		`DELETE FROM fkmat.daemon WHERE slot = $1`, `DELETE FROM fkmat.owner WHERE slot = $1`, `DELETE FROM fkmat.build WHERE slot = $1`} {
 		if _, err := tx.Exec(ctx, q, cfg.Slot); err != nil {
 			return fmt.Errorf("delete fkmat metadata: %w", err)
 		}
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM fkmat.checkpoint WHERE slot = $1`, rebuildSlot(cfg.Slot)); err != nil {
+		return fmt.Errorf("delete fkmat metadata: %w", err)
 	}
 	return tx.Commit(ctx)
 }

@@ -28,6 +28,8 @@ type assembler struct {
 	// prefix is the prefix of the logical decoding messages that carry
 	// row changes (see Embedded).
 	prefix string
+	// switchPrefix is the prefix of the markers (EmitSwitch).
+	switchPrefix string
 
 	// rels are the relations announced in this replication session: tuples
 	// are decoded against them.
@@ -168,7 +170,14 @@ func (a *assembler) message(lsn LSN, data []byte) (result, error) {
 	if err != nil {
 		return result{}, fmt.Errorf("decode message at %s: %w", lsn, err)
 	}
-	if m.name != a.prefix || m.flags&1 == 0 {
+	if m.flags&1 == 0 {
+		return result{}, nil
+	}
+	if m.name == a.switchPrefix && a.switchPrefix != "" {
+		a.cur.Marker = string(m.content)
+		return result{}, nil
+	}
+	if m.name != a.prefix {
 		return result{}, nil
 	}
 	return a.embedded(lsn, m.content)
@@ -192,7 +201,7 @@ func (a *assembler) commit(m message) (result, error) {
 	}
 	t := a.cur
 	a.cur = nil
-	if t.Chunk == 0 && len(t.Changes) == 0 {
+	if t.Chunk == 0 && len(t.Changes) == 0 && t.Marker == "" {
 		return result{emptyEnd: m.endLSN}, nil
 	}
 	t.EndLSN = m.endLSN

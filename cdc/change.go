@@ -39,6 +39,9 @@ type Txn struct {
 	Changes []Change
 	// Bytes approximates the memory the chunk holds.
 	Bytes int
+	// Marker is the id of the switch marker (EmitSwitch) the transaction
+	// carries, if any; such a transaction has no changes of its own.
+	Marker string
 }
 
 // ChangeKind says what a Change is.

@@ -52,6 +52,10 @@ type Config struct {
 	Publication string
 	// Tables are the published tables. An empty Schema means "public".
 	Tables []TableName
+	// MessageSlot names the slot whose messages (MessagePrefix,
+	// SwitchPrefix) the stream decodes; empty means Slot. A second slot
+	// that follows the same changes (a rebuild's) names the first.
+	MessageSlot string
 
 	// StandbyInterval is the longest time between two standby status
 	// updates to the server. Default 10s. Keep it well below the server's

@@ -1,8 +1,11 @@
 package cdc
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Row changes that are not in the WAL (the rows a partition brought into
@@ -18,6 +21,24 @@ import (
 // MessagePrefix is the prefix of the messages that carry row changes for
 // slot; messages with any other prefix are ignored.
 func MessagePrefix(slot string) string { return "fkmat:" + slot }
+
+// SwitchPrefix is the prefix of the markers written for slot (EmitSwitch).
+func SwitchPrefix(slot string) string { return "fkmat-switch:" + slot }
+
+// EmitSwitch writes a marker with id into the WAL in a transaction of its
+// own, for the streams of slot (and of the slots that follow it, Config's
+// MessageSlot) that StopAt id: each stops there, having delivered exactly
+// the transactions that committed before it. It returns the marker's
+// commit position.
+func EmitSwitch(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, slot, id string) (LSN, error) {
+	var text string
+	if err := db.QueryRow(ctx, `SELECT pg_logical_emit_message(true, $1, $2)::text`, SwitchPrefix(slot), id).Scan(&text); err != nil {
+		return 0, fmt.Errorf("write the switch marker: %w", err)
+	}
+	return ParseLSN(text)
+}
 
 // Embedded builds the content of one such message.
 type Embedded struct{ buf []byte }

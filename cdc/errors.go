@@ -27,6 +27,8 @@ var (
 	ErrSlotsExhausted = errors.New("all replication slots are in use")
 	// ErrWALSendersExhausted: max_wal_senders connections are all in use.
 	ErrWALSendersExhausted = errors.New("all wal senders are in use")
+	// ErrStopped: the stream met the marker of StopAt and stopped.
+	ErrStopped = errors.New("replication stopped at its marker")
 	// ErrSlotInUse: another process streams from the slot.
 	ErrSlotInUse = errors.New("replication slot is in use")
 	// ErrSlotExists: CreateSlot found a slot of that name.

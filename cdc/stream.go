@@ -53,6 +53,8 @@ type Stream struct {
 	// the highest position the consumer has found safe to confirm.
 	held    bool
 	cleared atomic.Uint64
+	// stopAt is the marker (EmitSwitch) at which the stream stops.
+	stopAt atomic.Pointer[string]
 
 	started atomic.Bool
 	stats   streamStats
@@ -91,7 +93,11 @@ func (c *Client) NewStream(start LSN) *Stream {
 		asm:     newAssembler(c.cfg.ChunkChanges, c.cfg.ChunkBytes, c.log),
 		warned:  map[byte]time.Time{},
 	}
-	s.asm.prefix = MessagePrefix(c.cfg.Slot)
+	owner := c.cfg.Slot
+	if c.cfg.MessageSlot != "" {
+		owner = c.cfg.MessageSlot
+	}
+	s.asm.prefix, s.asm.switchPrefix = MessagePrefix(owner), SwitchPrefix(owner)
 	s.acked.Store(uint64(start))
 	return s
 }
@@ -127,6 +133,13 @@ func (s *Stream) Clear(lsn LSN) {
 		}
 	}
 }
+
+// StopAt makes the stream stop at the transaction that carries marker id
+// (EmitSwitch): every transaction before it is delivered, it and nothing
+// after it is, and Run returns ErrStopped. Two streams of the same changes
+// stopped at one marker have delivered exactly the same transactions. Call
+// it before the marker is written.
+func (s *Stream) StopAt(id string) { s.stopAt.Store(&id) }
 
 // Next returns the next transaction chunk, blocking until one is ready, ctx
 // is done (ctx.Err()) or Run has stopped (Run's error; context.Canceled after
@@ -217,6 +230,10 @@ func (s *Stream) Run(ctx context.Context) (err error) {
 		progressed, err := s.session(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if errors.Is(err, ErrStopped) {
+			s.log.Info("replication stopped at its marker", "slot", s.cfg.Slot, "delivered_lsn", s.delivered.String())
+			return err
 		}
 		if busy, ok := errors.AsType[*slotBusyError](err); ok {
 			if busySince.IsZero() {
@@ -439,6 +456,11 @@ func (ss *session) handleCopyData(ctx context.Context, data []byte) error {
 			}
 		}
 		if res.txn != nil {
+			if m := res.txn.Marker; m != "" {
+				if stop := s.stopAt.Load(); stop != nil && *stop == m {
+					return fmt.Errorf("%w (marker %s at %s)", ErrStopped, m, res.txn.CommitLSN)
+				}
+			}
 			return ss.deliver(ctx, res.txn)
 		}
 	}

@@ -32,6 +32,10 @@ type Config struct {
 	OnBatch func()
 	// OnTiming, when set, receives each committed batch's timings.
 	OnTiming func(BatchTiming)
+	// Ignore, when set, says which tables no join uses whose changes are
+	// expected (published for another pipeline: a rebuild's) and skipped;
+	// a change of any other such table is ErrUnplaced.
+	Ignore func(config.TableName) bool
 }
 
 // Pipeline is the batch loop: cdc → join → sink → redisstore → ack.
@@ -78,6 +82,8 @@ type Pipeline struct {
 	cuts map[cdc.LSN]bool
 	// between is the work Between asked for, not yet run.
 	between atomic.Pointer[func(context.Context)]
+	// ignore is Config.Ignore.
+	ignore func(config.TableName) bool
 }
 
 // Between runs fn on the batch loop before its next batch, once every
@@ -95,7 +101,7 @@ func New(cfg Config) *Pipeline {
 		slot: cfg.Slot, publication: cfg.Publication, joins: cfg.Joins, target: cfg.Target, source: cfg.Source,
 		limits: cfg.Limits, sizer: batchSizer{limits: cfg.Limits}, log: cfg.Log,
 		onBatch: cfg.OnBatch, onTiming: cfg.OnTiming, started: time.Now(), cuts: map[cdc.LSN]bool{},
-		rows: make([]joinRows, len(cfg.Joins)), maxBuffered: maxBufferedRows,
+		rows: make([]joinRows, len(cfg.Joins)), maxBuffered: maxBufferedRows, ignore: cfg.Ignore,
 	}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
@@ -350,10 +356,11 @@ func (p *Pipeline) checkPlaced(t *cdc.Txn) error {
 			}
 			p.placed[rel] = ok
 		}
-		if ok {
+		table := config.TableName{Schema: rel.Namespace, Name: rel.Name}
+		if ok || (p.ignore != nil && p.ignore(table)) {
+			p.placed[rel] = true
 			return nil
 		}
-		table := config.TableName{Schema: rel.Namespace, Name: rel.Name}
 		return &TxnError{LSN: t.CommitLSN, Table: table.String(), err: fmt.Errorf(
 			"%w: transaction %d at %s changed %s, which no join uses; "+
 				"if it is a partition of a joined table, the publication %q did not publish via the partition root: "+

@@ -1,0 +1,577 @@
+package fkmat
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/pipeline"
+	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/join"
+	"github.com/fkmat/fkmat/redisstore"
+	"github.com/fkmat/fkmat/sink"
+)
+
+// A rebuild beside the running join (a changed definition, or backfill
+// --force while the joins stream): the old definition keeps maintaining
+// the target while the new one is built, and the new one replaces it in
+// one target transaction once it has caught up.
+//
+//  1. The daemon streams the join as it was built (plan.Stored, from
+//     fkmat.join_state.definition).
+//  2. A second slot (rebuildSlot) is created with an exported snapshot; the
+//     new definition's Redis state (the next generation,
+//     GenerationPrefix) and a shadow of the target are loaded from it,
+//     exactly as the backfill does.
+//  3. A second pipeline streams that slot from its consistent point into
+//     the new state and the shadow.
+//  4. Once it has caught up, a marker is written into the WAL
+//     (cdc.EmitSwitch) and both streams stop there (cdc.Stream.StopAt):
+//     both pipelines have applied exactly the transactions before it.
+//  5. One target transaction swaps the shadow in (sink.Tx.Swap), records
+//     the new definition, epoch and generation, and the slot's checkpoint;
+//     the old generation's state and the second slot are dropped after it,
+//     and the daemon restarts from its checkpoints with the new definition.
+//
+// A crash before the swap's commit leaves the old join as it was: the next
+// start builds again (the second slot, the shadow and the new generation
+// left behind are replaced). A crash after it leaves the old generation and
+// the second slot, which the next start drops.
+
+// rebuild is one join to build anew beside the running one.
+type rebuild struct {
+	// old is the definition the target was built with, which streams
+	// until the switch; plan the one to build.
+	old, plan *plan.JoinPlan
+	// gen is the generation of the new state: the old one's plus one.
+	gen    int
+	reason string
+}
+
+// errOldDefinitionGone: a join's definition changed, and the source no
+// longer has what the old one reads, so the target cannot be maintained
+// during a rebuild beside it.
+var errOldDefinitionGone = errors.New("the join's old definition is gone from the source")
+
+// errRebuilt stops a run once a rebuild has switched in: Run starts again
+// at once, with the new definitions.
+var errRebuilt = errors.New("rebuilt joins switched in")
+
+// rebuildSlot is the name of the second slot of slot's rebuilds.
+func rebuildSlot(slot string) string {
+	const suffix = "_rebuild"
+	if len(slot)+len(suffix) <= 63 {
+		return slot + suffix
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(slot))
+	return fmt.Sprintf("%s_%08x%s", slot[:63-len(suffix)-9], h.Sum32(), suffix)
+}
+
+// planRebuild says whether join p, whose state st records, is built anew
+// beside the running join: its definition changed since it was built
+// (other than by widened types, which widen followed), or a rebuild was
+// asked for. What would make the switch lose something is refused here,
+// before anything is built.
+func (d *daemon) planRebuild(ctx context.Context, p *plan.JoinPlan, st joinState) (*rebuild, error) {
+	if !d.opts.online || !st.exists || st.phase != "streaming" || st.definition == nil {
+		return nil, nil // a backfill, if anything: assess says
+	}
+	reason := "the join's definition changed"
+	switch {
+	case d.opts.rebuildAll && st.fingerprint == p.Fingerprint:
+		reason = "fkmat backfill --force"
+	case st.fingerprint == p.Fingerprint:
+		return nil, nil
+	case d.opts.rebuildAll:
+		reason = "fkmat backfill --force (the join's definition changed)"
+	}
+	old, stale, err := plan.Stored(ctx, d.source, p.Name, st.definition)
+	if err != nil {
+		return nil, err
+	}
+	if stale != "" {
+		return nil, fmt.Errorf("%w: %w", errOldDefinitionGone, &config.ConfigError{Problems: []string{fmt.Sprintf(
+			"the definition of join %q changed, and the %s it was built with is gone from the source (renamed, dropped or retyped), "+
+				"so the target cannot be maintained while the new definition is built beside it: "+
+				"run fkmat backfill --force to rebuild it (the target keeps its rows, not streaming, until the rebuild replaces them)",
+			p.Name, stale)}})
+	}
+	old.WidenedBefore = uint64(st.widenedLSN)
+	if old.Fingerprint != st.fingerprint {
+		return nil, fmt.Errorf("the stored definition of join %q does not match its fingerprint %s; run fkmat backfill --force", p.Name, st.fingerprint)
+	}
+	if old.Target.Ident() != p.Target.Ident() {
+		return nil, &config.ConfigError{Problems: []string{fmt.Sprintf(
+			"join %q: its target changed from %s to %s: a join keeps its target; give the join a new name for a new target "+
+				"(and fkmat teardown the old one), or set the target back", p.Name, old.Target.Ident(), p.Target.Ident())}}
+	}
+	if !sameColumns(&old.Target, &p.Target) {
+		// A new shape is swapped in by a rename, which loses what a rename
+		// cannot carry: refused now, not at the switch.
+		attached, err := d.writer.Attached(ctx, &old.Target)
+		if err != nil {
+			return nil, err
+		}
+		if len(attached) > 0 {
+			return nil, fmt.Errorf("%w %s with the join's new shape: %s are attached to it, and the new shape is swapped in by a rename, which would lose them "+
+				"(fkmat carries over grants and comments only): drop them, start fkmat again, and create them again on the new target",
+				sink.ErrCannotSwap, p.Target.Ident(), strings.Join(attached, ", "))
+		}
+	}
+	return &rebuild{old: old, plan: p, gen: st.generation + 1, reason: reason}, nil
+}
+
+// sameColumns says whether a and b have the same columns, types and key.
+func sameColumns(a, b *sink.Table) bool {
+	return a.KeyCount == b.KeyCount && slices.Equal(a.Columns, b.Columns)
+}
+
+// rebuildTimings are the phases of a rebuild, for its log line.
+type rebuildTimings struct {
+	load, catchUp, switchOver time.Duration
+}
+
+// runRebuilds builds d.builds beside the running joins (the main pipeline
+// main, streaming mainStream) and switches them in; mainDone is closed
+// once the main pipeline has stopped. It returns errRebuilt after the
+// switch, or the error that stopped it: the next start builds again.
+func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDone <-chan struct{}) error {
+	started := time.Now()
+	var tm rebuildTimings
+	names := make([]string, len(d.builds))
+	plans := make([]*plan.JoinPlan, len(d.builds))
+	for i, b := range d.builds {
+		names[i], plans[i] = b.plan.Name, b.plan
+	}
+	log := d.log.With("component", "rebuild", "joins", strings.Join(names, ","))
+	slotName := rebuildSlot(d.cfg.Slot)
+	client, err := cdc.New(cdc.Config{
+		ConnString: d.cfg.Source, Slot: slotName, Publication: d.cfg.Publication, MessageSlot: d.cfg.Slot,
+		Tables: d.cdc.Config().Tables, Logger: log, SlotBusyTimeout: d.opts.slotBusyTimeout(),
+	})
+	if err != nil {
+		return err
+	}
+	if err := d.dropRebuildSlot(ctx, client); err != nil {
+		return err
+	}
+	// The new generation: a build left behind by an earlier attempt is
+	// replaced.
+	bd := &daemon{cfg: d.cfg, opts: d.opts, log: log, source: d.source, target: d.target, rdb: d.rdb,
+		plans: plans, writer: sink.NewWriter(d.target), obs: d.obs}
+	for _, b := range d.builds {
+		j, err := d.openJoin(ctx, b.plan, b.gen)
+		if err != nil {
+			return err
+		}
+		for _, s := range j.Stores() {
+			if err := s.Drop(ctx); err != nil {
+				return fmt.Errorf("join %q: %w", b.plan.Name, err)
+			}
+		}
+		bd.joins = append(bd.joins, j)
+	}
+	if err := d.recordRebuild(ctx, "loading"); err != nil {
+		return err
+	}
+	slot, err := client.CreateSlot(ctx, true)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = slot.Release(context.WithoutCancel(ctx)) }()
+	log.Info("rebuild started beside the running joins", "slot", slotName, "consistent_point", slot.ConsistentPoint.String(),
+		"reason", d.builds[0].reason)
+	epoch := redisstore.NewEpoch()
+	for _, j := range bd.joins {
+		sizes := d.sizes(ctx, j.Plan())
+		for i, s := range j.Stores() {
+			if err := s.Init(ctx, epoch, j.Plan().Fingerprint, sizes[i]); err != nil {
+				return fmt.Errorf("join %q: %w", j.Plan().Name, err)
+			}
+		}
+	}
+	rows, err := bd.load(ctx, slot.SnapshotName)
+	if err != nil {
+		return err
+	}
+	leaves, err := bd.checkRaced(ctx, slot.SnapshotName)
+	if err != nil {
+		return err
+	}
+	if err := slot.Release(ctx); err != nil {
+		return err
+	}
+	for _, j := range bd.joins {
+		stores := j.Stores()
+		for i := len(stores) - 1; i >= 0; i-- {
+			if err := stores[i].Commit(ctx, join.Mutations{}, slot.ConsistentPoint); err != nil {
+				return fmt.Errorf("join %q: %w", j.Plan().Name, err)
+			}
+		}
+	}
+	tm.load = time.Since(started)
+	log.Info("rebuild loaded; catching up", "rows", rows, "seconds", tm.load.Seconds())
+
+	// The catch-up: the new joins, writing into the shadows, on the
+	// second slot.
+	if _, err := d.target.Exec(ctx, `DELETE FROM fkmat.checkpoint WHERE slot = $1`, slotName); err != nil {
+		return fmt.Errorf("reset the rebuild's checkpoint: %w", err)
+	}
+	var shadows []pipeline.Join
+	for _, j := range bd.joins {
+		sp := *j.Plan()
+		sp.Target = *sink.ShadowOf(&j.Plan().Target)
+		sj, err := d.joinOn(&sp, j.Stores())
+		if err != nil {
+			return err
+		}
+		if _, err := sj.Resume(ctx); err != nil {
+			return err
+		}
+		shadows = append(shadows, sj)
+	}
+	stream := client.NewStream(slot.ConsistentPoint)
+	catchUp := pipeline.New(pipeline.Config{
+		Slot: slotName, Publication: d.cfg.Publication, Joins: shadows, Source: stream,
+		Target: pipeline.SinkTarget{W: sink.NewWriter(d.target)}, Limits: d.opts.Batch,
+		Log: log.With("pipeline", "rebuild"), TargetCheckpoint: slot.ConsistentPoint,
+		Ignore: func(config.TableName) bool { return true },
+	})
+	if err := d.recordRebuild(ctx, "catching up"); err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	streamCtx, stopStream := context.WithCancel(gctx)
+	defer stopStream()
+	g.Go(func() error {
+		err := stream.Run(streamCtx)
+		if errors.Is(err, cdc.ErrStopped) || streamCtx.Err() != nil {
+			return nil
+		}
+		return err
+	})
+	caughtUp := make(chan struct{})
+	g.Go(func() error {
+		err := catchUp.Run(gctx)
+		stopStream()
+		if errors.Is(err, cdc.ErrStopped) {
+			close(caughtUp)
+			return nil
+		}
+		if err == nil {
+			err = gctx.Err()
+		}
+		return err
+	})
+	g.Go(func() error {
+		// Switch once the catch-up is within a moment of the source: the
+		// main pipeline then waits for it at the marker only briefly.
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		catching := time.Now()
+		beat := 0
+		for ticked(gctx, t.C) {
+			if beat++; beat%5 == 0 {
+				if _, err := d.target.Exec(gctx, `UPDATE fkmat.build SET updated_at = now() WHERE slot = $1`, d.cfg.Slot); err != nil {
+					log.Warn("could not record the rebuild's progress in fkmat.build", "err", err)
+				}
+			}
+			lag, _ := catchUp.Lag(time.Now())
+			st := stream.Stats()
+			if st.Txns == 0 && time.Since(catching) < 2*time.Second {
+				continue // nothing received yet: the stream may not have started
+			}
+			if lag > 1 {
+				continue
+			}
+			tm.catchUp = time.Since(catching)
+			if err := d.recordRebuild(gctx, "switching"); err != nil {
+				return err
+			}
+			id := rand.Text()
+			mainStream.StopAt(id)
+			stream.StopAt(id)
+			at, err := cdc.EmitSwitch(gctx, d.source, d.cfg.Slot, id)
+			if err != nil {
+				return err
+			}
+			log.Info("rebuild caught up; switching at the marker", "marker_lsn", at.String())
+			return nil
+		}
+		return gctx.Err()
+	})
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	switchStart := time.Now()
+	select {
+	case <-mainDone:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	<-caughtUp
+	mainAt, err := d.writer.Checkpoint(ctx, d.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	at := mainAt
+	for _, j := range bd.joins {
+		for _, s := range j.Stores() {
+			at = max(at, s.Checkpoint())
+		}
+	}
+	if err := d.switchRebuilt(ctx, bd, epoch, slotName, at, leaves); err != nil {
+		return err
+	}
+	tm.switchOver = time.Since(switchStart)
+	// The old generations and the second slot are garbage now; a crash
+	// before they are dropped leaves them to the next start.
+	for i, j := range d.joins {
+		if !slices.ContainsFunc(d.builds, func(b *rebuild) bool { return b.old == d.plans[i] }) {
+			continue
+		}
+		for _, s := range j.Stores() {
+			if err := s.Drop(ctx); err != nil {
+				log.Warn("could not drop the old Redis state; the next start drops it", "join", j.Plan().Name, "err", err)
+			}
+		}
+	}
+	if err := client.DropSlot(ctx); err != nil {
+		log.Warn("could not drop the rebuild's slot; the next start drops it", "slot", slotName, "err", err)
+	}
+	log.Info("rebuild switched in", "rows", rows, "load_seconds", tm.load.Seconds(), "catch_up_seconds", tm.catchUp.Seconds(),
+		"switch_seconds", tm.switchOver.Seconds(), "seconds", time.Since(started).Seconds(), "checkpoint", at.String())
+	return errRebuilt
+}
+
+// switchRebuilt is the target transaction of a rebuild's switch: each
+// rebuilt target's shadow replaces it, and the joins' new definitions,
+// epoch, generation and checkpoint are recorded. Readers see the old rows
+// and shape until it commits, the new ones after.
+func (d *daemon) switchRebuilt(ctx context.Context, bd *daemon, epoch, slotName string, at cdc.LSN, leaves map[uint32]leaf) error {
+	for attempt := 1; ; attempt++ {
+		err := d.switchOnce(ctx, bd, epoch, slotName, at, leaves)
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != "55P03" || attempt == swapAttempts {
+			return err
+		}
+		d.log.Warn("a reader of a target holds it: switching the rebuilt target in again shortly", "attempt", attempt, "of", swapAttempts)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (d *daemon) switchOnce(ctx context.Context, bd *daemon, epoch, slotName string, at cdc.LSN, leaves map[uint32]leaf) error {
+	tx, err := d.writer.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+swapLockTimeout+"'"); err != nil {
+		return fmt.Errorf("set the switch's lock timeout: %w", err)
+	}
+	for _, b := range d.builds {
+		p := b.plan
+		kind, err := tx.Swap(ctx, &p.Target, sink.ShadowOf(&p.Target))
+		if err != nil {
+			return fmt.Errorf("join %q: %w", p.Name, err)
+		}
+		err = tx.Exec(ctx, `UPDATE fkmat.join_state SET epoch = $3, fingerprint = $4, definition = $5, generation = $6, widened_lsn = NULL,
+			phase = 'streaming', updated_at = now() WHERE slot = $1 AND join_name = $2`,
+			d.cfg.Slot, p.Name, epoch, p.Fingerprint, string(plan.Definition(p)), b.gen)
+		if err != nil {
+			return fmt.Errorf("record the rebuilt join %q: %w", p.Name, err)
+		}
+		d.log.Info("the rebuilt target replaced the old one", "join", p.Name, "target", p.Target.Ident(), "how", string(kind))
+	}
+	if err := tx.Exec(ctx, `DELETE FROM fkmat.build WHERE slot = $1`, d.cfg.Slot); err != nil {
+		return fmt.Errorf("end the build record: %w", err)
+	}
+	if err := tx.Exec(ctx, `DELETE FROM fkmat.checkpoint WHERE slot = $1`, slotName); err != nil {
+		return fmt.Errorf("drop the rebuild's checkpoint: %w", err)
+	}
+	// The partitions of the tables only the new definitions join are
+	// known as the snapshot saw them: the next start follows what changed
+	// since. The others' are the running daemon's, which it kept.
+	var now []config.TableName
+	for _, p := range d.plans {
+		if !slices.ContainsFunc(d.builds, func(b *rebuild) bool { return b.old == p }) {
+			now = append(now, p.Tables()...)
+		}
+	}
+	for _, b := range d.builds {
+		now = append(now, b.plan.Tables()...)
+	}
+	var was []config.TableName
+	for _, p := range d.plans {
+		was = append(was, p.Tables()...)
+	}
+	var dropParents []string
+	for _, t := range uniqueTables(now) {
+		if !slices.Contains(was, config.TableName{Schema: t.Schema, Name: t.Name}) {
+			dropParents = append(dropParents, config.TableName{Schema: t.Schema, Name: t.Name}.String())
+		}
+	}
+	joined := map[string]bool{}
+	for _, t := range uniqueTables(now) {
+		joined[config.TableName{Schema: t.Schema, Name: t.Name}.String()] = true
+	}
+	if err := tx.Exec(ctx, `DELETE FROM fkmat.partitions WHERE slot = $1 AND (parent = ANY ($2) OR NOT parent = ANY ($3))`,
+		d.cfg.Slot, dropParents, mapKeys(joined)); err != nil {
+		return fmt.Errorf("record partitions: %w", err)
+	}
+	for _, l := range leaves {
+		if !slices.Contains(dropParents, l.parent) {
+			continue
+		}
+		if err := tx.Exec(ctx, `INSERT INTO fkmat.partitions (slot, parent, leaf_oid, leaf, relfilenode, truncated_xid, lost, attached, bound)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			d.cfg.Slot, l.parent, l.oid, l.name, l.relfilenode, l.truncatedXid, l.lost, l.attached, l.bound); err != nil {
+			return fmt.Errorf("record partitions: %w", err)
+		}
+	}
+	return tx.Commit(ctx, d.cfg.Slot, at)
+}
+
+func mapKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// recordRebuild records the rebuild's phase in fkmat.build (status shows
+// it), starting the record at "loading".
+func (d *daemon) recordRebuild(ctx context.Context, phase string) error {
+	host, _ := os.Hostname()
+	for _, b := range d.builds {
+		_, err := d.target.Exec(ctx, `
+			INSERT INTO fkmat.build (slot, join_name, reason, phase, host, pid) VALUES ($1, $2, $3, $4, $5, $6)
+			ON CONFLICT (slot, join_name) DO UPDATE SET reason = EXCLUDED.reason, phase = EXCLUDED.phase,
+				rows_done = CASE WHEN EXCLUDED.phase = 'loading' THEN 0 ELSE fkmat.build.rows_done END,
+				rows_total = CASE WHEN EXCLUDED.phase = 'loading' THEN 0 ELSE fkmat.build.rows_total END,
+				host = EXCLUDED.host, pid = EXCLUDED.pid,
+				started_at = CASE WHEN EXCLUDED.phase = 'loading' THEN now() ELSE fkmat.build.started_at END, updated_at = now()`,
+			d.cfg.Slot, b.plan.Name, b.reason, phase, host, os.Getpid())
+		if err != nil {
+			return fmt.Errorf("record the rebuild of join %q: %w", b.plan.Name, err)
+		}
+	}
+	return nil
+}
+
+// dropRebuildSlot drops the second slot an interrupted rebuild left
+// behind, if any. Only this process streams the main slot, so a process
+// still holding the second one is a dead predecessor's walsender, which is
+// terminated.
+func (d *daemon) dropRebuildSlot(ctx context.Context, client *cdc.Client) error {
+	deadline := time.Now().Add(client.Config().SlotBusyTimeout)
+	for {
+		err := client.DropSlot(ctx)
+		if !errors.Is(err, cdc.ErrSlotInUse) {
+			return err
+		}
+		h, held, herr := client.Holder(ctx)
+		if herr != nil {
+			return herr
+		}
+		if held && h.PID != 0 {
+			d.log.Warn("terminating the walsender a previous rebuild left on its slot", "slot", client.Config().Slot, "pid", h.PID)
+			if _, err := d.source.Exec(ctx, `SELECT pg_terminate_backend($1)`, h.PID); err != nil {
+				return fmt.Errorf("terminate the walsender of slot %s: %w", client.Config().Slot, err)
+			}
+		}
+		if !time.Now().Before(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// dropLeftovers drops what a rebuild's crash left behind: the Redis state
+// of the generation before each join's current one (the old one, after a
+// switch), and, for the joins not being built, of the one after it (a
+// build that did not finish) and the second slot.
+func (d *daemon) dropLeftovers(ctx context.Context) error {
+	if len(d.builds) == 0 {
+		client, err := cdc.New(cdc.Config{ConnString: d.cfg.Source, Slot: rebuildSlot(d.cfg.Slot), Publication: d.cfg.Publication,
+			Tables: d.cdc.Config().Tables, Logger: d.log, SlotBusyTimeout: d.opts.slotBusyTimeout()})
+		if err != nil {
+			return err
+		}
+		if err := d.dropRebuildSlot(ctx, client); err != nil {
+			return err
+		}
+	}
+	for _, j := range d.joins {
+		name := j.Plan().Name
+		st, err := d.loadJoinState(ctx, name)
+		if err != nil {
+			return err
+		}
+		gens := []int{st.generation - 1}
+		if !slices.ContainsFunc(d.builds, func(b *rebuild) bool { return b.plan.Name == name }) {
+			gens = append(gens, st.generation+1)
+		}
+		for _, gen := range gens {
+			if gen < 0 {
+				continue
+			}
+			if err := dropGeneration(ctx, d.rdb, d.log, d.cfg.Slot, name, gen); err != nil {
+				return fmt.Errorf("join %q: drop the Redis state of generation %d: %w", name, gen, err)
+			}
+		}
+	}
+	return nil
+}
+
+// dropGeneration drops generation gen of join name's Redis state, in
+// either form: one state, or one per table.
+func dropGeneration(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger, slot, name string, gen int) error {
+	base := GenerationPrefix(slot, name, gen)
+	prefixes := []string{base}
+	for t := range 64 { // the tables of a join of more than two tables, while there are
+		prefixes = append(prefixes, fmt.Sprintf("%s~t%d", base, t))
+	}
+	for i, prefix := range prefixes {
+		s, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: prefix})
+		if err != nil {
+			return err
+		}
+		if _, err := s.Meta(ctx); errors.Is(err, redisstore.ErrNoState) {
+			if i > 0 {
+				return nil
+			}
+			continue
+		} else if err != nil {
+			return err
+		}
+		log.Info("dropping the Redis state of a rebuild's other generation", "join", name, "generation", gen, "prefix", prefix)
+		if err := s.Drop(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,243 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/testenv"
+)
+
+// shapeReader polls a target while its join is rebuilt beside it and
+// checks the invariants of a rebuild: the target is never missing, never
+// empty nor partial (its row count is always rows: the writers only
+// update), and once a reader has seen the new definition's columns it never
+// sees the old ones again.
+type shapeReader struct {
+	rows    int64
+	newCols string
+
+	mu        sync.Mutex
+	errs      []string
+	reads     int
+	sawOld    int
+	sawNew    int
+	afterNew  bool
+	stop      chan struct{}
+	done      chan struct{}
+	switched  chan struct{}
+	closeOnce sync.Once
+}
+
+func readShapes(t *testing.T, pool *pgxpool.Pool, table string, rows int64, oldCols, newCols string) *shapeReader {
+	t.Helper()
+	r := &shapeReader{rows: rows, newCols: newCols, stop: make(chan struct{}), done: make(chan struct{}), switched: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		for {
+			select {
+			case <-r.stop:
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			var n int64
+			var cols string
+			err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n)
+			if err == nil {
+				// By name, as a reader's next query sees the table.
+				err = pool.QueryRow(ctx, `SELECT string_agg(a.attname, ',' ORDER BY a.attnum) FROM pg_attribute a
+					JOIN pg_class c ON c.oid = a.attrelid WHERE c.relname = $1 AND c.relnamespace = 'public'::regnamespace
+					AND a.attnum > 0 AND NOT a.attisdropped`, table).Scan(&cols)
+			}
+			cancel()
+			r.mu.Lock()
+			r.reads++
+			switch {
+			case err != nil:
+				r.errs = append(r.errs, err.Error())
+			case n != r.rows:
+				r.errs = append(r.errs, fmt.Sprintf("saw %d rows, want %d", n, r.rows))
+			case cols == newCols:
+				r.sawNew++
+				r.afterNew = true
+				r.closeOnce.Do(func() { close(r.switched) })
+			case cols == oldCols && r.afterNew:
+				r.errs = append(r.errs, "saw the old columns after the new ones")
+			case cols == oldCols:
+				r.sawOld++
+			default:
+				r.errs = append(r.errs, "saw columns "+cols)
+			}
+			r.mu.Unlock()
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	return r
+}
+
+func (r *shapeReader) finish(t *testing.T) {
+	t.Helper()
+	close(r.stop)
+	<-r.done
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.errs) > 0 {
+		t.Fatalf("a reader of the target saw %d violations in %d reads, first: %s", len(r.errs), r.reads, r.errs[0])
+	}
+	if r.sawOld == 0 || r.sawNew == 0 {
+		t.Fatalf("the reader saw the old definition %d times and the new one %d times; the test did not watch the switch", r.sawOld, r.sawNew)
+	}
+	t.Logf("reader: %d reads, %d of the old definition, %d of the new one", r.reads, r.sawOld, r.sawNew)
+}
+
+// churn updates both tables of the shop in small transactions until
+// stopped: the row count of a left join's target stays, every column moves.
+func churn(t *testing.T, tc *testenv.Case, customers, orders int) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(7, 9))
+		for i := 0; ctx.Err() == nil; i++ {
+			o, c := 1+rng.IntN(orders), 1+rng.IntN(customers)
+			var q string
+			switch i % 5 {
+			case 0:
+				q = fmt.Sprintf(`UPDATE orders SET customer_id = %d, amount = amount + 1, note = 'w%d' WHERE id = %d`, c, i, o)
+			case 1:
+				q = fmt.Sprintf(`UPDATE customers SET name = 'c%d', tier = CASE WHEN tier = 'gold' THEN NULL ELSE 'gold' END WHERE id = %d`, i, c)
+			case 2:
+				q = fmt.Sprintf(`BEGIN; UPDATE orders SET customer_id = NULL WHERE id = %d; UPDATE orders SET customer_id = %d, note = repeat('t', 3000) WHERE id = %d; COMMIT`, o, c, o)
+			case 3:
+				q = fmt.Sprintf(`UPDATE orders SET customer_id = %d WHERE id = %d`, customers+1000+i%7, o) // dangling
+			case 4:
+				q = fmt.Sprintf(`UPDATE orders SET amount = (amount * 2) %% 100000 WHERE id BETWEEN %d AND %d`, o, o+20)
+			}
+			if _, err := tc.Pool.Exec(ctx, q); err != nil && ctx.Err() == nil {
+				failed.Store(err)
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	return func() {
+		cancel()
+		wg.Wait()
+		if err, ok := failed.Load().(error); ok {
+			t.Fatalf("writer: %v", err)
+		}
+	}
+}
+
+// TestDefinitionChangeOnline: a join whose definition changed is built
+// beside the running one. `run` with the new configuration keeps the old
+// target streaming while it builds, then switches the new one in; it never
+// stops. A reader polling the target all along never sees it missing,
+// empty or partial, sees the old columns until the switch and the new
+// ones after it. Writers change both tables throughout. Each change ends
+// equal to its SQL, with one target, no second slot and no state of the
+// old generation left.
+func TestDefinitionChangeOnline(t *testing.T) {
+	testenv.Race(t)
+	tc := testenv.New(t)
+	const customers, orders = 2000, 40000
+	sqlExec(t, tc, shop,
+		fmt.Sprintf(`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, %d) g`, customers),
+		fmt.Sprintf(`INSERT INTO orders SELECT g, CASE WHEN g %% 10 = 0 THEN NULL ELSE g %% %d END, g, 'n' || g FROM generate_series(1, %d) g`, customers+100, orders))
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	const (
+		oldCols = "id,customer_id,amount,customer_name,tier"
+		newCols = "id,customer_id,amount,note,customer_name,tier"
+	)
+	steps := []struct {
+		what     string
+		yml      string
+		old, new string
+	}{
+		{"a column added", widerJoinYAML, oldCols, newCols},
+		{"a column removed", leftJoinYAML, newCols, oldCols},
+	}
+	for _, s := range steps {
+		next := daemonConfig(t, tc, s.yml)
+		stopWriters := churn(t, tc, customers, orders)
+		r := readShapes(t, tc.Pool, "orders_enriched", orders, s.old, s.new)
+		d := startDaemon(t, next, fkmat.Options{Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+		select {
+		case <-r.switched:
+		case err := <-d.done:
+			d.cancel = nil
+			t.Fatalf("%s: run stopped: %v", s.what, err)
+		case <-time.After(3 * time.Minute):
+			t.Fatalf("%s: the new definition was not switched in within 3 minutes", s.what)
+		}
+		// Streams on after the switch.
+		time.Sleep(200 * time.Millisecond)
+		stopWriters()
+		waitCaughtUp(t, tc, d)
+		r.finish(t)
+		assertOracle(t, next)
+		assertRebuildClean(t, tc, "orders_enriched")
+		if err := d.stop(t); err != nil {
+			t.Fatalf("%s: %v", s.what, err)
+		}
+	}
+}
+
+// assertRebuildClean checks what a rebuild must not leave behind: a second
+// slot, a shadow table, a build record, and Redis state of a generation
+// other than the join's.
+func assertRebuildClean(t *testing.T, tc *testenv.Case, join string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		slots := queryInt(t, tc, `SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1`, tc.Slot+"_%")
+		shadows := queryInt(t, tc, `SELECT count(*) FROM pg_class WHERE relname LIKE $1`, join+"_fkmat_%")
+		builds := queryInt(t, tc, `SELECT count(*) FROM fkmat.build WHERE slot = $1`, tc.Slot)
+		gen := queryInt(t, tc, `SELECT generation FROM fkmat.join_state WHERE slot = $1 AND join_name = $2`, tc.Slot, join)
+		var other []string
+		keys, err := tc.Redis.Keys(ctx, "fkmat:"+tc.Slot+":"+join+"*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := fkmat.GenerationPrefix(tc.Slot, join, int(gen))
+		for _, k := range keys {
+			if !strings.HasPrefix(k, want+":") && !strings.HasPrefix(k, want+"~t") {
+				other = append(other, k)
+			}
+		}
+		if slots == 0 && shadows == 0 && builds == 0 && len(other) == 0 {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("left behind: %d second slots, %d shadow tables, %d build records, %d keys of other generations (e.g. %v)",
+				slots, shadows, builds, len(other), other[:min(3, len(other))])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+var _ = exec.Command
+var _ = syscall.SIGKILL
+var _ config.Config

@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/human"
 	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/plan"
 	"github.com/fkmat/fkmat/sink"
@@ -51,6 +54,10 @@ type JoinCost struct {
 	RedisBytes      int64       `json:"redis_bytes_estimate"`
 	BackfillRows    int64       `json:"backfill_rows"`
 	BackfillSeconds float64     `json:"backfill_seconds_estimate"`
+	// Rebuild, when set, says that run builds the join anew beside the
+	// running one (its definition changed since it was built), and what
+	// that needs while it runs.
+	Rebuild string `json:"rebuild,omitempty"`
 }
 
 // TableCost is one table of a join in the estimate: its rows, the bytes
@@ -133,6 +140,9 @@ func Plan(ctx context.Context, cfg *config.Config, opts Options) (*RunPlan, erro
 		if err != nil {
 			return nil, fmt.Errorf("join %q: %w", p.Name, err)
 		}
+		if jc.Rebuild, err = rebuildNeeds(ctx, target, cfg.Slot, p, jc); err != nil {
+			return nil, fmt.Errorf("join %q: %w", p.Name, err)
+		}
 		rp.Joins = append(rp.Joins, jc)
 		rp.RedisBytes += jc.RedisBytes
 		rp.BackfillSeconds += jc.BackfillSeconds
@@ -148,6 +158,52 @@ func Plan(ctx context.Context, cfg *config.Config, opts Options) (*RunPlan, erro
 		rp.BackfillDiskBytes += b
 	}
 	return rp, nil
+}
+
+// rebuildNeeds is JoinCost.Rebuild: what a rebuild beside the running join
+// needs, when the join's definition changed since it was built ("" when it
+// did not, or was never built).
+func rebuildNeeds(ctx context.Context, target *pgxpool.Pool, slot string, p *plan.JoinPlan, jc JoinCost) (string, error) {
+	st, err := readJoinState(ctx, target, slot, p.Name)
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "42P01" || pgErr.Code == "42703" || pgErr.Code == "3F000") {
+		return "", nil // no metadata yet: nothing was built
+	}
+	if err != nil || !st.exists || st.phase != "streaming" || st.fingerprint == p.Fingerprint || st.definition == nil {
+		return "", err
+	}
+	if _, ok, err := plan.Widenings(st.definition, plan.Definition(p)); err != nil || ok {
+		return "", err // run widens the target's columns in place
+	}
+	var targetBytes int64
+	if jc.Target.Exists {
+		if err := target.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass)`, p.Target.Ident()).Scan(&targetBytes); err != nil {
+			return "", fmt.Errorf("size of %s: %w", p.Target.Ident(), err)
+		}
+	}
+	return fmt.Sprintf("the definition changed since the join was built: fkmat run builds the new one beside the running join "+
+		"(about %s: the target keeps streaming the old definition meanwhile) and switches it in when it has caught up; "+
+		"until then Redis holds both states (the new one about %s more), the target database a shadow of the target "+
+		"(the old one takes %s), the spools about %s of temporary disk, and the source keeps the WAL from the build's start for a second slot",
+		estimateSeconds(jc.BackfillSeconds), human.Bytes(jc.RedisBytes), human.Bytes(targetBytes), human.Bytes(spoolBytes(jc))), nil
+}
+
+// spoolBytes is the temporary disk the backfill of one join uses at most.
+func spoolBytes(jc JoinCost) int64 {
+	var states []int64
+	for _, t := range jc.Tables {
+		states = append(states, t.StateBytes)
+	}
+	slices.SortFunc(states, func(a, b int64) int { return cmp.Compare(b, a) })
+	var n int64
+	for _, b := range states[:min(len(states), loadsAtOnce)] {
+		n += b
+	}
+	return n
+}
+
+// estimateSeconds says an estimated duration.
+func estimateSeconds(s float64) string {
+	return human.Duration(time.Duration(s * float64(time.Second)))
 }
 
 // joinCost is the plan of one join.

@@ -90,7 +90,7 @@ func (d *daemon) planRebuild(ctx context.Context, p *plan.JoinPlan, st joinState
 	if !d.opts.online || !st.exists || st.phase != "streaming" || st.definition == nil {
 		return nil, nil // a backfill, if anything: assess says
 	}
-	reason := "the join's definition changed"
+	reason := ""
 	switch {
 	case d.opts.rebuildAll && st.fingerprint == p.Fingerprint:
 		reason = "fkmat backfill --force"
@@ -132,7 +132,54 @@ func (d *daemon) planRebuild(ctx context.Context, p *plan.JoinPlan, st joinState
 				sink.ErrCannotSwap, p.Target.Ident(), strings.Join(attached, ", "))
 		}
 	}
+	if reason == "" {
+		reason = "the join's definition changed: " + describeChange(old, p)
+	}
 	return &rebuild{old: old, plan: p, gen: st.generation + 1, reason: reason}, nil
+}
+
+// describeChange says how definition now differs from was, for the
+// operator: target columns added, removed or retyped, or else the rest.
+func describeChange(was, now *plan.JoinPlan) string {
+	var added, removed, retyped []string
+	for _, c := range now.Target.Columns {
+		i := slices.IndexFunc(was.Target.Columns, func(o sink.Column) bool { return o.Name == c.Name })
+		switch {
+		case i < 0:
+			added = append(added, c.Name)
+		case was.Target.Columns[i].Type != c.Type:
+			retyped = append(retyped, fmt.Sprintf("%s %s -> %s", c.Name, was.Target.Columns[i].Type, c.Type))
+		}
+	}
+	for _, c := range was.Target.Columns {
+		if !slices.ContainsFunc(now.Target.Columns, func(n sink.Column) bool { return n.Name == c.Name }) {
+			removed = append(removed, c.Name)
+		}
+	}
+	var parts []string
+	for _, p := range []struct {
+		what string
+		cols []string
+	}{{"columns added", added}, {"columns removed", removed}, {"columns retyped", retyped}} {
+		if len(p.cols) > 0 {
+			parts = append(parts, p.what+": "+strings.Join(p.cols, ", "))
+		}
+	}
+	if !slices.Equal(was.Tables(), now.Tables()) {
+		parts = append(parts, "tables: "+tableList(was.Tables())+" -> "+tableList(now.Tables()))
+	}
+	if len(parts) == 0 {
+		return "its keys, source columns or join type"
+	}
+	return strings.Join(parts, "; ")
+}
+
+func tableList(ts []config.TableName) string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = t.String()
+	}
+	return strings.Join(out, ", ")
 }
 
 // sameColumns says whether a and b have the same columns, types and key.
@@ -188,6 +235,19 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 	if err := d.recordRebuild(ctx, "loading"); err != nil {
 		return err
 	}
+	// The build's heartbeat: status calls a build that stops recording
+	// interrupted.
+	bctx, stopBeat := context.WithCancel(ctx)
+	defer stopBeat()
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for ticked(bctx, t.C) {
+			if _, err := d.target.Exec(bctx, `UPDATE fkmat.build SET updated_at = now() WHERE slot = $1`, d.cfg.Slot); err != nil && bctx.Err() == nil {
+				log.Warn("could not record the rebuild's progress in fkmat.build", "err", err)
+			}
+		}
+	}()
 	slot, err := client.CreateSlot(ctx, true)
 	if err != nil {
 		return err
@@ -283,13 +343,7 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 		t := time.NewTicker(200 * time.Millisecond)
 		defer t.Stop()
 		catching := time.Now()
-		beat := 0
 		for ticked(gctx, t.C) {
-			if beat++; beat%5 == 0 {
-				if _, err := d.target.Exec(gctx, `UPDATE fkmat.build SET updated_at = now() WHERE slot = $1`, d.cfg.Slot); err != nil {
-					log.Warn("could not record the rebuild's progress in fkmat.build", "err", err)
-				}
-			}
 			lag, _ := catchUp.Lag(time.Now())
 			st := stream.Stats()
 			if st.Txns == 0 && time.Since(catching) < 2*time.Second {

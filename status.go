@@ -164,6 +164,13 @@ func Status(ctx context.Context, cfg *config.Config, opts Options) ([]JoinStatus
 		if st.exists {
 			s.Phase = st.phase
 		}
+		if b := meta.builds[p.Name]; b != nil && s.Phase == "streaming" {
+			b.Beside = true
+			if !b.Running {
+				b.ETASeconds = -1
+			}
+			s.Build = b
+		}
 		if s.Phase == "backfilling" {
 			s.Build = meta.builds[p.Name]
 			if b := s.Build; b != nil && !b.Running {
@@ -201,6 +208,11 @@ type BuildStatus struct {
 	// ETASeconds is the time left at the build's average speed so far; -1
 	// when unknown (not running, nothing done yet).
 	ETASeconds float64 `json:"eta_seconds"`
+	// Beside says it builds the join anew beside the running one (a
+	// changed definition, backfill --force while the joins stream): the
+	// target streams the old definition until the switch. Phase is then
+	// loading, catching up (rows done are the loaded ones) or switching.
+	Beside bool `json:"beside"`
 }
 
 // buildStaleAfter is how long a build may not record progress before

@@ -122,6 +122,9 @@ func printPlan(w io.Writer, p *fkmat.RunPlan) error {
 			return err
 		}
 		fmt.Fprintf(w, "  estimate: Redis %s, backfill %s (%s rows)\n", human.Bytes(j.RedisBytes), estimate(j.BackfillSeconds), human.Count(j.BackfillRows))
+		if j.Rebuild != "" {
+			fmt.Fprintf(w, "  rebuild: %s\n", j.Rebuild)
+		}
 	}
 	fmt.Fprintf(w, "\nestimate, all joins: Redis %s, backfill %s, temporary disk during the backfill %s (in $TMPDIR)\n",
 		human.Bytes(p.RedisBytes), estimate(p.BackfillSeconds), human.Bytes(p.BackfillDiskBytes))

@@ -84,7 +84,9 @@ func writeVerdict(b *strings.Builder, r fkmat.StatusReport) {
 func writeJoin(b *strings.Builder, s fkmat.JoinStatus, now time.Time) {
 	b.WriteString("join " + s.Join + "\n")
 	writeField(b, "phase", strings.ReplaceAll(s.Phase, "_", " "))
-	if s.Build != nil {
+	if s.Build != nil && s.Build.Beside {
+		writeField(b, "rebuild", rebuildText(*s.Build, now))
+	} else if s.Build != nil {
 		writeField(b, "backfill", buildText(*s.Build, now))
 	}
 	writeField(b, "target", targetText(s))
@@ -244,6 +246,26 @@ func writeWrapped(b *strings.Builder, first, indent, text string) {
 		line += word
 	}
 	flush()
+}
+
+// rebuildText says how far a rebuild beside the running join is.
+func rebuildText(bs fkmat.BuildStatus, now time.Time) string {
+	if !bs.Running {
+		return fmt.Sprintf("interrupted while %s, last progress %s ago; the next fkmat run builds it again (it ran because: %s); "+
+			"the target streams the old definition meanwhile", bs.Phase, human.Duration(max(now.Sub(bs.UpdatedAt), 0)), bs.Reason)
+	}
+	what := bs.Phase
+	switch bs.Phase {
+	case "loading":
+		what = "loading " + human.Count(bs.RowsDone) + " of " + human.Count(bs.RowsTotal) + " rows"
+		if bs.ETASeconds >= 0 {
+			what += ", about " + human.Duration(time.Duration(bs.ETASeconds*float64(time.Second))) + " left"
+		}
+	case "catching up":
+		what = "catching up with the stream (" + human.Count(bs.RowsDone) + " rows loaded)"
+	}
+	return fmt.Sprintf("%s; the target streams the old definition until the switch; started %s ago on %s (pid %d) because: %s",
+		what, human.Duration(max(now.Sub(bs.StartedAt), 0)), bs.Host, bs.PID, bs.Reason)
 }
 
 // buildText says how far a backfill is, or where it was interrupted.

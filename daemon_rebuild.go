@@ -344,12 +344,10 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 		defer t.Stop()
 		catching := time.Now()
 		for ticked(gctx, t.C) {
-			lag, _ := catchUp.Lag(time.Now())
-			st := stream.Stats()
-			if st.Txns == 0 && time.Since(catching) < 2*time.Second {
-				continue // nothing received yet: the stream may not have started
-			}
-			if lag > 1 {
+			// At least a second (the stream may not have received
+			// anything yet), then once the catch-up is within a second of
+			// the source.
+			if lag, _ := catchUp.Lag(time.Now()); lag > 1 || time.Since(catching) < time.Second {
 				continue
 			}
 			tm.catchUp = time.Since(catching)

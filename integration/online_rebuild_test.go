@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fkmat/fkmat"
-	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
@@ -238,6 +237,199 @@ func assertRebuildClean(t *testing.T, tc *testenv.Case, join string) {
 	}
 }
 
-var _ = exec.Command
-var _ = syscall.SIGKILL
-var _ config.Config
+// startRun starts `fkmat run` (the binary) with env and returns it with
+// its log.
+func startRun(t *testing.T, env []string) (*exec.Cmd, *daemon, *syncBuffer) {
+	t.Helper()
+	cmd := exec.Command(fkmatBinary(t), "run")
+	cmd.Env = env
+	logs := &syncBuffer{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{done: make(chan error, 1)}
+	go func() { d.done <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return cmd, d, logs
+}
+
+// waitRebuild waits until status shows the rebuild beside the running join
+// in phase, running.
+func waitRebuild(t *testing.T, env []string, d *daemon, logs *syncBuffer, phase string) *fkmat.BuildStatus {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if b := statusBuild(t, env); b != nil && b.Beside && b.Running && b.Phase == phase {
+			return b
+		}
+		select {
+		case err := <-d.done:
+			t.Fatalf("run stopped before the rebuild was %s: %v\n%s", phase, err, logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status never showed the rebuild %s\n%s", phase, logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestDefinitionChangeKilled: kill -9 of run while it builds a changed
+// definition beside the running join, once while loading and once while
+// catching up, each time with the old target streaming meanwhile (a change
+// made during the build reaches it). The next run builds again and
+// switches; the target ends equal to the SQL, with one target, no second
+// slot and no state of another generation left.
+func TestDefinitionChangeKilled(t *testing.T) {
+	tc := testenv.New(t)
+	const customers, orders = 2000, 60000
+	sqlExec(t, tc, shop,
+		fmt.Sprintf(`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, %d) g`, customers),
+		fmt.Sprintf(`INSERT INTO orders SELECT g, CASE WHEN g %% 10 = 0 THEN NULL ELSE g %% %d END, g, 'n' || g FROM generate_series(1, %d) g`, customers+100, orders))
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	runCaughtUp(t, tc, cfg, fkmat.Options{})
+	wider := daemonConfig(t, tc, widerJoinYAML)
+	env := cliEnv(t, tc, widerJoinYAML)
+	ctx := context.Background()
+	stopWriters := churn(t, tc, customers, orders)
+	defer func() {
+		if stopWriters != nil {
+			stopWriters()
+		}
+	}()
+
+	// Killed while loading: a transaction running on the source holds the
+	// second slot's creation (it waits for running transactions).
+	holder, err := tc.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Rollback(ctx) }()
+	if _, err := holder.Exec(ctx, `SELECT txid_current()`); err != nil {
+		t.Fatal(err)
+	}
+	cmd, d, logs := startRun(t, env)
+	b := waitRebuild(t, env, d, logs, "loading")
+	if !strings.Contains(b.Reason, "columns added: note") {
+		t.Errorf("the rebuild's reason %q does not name the added column", b.Reason)
+	}
+	// The old target streams meanwhile.
+	sqlExec(t, tc, `UPDATE customers SET name = 'during-build' WHERE id = 1`)
+	for queryInt(t, tc, `SELECT count(*) FROM orders_enriched WHERE customer_name = 'during-build'`) == 0 {
+		select {
+		case err := <-d.done:
+			t.Fatalf("run stopped: %v\n%s", err, logs.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if cols := targetColumns(t, tc, "orders_enriched"); cols != "id,customer_id,amount,customer_name,tier" {
+		t.Fatalf("the target has columns %s during the build", cols)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-d.done
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Killed while catching up: a lock on the shadow, taken as soon as the
+	// load has filled it, holds the catch-up's writes (no transaction id:
+	// the second slot's creation does not wait for it).
+	cmd, d, logs = startRun(t, env)
+	var shadow string
+	for {
+		err := tc.Pool.QueryRow(ctx, `SELECT relname FROM pg_class WHERE relname LIKE 'orders_enriched_fkmat_new_%'`).Scan(&shadow)
+		if err == nil {
+			break
+		}
+		select {
+		case err := <-d.done:
+			t.Fatalf("run stopped: %v\n%s", err, logs.String())
+		default:
+		}
+		time.Sleep(time.Millisecond)
+	}
+	blocker, err := tc.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = blocker.Rollback(ctx) }()
+	if _, err := blocker.Exec(ctx, `LOCK TABLE `+shadow+` IN SHARE MODE`); err != nil {
+		t.Fatalf("lock the shadow %s: %v", shadow, err)
+	}
+	waitRebuild(t, env, d, logs, "catching up")
+	sqlExec(t, tc, `UPDATE customers SET name = 'during-catch-up' WHERE id = 1`)
+	for queryInt(t, tc, `SELECT count(*) FROM orders_enriched WHERE customer_name = 'during-catch-up'`) == 0 {
+		select {
+		case err := <-d.done:
+			t.Fatalf("run stopped: %v\n%s", err, logs.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if n := queryInt(t, tc, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, tc.Slot+"_rebuild"); n != 1 {
+		t.Fatalf("%d second slots while catching up", n)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-d.done
+	if err := blocker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Killed while switching: a reader holds the target, and the swap
+	// waits for it (5 s at a time).
+	reader, err := tc.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reader.Rollback(ctx) }()
+	if _, err := reader.Exec(ctx, `SELECT count(*) FROM orders_enriched`); err != nil {
+		t.Fatal(err)
+	}
+	cmd, d, logs = startRun(t, env)
+	waitRebuild(t, env, d, logs, "switching")
+	for !strings.Contains(logs.String(), "switching at the marker") {
+		select {
+		case err := <-d.done:
+			t.Fatalf("run stopped: %v\n%s", err, logs.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // into the swap's wait for the reader
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-d.done
+	if err := reader.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cols := targetColumns(t, tc, "orders_enriched"); cols != "id,customer_id,amount,customer_name,tier" {
+		t.Fatalf("the target has columns %s after a kill before the switch committed", cols)
+	}
+
+	// The next run builds again and switches.
+	r := readShapes(t, tc.Pool, "orders_enriched", orders, "id,customer_id,amount,customer_name,tier", "id,customer_id,amount,note,customer_name,tier")
+	cmd, d, logs = startRun(t, env)
+	select {
+	case <-r.switched:
+	case err := <-d.done:
+		t.Fatalf("run stopped: %v\n%s", err, logs.String())
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("not switched within 3 minutes\n%s", logs.String())
+	}
+	stopWriters()
+	stopWriters = nil
+	waitCaughtUp(t, tc, d)
+	r.finish(t)
+	assertOracle(t, wider)
+	assertRebuildClean(t, tc, "orders_enriched")
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-d.done; err != nil {
+		t.Fatalf("run after SIGTERM: %v\n%s", err, logs.String())
+	}
+}

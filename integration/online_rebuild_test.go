@@ -173,11 +173,19 @@ func TestDefinitionChangeOnline(t *testing.T) {
 		what     string
 		yml      string
 		old, new string
+		before   []string // SQL before the change
 	}{
-		{"a column added", widerJoinYAML, oldCols, newCols},
-		{"a column removed", leftJoinYAML, newCols, oldCols},
+		{what: "a column added", yml: widerJoinYAML, old: oldCols, new: newCols},
+		{what: "a column removed", yml: leftJoinYAML, old: newCols, new: oldCols},
+		{what: "an entry added", yml: chainJoinYAML, old: oldCols, new: oldCols + ",region_name", before: []string{
+			`CREATE TABLE regions (id int PRIMARY KEY, name text)`,
+			`INSERT INTO regions SELECT g, 'r' || g FROM generate_series(1, 20) g`,
+			`ALTER TABLE customers ADD COLUMN region_id int`,
+			`UPDATE customers SET region_id = id % 25 WHERE id % 3 <> 0`}},
+		{what: "an entry removed", yml: leftJoinYAML, old: oldCols + ",region_name", new: oldCols},
 	}
 	for _, s := range steps {
+		sqlExec(t, tc, s.before...)
 		next := daemonConfig(t, tc, s.yml)
 		stopWriters := churn(t, tc, customers, orders)
 		r := readShapes(t, tc.Pool, "orders_enriched", orders, s.old, s.new)
@@ -202,6 +210,27 @@ func TestDefinitionChangeOnline(t *testing.T) {
 		}
 	}
 }
+
+// chainJoinYAML is leftJoinYAML with the customer's region as a third
+// table (a join of more than two tables).
+const chainJoinYAML = `
+joins:
+  - name: orders_enriched
+    type: left
+    left:
+      table: public.orders
+      columns: [id, customer_id, amount]
+    right:
+      - table: public.customers
+        foreign_key: [customer_id]
+        columns: [name AS customer_name, tier]
+      - table: public.regions
+        from: customers
+        foreign_key: [region_id]
+        columns: [name AS region_name]
+    target:
+      table: public.orders_enriched
+`
 
 // assertRebuildClean checks what a rebuild must not leave behind: a second
 // slot, a shadow table, a build record, and Redis state of a generation

@@ -98,21 +98,21 @@ joins:
 			if c.name != "default" {
 				return
 			}
-			// The grown definition: run refuses, naming the rebuild; the
-			// rebuild recreates the target with the new column.
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			err := fkmat.Run(ctx, cfg, fkmat.Options{})
-			if !errors.Is(err, sink.ErrShapeMismatch) || !strings.Contains(err.Error(), "fkmat backfill --force") {
-				t.Fatalf("run with the grown definition = %v, want a shape mismatch naming fkmat backfill --force", err)
-			}
-			if err := fkmat.BackfillIfNeeded(ctx, cfg, true, fkmat.Options{}); err != nil {
-				t.Fatalf("backfill --force: %v", err)
-			}
-			if cols := targetColumns(t, tc, "orders_enriched"); !strings.Contains(cols, "extra") {
-				t.Fatalf("rebuilt target columns %s lack the added column", cols)
-			}
+			// The grown definition: run builds it beside the running join
+			// and switches the target to it, without stopping.
 			d = startDaemon(t, cfg, fkmat.Options{})
+			deadline := time.Now().Add(2 * time.Minute)
+			for !strings.Contains(targetColumns(t, tc, "orders_enriched"), "extra") {
+				select {
+				case err := <-d.done:
+					d.cancel = nil
+					t.Fatalf("run with the grown definition stopped: %v", err)
+				case <-time.After(50 * time.Millisecond):
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("run did not switch the target to the grown definition within 2 minutes")
+				}
+			}
 			sqlExec(t, tc, `UPDATE orders SET extra = 11 WHERE id = 2`)
 			waitCaughtUp(t, tc, d)
 			assertOracle(t, cfg)

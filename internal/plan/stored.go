@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 )
 
 // Stored rebuilds the plan of join name from the definition it was built
@@ -19,31 +20,43 @@ func Stored(ctx context.Context, db Querier, name string, def []byte) (p *JoinPl
 		return nil, "", fmt.Errorf("read the stored definition of join %q: %w", name, err)
 	}
 	p = &JoinPlan{Name: name, Type: d.Type, Left: d.Left, Right: d.Right, Target: d.Target, Edges: d.Edges}
-	tables := []*TablePlan{&p.Left}
+	// Each table's columns, and the foreign key of each entry of the list
+	// form in its parent's table (the left one's own in the two-table form).
+	type check struct {
+		t    *TablePlan
+		cols []SourceColumn
+	}
+	own := func(t *TablePlan) []SourceColumn {
+		cols := slices.Clone(t.Key)
+		for _, v := range t.Values {
+			cols = append(cols, v.Source)
+		}
+		return cols
+	}
+	checks := []check{{&p.Left, own(&p.Left)}}
 	if p.Edges == nil {
-		tables = append(tables, &p.Right)
+		checks[0].cols = append(checks[0].cols, p.Left.ForeignKey...)
+		checks = append(checks, check{&p.Right, own(&p.Right)})
 	}
 	for i := range p.Edges {
-		tables = append(tables, &p.Edges[i].Table)
+		checks = append(checks, check{&p.Edges[i].Table, own(&p.Edges[i].Table)})
 	}
-	for _, t := range tables {
-		ct, err := describeTable(ctx, db, t.Table)
+	for i, e := range p.Edges {
+		checks[e.Parent+1].cols = append(checks[e.Parent+1].cols, p.Edges[i].Table.ForeignKey...)
+	}
+	for _, c := range checks {
+		ct, err := describeTable(ctx, db, c.t.Table)
 		if err != nil {
 			return nil, "", err
 		}
 		if !ct.exists {
-			return nil, fmt.Sprintf("table %s", t.Table), nil
+			return nil, fmt.Sprintf("table %s", c.t.Table), nil
 		}
-		t.Replica, t.Partitioned = ct.replica, ct.partitioned
-		var cols []SourceColumn
-		cols = append(append(cols, t.Key...), t.ForeignKey...)
-		for _, v := range t.Values {
-			cols = append(cols, v.Source)
-		}
-		for _, c := range cols {
-			now, ok := ct.byName[c.Name]
-			if !ok || now.TypeOID != c.TypeOID || now.TypeMod != c.TypeMod {
-				return nil, fmt.Sprintf("column %s of %s", c.Name, t.Table), nil
+		c.t.Replica, c.t.Partitioned = ct.replica, ct.partitioned
+		for _, col := range c.cols {
+			now, ok := ct.byName[col.Name]
+			if !ok || now.TypeOID != col.TypeOID || now.TypeMod != col.TypeMod {
+				return nil, fmt.Sprintf("column %s of %s", col.Name, c.t.Table), nil
 			}
 		}
 	}

@@ -73,7 +73,7 @@ func Check(ctx context.Context, cfg *config.Config, opts Options) error {
 		// without creating anything.
 		w := sink.NewWriter(target)
 		for _, p := range plans {
-			shape, err := builtShape(ctx, source, target, cfg.Slot, p)
+			shape, err := builtShape(ctx, target, cfg.Slot, p)
 			if err != nil {
 				add(fmt.Errorf("join %q: %w", p.Name, err))
 				continue
@@ -102,9 +102,9 @@ func Check(ctx context.Context, cfg *config.Config, opts Options) error {
 // builtShape is the shape join p's existing target must have now: p's own,
 // or, when the definition changed since the join was built, the shape it
 // was built with (run widens a widened column before it streams, and
-// builds any other change beside the running join). A changed definition
-// whose old one the source no longer has is the error run would stop with.
-func builtShape(ctx context.Context, source, target *pgxpool.Pool, slot string, p *plan.JoinPlan) (*sink.Table, error) {
+// builds any other change beside the running join). A join built before
+// fkmat kept definitions cannot tell; that is the error run stops with.
+func builtShape(ctx context.Context, target *pgxpool.Pool, slot string, p *plan.JoinPlan) (*sink.Table, error) {
 	st, err := readJoinState(ctx, target, slot, p.Name)
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "42P01" || pgErr.Code == "42703") {
 		return &p.Target, nil // fkmat's schema is older or absent: run migrates it
@@ -122,11 +122,10 @@ func builtShape(ctx context.Context, source, target *pgxpool.Pool, slot string, 
 			t, err := plan.DefinitionTarget(st.definition)
 			return &t, err
 		}
-		if old, stale, err := plan.Stored(ctx, source, p.Name, st.definition); err != nil {
-			return nil, err
-		} else if stale == "" {
-			return &old.Target, nil
-		}
+		// run builds the new definition beside the old target, which
+		// keeps its shape until the switch.
+		t, err := plan.DefinitionTarget(st.definition)
+		return &t, err
 	}
 	return nil, definitionChanged(p.Name)
 }

@@ -140,7 +140,7 @@ func Plan(ctx context.Context, cfg *config.Config, opts Options) (*RunPlan, erro
 		if err != nil {
 			return nil, fmt.Errorf("join %q: %w", p.Name, err)
 		}
-		if jc.Rebuild, err = rebuildNeeds(ctx, target, cfg.Slot, p, jc); err != nil {
+		if jc.Rebuild, err = rebuildNeeds(ctx, source, target, cfg.Slot, p, jc); err != nil {
 			return nil, fmt.Errorf("join %q: %w", p.Name, err)
 		}
 		rp.Joins = append(rp.Joins, jc)
@@ -163,7 +163,7 @@ func Plan(ctx context.Context, cfg *config.Config, opts Options) (*RunPlan, erro
 // rebuildNeeds is JoinCost.Rebuild: what a rebuild beside the running join
 // needs, when the join's definition changed since it was built ("" when it
 // did not, or was never built).
-func rebuildNeeds(ctx context.Context, target *pgxpool.Pool, slot string, p *plan.JoinPlan, jc JoinCost) (string, error) {
+func rebuildNeeds(ctx context.Context, source, target *pgxpool.Pool, slot string, p *plan.JoinPlan, jc JoinCost) (string, error) {
 	st, err := readJoinState(ctx, target, slot, p.Name)
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "42P01" || pgErr.Code == "42703" || pgErr.Code == "3F000") {
 		return "", nil // no metadata yet: nothing was built
@@ -180,11 +180,17 @@ func rebuildNeeds(ctx context.Context, target *pgxpool.Pool, slot string, p *pla
 			return "", fmt.Errorf("size of %s: %w", p.Target.Ident(), err)
 		}
 	}
+	meanwhile := "the target keeps streaming the old definition meanwhile"
+	if _, stale, err := plan.Stored(ctx, source, p.Name, st.definition); err != nil {
+		return "", err
+	} else if stale != "" {
+		meanwhile = "the source no longer has the " + stale + " the old definition reads, so the target keeps its rows, not maintained, meanwhile"
+	}
 	return fmt.Sprintf("the definition changed since the join was built: fkmat run builds the new one beside the running join "+
-		"(about %s: the target keeps streaming the old definition meanwhile) and switches it in when it has caught up; "+
+		"(about %s: %s) and switches it in when it has caught up; "+
 		"until then Redis holds both states (the new one about %s more), the target database a shadow of the target "+
 		"(the old one takes %s), the spools about %s of temporary disk, and the source keeps the WAL from the build's start for a second slot",
-		estimateSeconds(jc.BackfillSeconds), human.Bytes(jc.RedisBytes), human.Bytes(targetBytes), human.Bytes(spoolBytes(jc))), nil
+		estimateSeconds(jc.BackfillSeconds), meanwhile, human.Bytes(jc.RedisBytes), human.Bytes(targetBytes), human.Bytes(spoolBytes(jc))), nil
 }
 
 // spoolBytes is the temporary disk the backfill of one join uses at most.

@@ -216,14 +216,24 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 		}
 		if b != nil {
 			d.builds = append(d.builds, b)
-			d.plans[i] = b.old // until the new one is switched in
+			d.plans[i] = b.old // until the new one is switched in; nil: frozen
 			p = b.old
+		}
+		if p == nil {
+			continue
 		}
 		if err := d.ensureTarget(ctx, p); err != nil {
 			return nil, fmt.Errorf("join %q: %w", p.Name, err)
 		}
 	}
-	published := slices.Clone(d.plans)
+	for _, b := range d.builds {
+		if b.old == nil {
+			if err := d.freeze(ctx, b); err != nil {
+				return nil, err
+			}
+		}
+	}
+	published := slices.DeleteFunc(slices.Clone(d.plans), func(p *plan.JoinPlan) bool { return p == nil })
 	for _, b := range d.builds {
 		published = append(published, b.plan)
 	}
@@ -233,13 +243,19 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 	}); err != nil {
 		return nil, err
 	}
+	var running []*plan.JoinPlan
 	for i, p := range d.plans {
+		if p == nil {
+			continue // frozen until its rebuild switches in
+		}
 		j, err := d.openJoin(ctx, p, gens[i])
 		if err != nil {
 			return nil, err
 		}
 		d.joins = append(d.joins, j)
+		running = append(running, p)
 	}
+	d.plans = running
 	return d, nil
 }
 
@@ -590,6 +606,9 @@ type joinState struct {
 	widenedLSN cdc.LSN
 	// generation is the Redis state's (GenerationPrefix).
 	generation int
+	// frozenLSN, when set, is where the join stopped being maintained
+	// until a rebuild beside it switches in (planRebuild).
+	frozenLSN cdc.LSN
 }
 
 func (d *daemon) loadJoinState(ctx context.Context, name string) (joinState, error) {
@@ -608,10 +627,10 @@ func definitionChanged(name string) error {
 // readJoinState reads join name's row of fkmat.join_state for slot.
 func readJoinState(ctx context.Context, db querier, slot, name string) (joinState, error) {
 	var s joinState
-	var lsn, widened *string
+	var lsn, widened, frozen *string
 	err := db.QueryRow(ctx, `
-		SELECT epoch, fingerprint, phase, consistent_lsn::text, definition::text, widened_lsn::text, generation FROM fkmat.join_state
-		WHERE slot = $1 AND join_name = $2`, slot, name).Scan(&s.epoch, &s.fingerprint, &s.phase, &lsn, &s.definition, &widened, &s.generation)
+		SELECT epoch, fingerprint, phase, consistent_lsn::text, definition::text, widened_lsn::text, generation, frozen_lsn::text FROM fkmat.join_state
+		WHERE slot = $1 AND join_name = $2`, slot, name).Scan(&s.epoch, &s.fingerprint, &s.phase, &lsn, &s.definition, &widened, &s.generation, &frozen)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil
 	}
@@ -622,7 +641,7 @@ func readJoinState(ctx context.Context, db querier, slot, name string) (joinStat
 	for _, f := range []struct {
 		text *string
 		lsn  *cdc.LSN
-	}{{lsn, &s.consistentLSN}, {widened, &s.widenedLSN}} {
+	}{{lsn, &s.consistentLSN}, {widened, &s.widenedLSN}, {frozen, &s.frozenLSN}} {
 		if f.text != nil {
 			if *f.lsn, err = cdc.ParseLSN(*f.text); err != nil {
 				return s, fmt.Errorf("read state of join %q: %w", name, err)

@@ -75,15 +75,12 @@ func BackfillIfNeeded(ctx context.Context, cfg *config.Config, force bool, opts 
 // rebuildOnline is backfill --force while the joins can stream: every join
 // is built anew beside the running one, which keeps its target streaming
 // until the rebuilt one replaces it (daemon_rebuild.go). done says it
-// switched the joins in (or was interrupted); false with an error when the
-// joins cannot stream (then the rebuild is done from a new slot), false
-// and nil when a join needs a backfill anyway.
+// switched the joins in (or was refused, or interrupted); false with an
+// error when the joins cannot stream (then the rebuild is done from a new
+// slot), false and nil when a join needs a backfill anyway.
 func rebuildOnline(ctx context.Context, cfg *config.Config, opts Options) (done bool, err error) {
 	opts.online, opts.rebuildAll = true, true
 	d, err := open(ctx, cfg, opts)
-	if errors.Is(err, errOldDefinitionGone) {
-		return false, err
-	}
 	if err != nil {
 		return true, err
 	}

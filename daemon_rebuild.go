@@ -59,12 +59,10 @@ type rebuild struct {
 	// gen is the generation of the new state: the old one's plus one.
 	gen    int
 	reason string
+	// frozenAt, when old is nil, is where the join stopped being
+	// maintained (freeze).
+	frozenAt cdc.LSN
 }
-
-// errOldDefinitionGone: a join's definition changed, and the source no
-// longer has what the old one reads, so the target cannot be maintained
-// during a rebuild beside it.
-var errOldDefinitionGone = errors.New("the join's old definition is gone from the source")
 
 // errRebuilt stops a run once a rebuild has switched in: Run starts again
 // at once, with the new definitions.
@@ -92,6 +90,16 @@ func (d *daemon) planRebuild(ctx context.Context, p *plan.JoinPlan, st joinState
 	}
 	reason := ""
 	switch {
+	case st.frozenLSN != 0:
+		// A rebuild that left the join unmaintained was interrupted: its
+		// state is behind the slot, so only a rebuild can serve it.
+		if was, err := plan.DefinitionTarget(st.definition); err != nil {
+			return nil, err
+		} else if err := d.checkAttached(ctx, &was, p); err != nil {
+			return nil, err
+		}
+		return &rebuild{plan: p, gen: st.generation + 1, frozenAt: st.frozenLSN,
+			reason: "a rebuild that left the join unmaintained was interrupted; the target is not maintained until it switches in"}, nil
 	case d.opts.rebuildAll && st.fingerprint == p.Fingerprint:
 		reason = "fkmat backfill --force"
 	case st.fingerprint == p.Fingerprint:
@@ -104,38 +112,54 @@ func (d *daemon) planRebuild(ctx context.Context, p *plan.JoinPlan, st joinState
 		return nil, err
 	}
 	if stale != "" {
-		return nil, fmt.Errorf("%w: %w", errOldDefinitionGone, &config.ConfigError{Problems: []string{fmt.Sprintf(
-			"the definition of join %q changed, and the %s it was built with is gone from the source (renamed, dropped or retyped), "+
-				"so the target cannot be maintained while the new definition is built beside it: "+
-				"run fkmat backfill --force to rebuild it (the target keeps its rows, not streaming, until the rebuild replaces them)",
-			p.Name, stale)}})
+		// The old definition cannot be followed: the target keeps its
+		// rows, not maintained, until the rebuild switches in.
+		was, err := plan.DefinitionTarget(st.definition)
+		if err != nil {
+			return nil, err
+		}
+		if was.Ident() != p.Target.Ident() {
+			return nil, targetChanged(p.Name, &was, &p.Target)
+		}
+		if err := d.checkAttached(ctx, &was, p); err != nil {
+			return nil, err
+		}
+		return &rebuild{plan: p, gen: st.generation + 1, reason: fmt.Sprintf(
+			"the join's definition changed, and the %s it was built with is gone from the source (renamed, dropped or retyped): "+
+				"the target keeps its rows, not maintained, until the rebuild switches in", stale)}, nil
 	}
-	old.WidenedBefore = uint64(st.widenedLSN)
 	if old.Fingerprint != st.fingerprint {
 		return nil, fmt.Errorf("the stored definition of join %q does not match its fingerprint %s; run fkmat backfill --force", p.Name, st.fingerprint)
 	}
 	if old.Target.Ident() != p.Target.Ident() {
-		return nil, &config.ConfigError{Problems: []string{fmt.Sprintf(
-			"join %q: its target changed from %s to %s: a join keeps its target; give the join a new name for a new target "+
-				"(and fkmat teardown the old one), or set the target back", p.Name, old.Target.Ident(), p.Target.Ident())}}
+		return nil, targetChanged(p.Name, &old.Target, &p.Target)
 	}
-	if !sameColumns(&old.Target, &p.Target) {
-		// A new shape is swapped in by a rename, which loses what a rename
-		// cannot carry: refused now, not at the switch.
-		attached, err := d.writer.Attached(ctx, &old.Target)
-		if err != nil {
-			return nil, err
-		}
-		if len(attached) > 0 {
-			return nil, fmt.Errorf("%w %s with the join's new shape: %s are attached to it, and the new shape is swapped in by a rename, which would lose them "+
-				"(fkmat carries over grants and comments only): drop them, start fkmat again, and create them again on the new target",
-				sink.ErrCannotSwap, p.Target.Ident(), strings.Join(attached, ", "))
-		}
+	if err := d.checkAttached(ctx, &old.Target, p); err != nil {
+		return nil, err
 	}
 	if reason == "" {
 		reason = "the join's definition changed: " + describeChange(old, p)
 	}
 	return &rebuild{old: old, plan: p, gen: st.generation + 1, reason: reason}, nil
+}
+
+// checkAttached refuses a new shape for target was when what is attached
+// to it would be lost by the rename that swaps the new shape in.
+func (d *daemon) checkAttached(ctx context.Context, was *sink.Table, p *plan.JoinPlan) error {
+	if !sameColumns(was, &p.Target) {
+		// A new shape is swapped in by a rename, which loses what a rename
+		// cannot carry: refused now, not at the switch.
+		attached, err := d.writer.Attached(ctx, was)
+		if err != nil {
+			return err
+		}
+		if len(attached) > 0 {
+			return fmt.Errorf("%w %s with the join's new shape: %s are attached to it, and the new shape is swapped in by a rename, which would lose them "+
+				"(fkmat carries over grants and comments only): drop them, start fkmat again, and create them again on the new target",
+				sink.ErrCannotSwap, p.Target.Ident(), strings.Join(attached, ", "))
+		}
+	}
+	return nil
 }
 
 // describeChange says how definition now differs from was, for the
@@ -180,6 +204,36 @@ func tableList(ts []config.TableName) string {
 		out[i] = t.String()
 	}
 	return strings.Join(out, ", ")
+}
+
+// targetChanged is the error of a join whose target table changed.
+func targetChanged(name string, was, now *sink.Table) error {
+	return &config.ConfigError{Problems: []string{fmt.Sprintf(
+		"join %q: its target changed from %s to %s: a join keeps its target; give the join a new name for a new target "+
+			"(and fkmat teardown the old one), or set the target back", name, was.Ident(), now.Ident())}}
+}
+
+// freeze records that join b is not maintained until its rebuild switches
+// in, before anything streams: the slot then moves on without it.
+func (d *daemon) freeze(ctx context.Context, b *rebuild) error {
+	if b.frozenAt != 0 {
+		return nil // already
+	}
+	at, err := d.writer.Checkpoint(ctx, d.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	var text string
+	if err := d.target.QueryRow(ctx, `UPDATE fkmat.join_state SET frozen_lsn = coalesce(frozen_lsn, $3::pg_lsn), updated_at = now()
+		WHERE slot = $1 AND join_name = $2 RETURNING frozen_lsn::text`, d.cfg.Slot, b.plan.Name, at.String()).Scan(&text); err != nil {
+		return fmt.Errorf("join %q: record it unmaintained: %w", b.plan.Name, err)
+	}
+	if b.frozenAt, err = cdc.ParseLSN(text); err != nil {
+		return err
+	}
+	d.log.Warn("the join's old definition cannot be followed: its target keeps its rows, not maintained, until its rebuild switches in",
+		"join", b.plan.Name, "reason", b.reason)
+	return nil
 }
 
 // sameColumns says whether a and b have the same columns, types and key.
@@ -392,14 +446,9 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 	tm.switchOver = time.Since(switchStart)
 	// The old generations and the second slot are garbage now; a crash
 	// before they are dropped leaves them to the next start.
-	for i, j := range d.joins {
-		if !slices.ContainsFunc(d.builds, func(b *rebuild) bool { return b.old == d.plans[i] }) {
-			continue
-		}
-		for _, s := range j.Stores() {
-			if err := s.Drop(ctx); err != nil {
-				log.Warn("could not drop the old Redis state; the next start drops it", "join", j.Plan().Name, "err", err)
-			}
+	for _, b := range d.builds {
+		if err := dropGeneration(ctx, d.rdb, log, d.cfg.Slot, b.plan.Name, b.gen-1); err != nil {
+			log.Warn("could not drop the old Redis state; the next start drops it", "join", b.plan.Name, "err", err)
 		}
 	}
 	if err := client.DropSlot(ctx); err != nil {
@@ -445,7 +494,7 @@ func (d *daemon) switchOnce(ctx context.Context, bd *daemon, epoch, slotName str
 			return fmt.Errorf("join %q: %w", p.Name, err)
 		}
 		err = tx.Exec(ctx, `UPDATE fkmat.join_state SET epoch = $3, fingerprint = $4, definition = $5, generation = $6, widened_lsn = NULL,
-			phase = 'streaming', updated_at = now() WHERE slot = $1 AND join_name = $2`,
+			frozen_lsn = NULL, phase = 'streaming', updated_at = now() WHERE slot = $1 AND join_name = $2`,
 			d.cfg.Slot, p.Name, epoch, p.Fingerprint, string(plan.Definition(p)), b.gen)
 		if err != nil {
 			return fmt.Errorf("record the rebuilt join %q: %w", p.Name, err)

@@ -66,6 +66,18 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 			stream.Clear(at.before)
 		}
 	}
+	var frozenAt cdc.LSN
+	for _, b := range d.builds {
+		if b.frozenAt != 0 && (frozenAt == 0 || b.frozenAt < frozenAt) {
+			frozenAt = b.frozenAt
+		}
+	}
+	if frozenAt != 0 {
+		// A join left unmaintained until its rebuild switches in: the
+		// slot is not confirmed past where it was left, so that nobody
+		// takes its target for caught up.
+		stream.Limit(frozenAt)
+	}
 	watch.mu.Lock()
 	watch.applied = func() cdc.LSN { return stream.Stats().ConfirmableLSN }
 	watch.mu.Unlock()
@@ -200,6 +212,9 @@ func (d *daemon) flushAck(stream *cdc.Stream) {
 		reportable := st.AckedLSN
 		if st.Held {
 			reportable = min(st.ConfirmableLSN, st.ClearedLSN)
+		}
+		if st.LimitLSN != 0 {
+			reportable = min(reportable, st.LimitLSN)
 		}
 		if st.ReportedLSN >= reportable {
 			return

@@ -55,6 +55,8 @@ type Stream struct {
 	cleared atomic.Uint64
 	// stopAt is the marker (EmitSwitch) at which the stream stops.
 	stopAt atomic.Pointer[string]
+	// limit bounds every position reported (Limit); 0 for none.
+	limit atomic.Uint64
 
 	started atomic.Bool
 	stats   streamStats
@@ -123,6 +125,13 @@ func (s *Stream) Ack(lsn LSN) {
 // Call Hold, and Clear the start position or later, before Run.
 func (s *Stream) Hold() { s.held = true }
 
+// Limit makes the stream report no position beyond lsn, whatever is
+// acknowledged or cleared: a consumer that stopped maintaining part of
+// what the slot feeds (a join left unmaintained until its rebuild switches
+// in) keeps the slot from claiming it caught up. Call it before Run, with
+// the start position or later.
+func (s *Stream) Limit(lsn LSN) { s.limit.Store(uint64(lsn)) }
+
 // Clear allows a held stream to report positions up to lsn; lower values
 // than an earlier Clear are ignored. It never blocks.
 func (s *Stream) Clear(lsn LSN) {
@@ -187,6 +196,8 @@ type StreamStats struct {
 	// server's position).
 	Held                       bool
 	ClearedLSN, ConfirmableLSN LSN
+	// LimitLSN is the Limit, 0 for none: ReportedLSN stays at or below it.
+	LimitLSN LSN
 }
 
 // Stats returns the stream's counters; safe from any goroutine.
@@ -208,6 +219,7 @@ func (s *Stream) Stats() StreamStats {
 		Held:               s.held,
 		ClearedLSN:         LSN(s.cleared.Load()),
 		ConfirmableLSN:     LSN(st.confirmable.Load()),
+		LimitLSN:           LSN(s.limit.Load()),
 	}
 }
 
@@ -510,10 +522,17 @@ func (ss *session) position() LSN {
 	acked := LSN(s.acked.Load())
 	free := reportable(acked, s.start, s.delivered, s.reported, ss.walEnd, s.asm.inTxn, math.MaxUint64)
 	s.stats.confirmable.Store(uint64(free))
-	if !s.held {
+	bound := LSN(math.MaxUint64)
+	if s.held {
+		bound = LSN(s.cleared.Load())
+	}
+	if lim := LSN(s.limit.Load()); lim != 0 {
+		bound = min(bound, lim)
+	}
+	if bound == math.MaxUint64 {
 		return free
 	}
-	return reportable(acked, s.start, s.delivered, s.reported, ss.walEnd, s.asm.inTxn, LSN(s.cleared.Load()))
+	return reportable(acked, s.start, s.delivered, s.reported, ss.walEnd, s.asm.inTxn, bound)
 }
 
 // reportable computes the position to report. acked is the consumer's

@@ -124,47 +124,58 @@ joins:
 // the daemon streams stops it at the first transaction laid out the new way,
 // with an error that names the column and the fix, and that transaction is
 // not acknowledged (confirmed_flush_lsn and the target checkpoint stay before
-// its commit), also across a restart. Applying the fix the message names
-// brings the target back to its SQL join.
+// its commit). Applying the fix the message names (following a renamed
+// column in the configuration, or nothing for a retyped one) and starting
+// run again builds the changed definition beside the running joins, the
+// target keeping its rows meanwhile, and brings the target back to its SQL
+// join.
 func TestJoinColumnChangedMidStream(t *testing.T) {
 	cases := []struct {
 		name  string
 		alter string   // the change while streaming
 		want  []string // in the error
-		fix   func(t *testing.T, tc *testenv.Case, cfg *config.Config)
+		// fix is applied before the restart; nil: the restart alone is
+		// the fix (the definition changed with the catalog).
+		fix func(t *testing.T, tc *testenv.Case)
+		// after is the configuration of the restart and the oracle (nil:
+		// the same).
+		after string
+		// offline says the fix rebuilt the join before the restart.
+		offline bool
 	}{{
+		name:  "renamed",
+		alter: `ALTER TABLE orders RENAME COLUMN amount TO total`,
+		want:  []string{`"amount"`, "public.orders", "renamed", "configuration", "start fkmat run again"},
+		after: strings.ReplaceAll(leftJoinYAML, "columns: [id, customer_id, amount]", "columns: [id, customer_id, total AS amount]"),
+	}, {
 		name:  "dropped",
 		alter: `ALTER TABLE orders DROP COLUMN customer_id`,
-		want:  []string{`"customer_id"`, "public.orders", "dropped", "restore it", "fkmat backfill --force"},
-		fix: func(t *testing.T, tc *testenv.Case, cfg *config.Config) {
+		want:  []string{`"customer_id"`, "public.orders", "dropped", "configuration", "start fkmat run again", "restore it", "fkmat backfill --force"},
+		// Restored: the transactions without it are still in the slot,
+		// and only a rebuild from a new slot gets past them.
+		fix: func(t *testing.T, tc *testenv.Case) {
 			sqlExec(t, tc, `ALTER TABLE orders ADD COLUMN customer_id bigint`, `UPDATE orders SET customer_id = 1 + id % 6`)
-			backfillForce(t, cfg)
+			backfillForce(t, daemonConfig(t, tc, leftJoinYAML))
 		},
+		offline: true,
 	}, {
 		name:  "target column retyped",
 		alter: `ALTER TABLE orders ALTER COLUMN customer_id TYPE integer`,
-		want:  []string{`"customer_id"`, "public.orders", "changed type", "fkmat backfill --force", "keeps its rows"},
-		fix: func(t *testing.T, tc *testenv.Case, cfg *config.Config) {
-			backfillForce(t, cfg) // replaces the target, with the column's new type
-		},
+		want:  []string{`"customer_id"`, "public.orders", "changed type", "start fkmat run again", "keeps its rows"},
 	}, {
 		// Same type, a lower precision: not every value the target
 		// column holds would survive it (a widening is followed instead:
 		// TestWidenedColumns).
 		name:  "numeric precision narrowed",
 		alter: `ALTER TABLE orders ALTER COLUMN amount TYPE numeric(10,2)`,
-		want:  []string{`"amount"`, "public.orders", "type modifier", "only when it widens", "fkmat backfill --force"},
-		fix: func(t *testing.T, tc *testenv.Case, cfg *config.Config) {
+		want:  []string{`"amount"`, "public.orders", "type modifier", "only when it widens", "start fkmat run again"},
+		fix: func(t *testing.T, tc *testenv.Case) {
 			sqlExec(t, tc, `UPDATE orders SET amount = amount + 0.0001 WHERE id % 3 = 0`)
-			backfillForce(t, cfg)
 		},
 	}, {
 		name:  "right key retyped",
 		alter: `ALTER TABLE customers ALTER COLUMN id TYPE integer`,
-		want:  []string{`"id"`, "public.customers", "changed type", "fkmat backfill --force"},
-		fix: func(t *testing.T, tc *testenv.Case, cfg *config.Config) {
-			backfillForce(t, cfg)
-		},
+		want:  []string{`"id"`, "public.customers", "changed type", "start fkmat run again"},
 	}}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -180,7 +191,7 @@ func TestJoinColumnChangedMidStream(t *testing.T) {
 
 			sqlExec(t, tc, c.alter)
 			end := commitTxn(t, tc, `INSERT INTO customers (id, name, tier) VALUES (100, 'new', 'n')`,
-				`INSERT INTO orders (id, amount, note) VALUES (100, 1, 'new')`)
+				`INSERT INTO orders (id, note) VALUES (100, 'new')`)
 			var err error
 			select {
 			case err = <-d.done:
@@ -198,23 +209,43 @@ func TestJoinColumnChangedMidStream(t *testing.T) {
 			}
 			checkNotAcknowledged(t, tc, end)
 
-			// The transaction stays in the slot with the new shape: a
-			// restart without the fix stops again rather than skip it.
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			if err := fkmat.Run(ctx, cfg, fkmat.Options{}); err == nil {
-				t.Fatal("restart without the fix returned nil")
-			} else {
-				t.Logf("restart without the fix: %v", err)
+			if c.fix != nil {
+				c.fix(t, tc)
 			}
-			checkNotAcknowledged(t, tc, end)
-
-			c.fix(t, tc, cfg)
-			d = startDaemon(t, cfg, fkmat.Options{})
+			next := cfg
+			if c.after != "" {
+				next = daemonConfig(t, tc, c.after)
+			}
+			// The restart builds the changed definition beside the running
+			// joins; the target keeps its rows meanwhile, and the slot is
+			// not confirmed past the change until the switch.
+			before := queryInt(t, tc, `SELECT count(*) FROM orders_enriched`)
+			d = startDaemon(t, next, fkmat.Options{})
+			deadline := time.Now().Add(2 * time.Minute)
+			for !c.offline && queryInt(t, tc, `SELECT count(*) FROM fkmat.join_state WHERE slot = $1 AND generation = 1`, tc.Slot) == 0 {
+				if n := queryInt(t, tc, `SELECT count(*) FROM orders_enriched`); n != before {
+					t.Fatalf("the target changed from %d to %d rows before the rebuild switched in", before, n)
+				}
+				if gen := queryInt(t, tc, `SELECT generation FROM fkmat.join_state WHERE slot = $1`, tc.Slot); gen == 0 {
+					if cf := confirmedFlush(t, tc); cf >= end {
+						t.Fatalf("confirmed_flush_lsn %s covers the change at %s while the target is not maintained", cf, end)
+					}
+				}
+				select {
+				case err := <-d.done:
+					d.cancel = nil
+					t.Fatalf("run after the change stopped: %v", err)
+				case <-time.After(20 * time.Millisecond):
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the rebuild did not switch in within 2 minutes")
+				}
+			}
 			waitCaughtUp(t, tc, d)
 			sqlExec(t, tc, `UPDATE customers SET name = 'after fix' WHERE id = 1`, `UPDATE orders SET customer_id = 100 WHERE id = 1`)
 			waitCaughtUp(t, tc, d)
-			assertOracle(t, cfg)
+			assertOracle(t, next)
+			assertRebuildClean(t, tc, "orders_enriched")
 		})
 	}
 }

@@ -243,8 +243,9 @@ func (m *tableMapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Ch
 // keys. A column that is missing or changed type is an error naming the
 // fix: the transactions laid out the new way stay in the slot and cannot
 // be joined, so restoring the column does not help them and only a rebuild
-// gets past them. A rebuild (backfill --force) replaces the target with the
-// join's new shape, and readers keep the old rows until it is done.
+// gets past them. The next start builds the changed definition beside the
+// running joins (the target keeps its rows, not maintained, until it
+// switches in), from a snapshot that holds those transactions.
 //
 // Two type changes are followed instead. A column of rel wider than the
 // plan's (plan.Widens: int to bigint, varchar(10) to text, ...) is
@@ -261,8 +262,10 @@ func positions(rel *cdc.Relation, cols []plan.SourceColumn, key, narrower bool, 
 		j := rel.ColumnIndex(c.Name)
 		if j < 0 {
 			return nil, fmt.Errorf("%w: column %q of %s.%s, used by the join, was dropped or renamed; "+
-				"restore it (same name and type), or remove it from the configuration (or follow its new name), "+
-				"and run fkmat backfill --force (the target keeps its rows until the rebuild replaces them)",
+				"follow its new name in the configuration (or remove it from it) and start fkmat run again: "+
+				"it builds the join's new definition beside the running joins and switches the target to it "+
+				"(the target keeps its rows, not maintained, until then); if you restore it instead (same name and type), "+
+				"run fkmat backfill --force: only a rebuild from a new slot gets past the changes made without it",
 				ErrSchemaChanged, c.Name, rel.Namespace, rel.Name)
 		}
 		pos[i] = j
@@ -282,10 +285,11 @@ func positions(rel *cdc.Relation, cols []plan.SourceColumn, key, narrower bool, 
 			return nil, fmt.Errorf("%w: column %q of %s.%s (%s) is now of type oid %d, typmod %d",
 				ErrWidened, c.Name, rel.Namespace, rel.Name, c.Type, got.TypeOID, got.TypeMod)
 		}
-		fix := "run fkmat backfill --force to rebuild the join with the new type"
+		fix := "start fkmat run again: it rebuilds the join with the new type beside the running joins " +
+			"and switches to it (the target keeps its rows, not maintained, until then)"
 		if inTarget[c.Name] {
-			fix = "run fkmat backfill --force to rebuild the join and its target with the new type " +
-				"(the target keeps its rows until the rebuild replaces them)"
+			fix = "start fkmat run again: it rebuilds the join and its target with the new type beside the running joins " +
+				"and switches the target to it (the target keeps its rows, not maintained, until then)"
 		}
 		if got.TypeOID == want.TypeOID {
 			// The same type with another precision, scale or length

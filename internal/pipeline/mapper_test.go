@@ -210,9 +210,9 @@ func TestMapperSchemaChangeFix(t *testing.T) {
 		rel       *cdc.Relation
 		want, not []string
 	}{
-		{"right key retyped", customersRetyped, []string{`"id"`, "public.customers", "changed type", "fkmat backfill --force"}, []string{"teardown"}},
-		{"target column retyped", ordersRetyped, []string{`"customer_id"`, "changed type", "fkmat backfill --force", "keeps its rows"}, nil},
-		{"dropped", ordersDropped, []string{`"customer_id"`, "dropped", "restore it", "fkmat backfill --force"}, nil},
+		{"right key retyped", customersRetyped, []string{`"id"`, "public.customers", "changed type", "start fkmat run again", "beside"}, []string{"teardown"}},
+		{"target column retyped", ordersRetyped, []string{`"customer_id"`, "changed type", "start fkmat run again", "keeps its rows"}, nil},
+		{"dropped", ordersDropped, []string{`"customer_id"`, "dropped", "configuration", "start fkmat run again"}, nil},
 	} {
 		_, err := newMapper(testPlan()).appendChanges(nil, &cdc.Change{Kind: cdc.ChangeSchema, Schema: &cdc.SchemaChange{Old: tc.rel, New: tc.rel}})
 		if !errors.Is(err, ErrSchemaChanged) {

@@ -250,8 +250,15 @@ type rebuildTimings struct {
 // main, streaming mainStream) and switches them in; mainDone is closed
 // once the main pipeline has stopped. It returns errRebuilt after the
 // switch, or the error that stopped it: the next start builds again.
-func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDone <-chan struct{}) error {
+func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDone <-chan struct{}) (err error) {
 	started := time.Now()
+	defer func() {
+		if err != nil && !errors.Is(err, errRebuilt) {
+			for _, b := range d.builds {
+				d.obs.setRebuild(b.plan.Name, "")
+			}
+		}
+	}()
 	var tm rebuildTimings
 	names := make([]string, len(d.builds))
 	plans := make([]*plan.JoinPlan, len(d.builds))
@@ -444,6 +451,9 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 		return err
 	}
 	tm.switchOver = time.Since(switchStart)
+	for _, b := range d.builds {
+		d.obs.switchedIn(b.plan.Name)
+	}
 	// The old generations and the second slot are garbage now; a crash
 	// before they are dropped leaves them to the next start.
 	for _, b := range d.builds {
@@ -575,6 +585,7 @@ func (d *daemon) recordRebuild(ctx context.Context, phase string) error {
 		if err != nil {
 			return fmt.Errorf("record the rebuild of join %q: %w", b.plan.Name, err)
 		}
+		d.obs.setRebuild(b.plan.Name, phase)
 	}
 	return nil
 }

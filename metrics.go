@@ -55,6 +55,10 @@ type observer struct {
 	// builds are, while a backfill runs, its rows done and estimated
 	// total per join.
 	builds map[string][2]int64
+	// rebuilds are the phases of the rebuilds beside the running joins,
+	// per join; rebuilt counts the ones switched in.
+	rebuilds map[string]string
+	rebuilt  map[string]int
 	// moves counts, per partitioned table, the partition changes followed.
 	moves map[string]moveCounts
 }
@@ -181,6 +185,32 @@ func (o *observer) setBuild(join string, done, total int64) {
 	})
 }
 
+// setRebuild records the phase of a rebuild of join beside the running
+// one; an empty phase ends it.
+func (o *observer) setRebuild(join, phase string) {
+	o.locked(func() {
+		if o.rebuilds == nil {
+			o.rebuilds = map[string]string{}
+		}
+		if phase == "" {
+			delete(o.rebuilds, join)
+			return
+		}
+		o.rebuilds[join] = phase
+	})
+}
+
+// switchedIn counts a rebuild of join switched in.
+func (o *observer) switchedIn(join string) {
+	o.locked(func() {
+		if o.rebuilt == nil {
+			o.rebuilt = map[string]int{}
+		}
+		o.rebuilt[join]++
+		delete(o.rebuilds, join)
+	})
+}
+
 // attach makes p the observed pipeline, folding the previous one's counters
 // into the base.
 func (o *observer) attach(p *pipeline.Pipeline) {
@@ -291,6 +321,8 @@ var (
 	mMoves      = desc("fkmat_partition_moves_total", "Partition changes that moved rows (ATTACH of a filled table, DETACH or DROP of a partition with rows, TRUNCATE of one partition) followed online, by table.", "table")
 	mMovedRows  = desc("fkmat_partition_moved_rows_total", "Rows those changes took out of (direction=\"left\") or brought into (\"entered\") a joined table, by table.", "table", "direction")
 	mMoveTime   = desc("fkmat_partition_move_seconds_total", "Time spent following those changes, from the first look at the state to the commit of the rows written into the WAL, by table.", "table")
+	mRebuild    = desc("fkmat_rebuild_phase", "1 while a join is rebuilt beside the running one (a changed definition, backfill --force), for its phase: loading, catching up or switching; by join.", "join", "phase")
+	mRebuilt    = desc("fkmat_rebuilds_total", "Rebuilds beside the running join switched in, by join.", "join")
 	mBuildTotal = desc("fkmat_backfill_rows_total", "While a backfill runs: the rows of the join's tables and target to load (an estimate that grows when low), by join.", "join")
 )
 
@@ -309,6 +341,7 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	joins := o.joinNamesLocked(c)
 	p, phase, stall, slot, restarts, verify := o.p, o.phase, o.stall, o.slot, o.restarts, o.verify
 	builds, moves := maps.Clone(o.builds), maps.Clone(o.moves)
+	rebuilds, rebuilt := maps.Clone(o.rebuilds), maps.Clone(o.rebuilt)
 	resizes := make(map[string]resizeCounts, len(o.resizes))
 	for name, r := range o.resizes {
 		resizes[name] = r
@@ -349,6 +382,18 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	for name, b := range builds {
 		gaugeOf(mBuildDone, float64(b[0]), name)
 		gaugeOf(mBuildTotal, float64(b[1]), name)
+	}
+	for name, phase := range rebuilds {
+		for _, ph := range []string{"loading", "catching up", "switching"} {
+			v := 0.0
+			if ph == phase {
+				v = 1
+			}
+			gaugeOf(mRebuild, v, name, ph)
+		}
+	}
+	for name, n := range rebuilt {
+		counter(mRebuilt, float64(n), name)
 	}
 	counter(mReconnects, float64(c.reconnects))
 	counter(mRestarts, float64(restarts))

@@ -25,6 +25,8 @@ func TestMetricsLabels(t *testing.T) {
 	v.join("items_x").checked.Add(1000)
 	v.rounds.Add(1)
 	o.setBuild("orders_x", 1200, 5000)
+	o.setRebuild("items_x", "catching up")
+	o.switchedIn("orders_x")
 	o.moved("public.orders", moveResult{deleted: 100, upserted: 7}, 2*time.Second)
 	o.moved("public.orders", moveResult{upserted: 3}, time.Second)
 
@@ -59,10 +61,15 @@ func TestMetricsLabels(t *testing.T) {
 		`fkmat_backfill_rows_done{join="orders_x"} 1200`, `fkmat_backfill_rows_total{join="orders_x"} 5000`,
 		`fkmat_partition_moves_total{table="public.orders"} 2`, `fkmat_partition_moved_rows_total{direction="left",table="public.orders"} 100`,
 		`fkmat_partition_moved_rows_total{direction="entered",table="public.orders"} 10`, `fkmat_partition_move_seconds_total{table="public.orders"} 3`,
+		`fkmat_rebuild_phase{join="items_x",phase="catching up"} 1`, `fkmat_rebuild_phase{join="items_x",phase="loading"} 0`,
+		`fkmat_rebuilds_total{join="orders_x"} 1`,
 	} {
 		if !strings.Contains(body, "\n"+line+"\n") {
 			t.Errorf("/metrics lacks %q", line)
 		}
+	}
+	if strings.Contains(body, `fkmat_rebuild_phase{join="orders_x"`) {
+		t.Error("a join whose rebuild switched in still has fkmat_rebuild_phase")
 	}
 	// A join that is not backfilling has no backfill series.
 	if strings.Contains(body, `fkmat_backfill_rows_done{join="items_x"}`) {

@@ -498,9 +498,10 @@ func TestDashboardMetrics(t *testing.T) {
 	}
 	// Exported only when the server limits the slot (TestSlotSafety checks
 	// it there); the shared test server does not. The backfill's progress
-	// only while run backfills (TestMetricsLabels).
+	// only while run backfills (TestMetricsLabels), a rebuild's phase only
+	// while one runs.
 	conditional := map[string]bool{"fkmat_slot_safe_wal_size_bytes": true,
-		"fkmat_backfill_rows_done": true, "fkmat_backfill_rows_total": true}
+		"fkmat_backfill_rows_done": true, "fkmat_backfill_rows_total": true, "fkmat_rebuild_phase": true}
 	for _, name := range names {
 		if !conditional[name] && !strings.Contains(after, "\n# TYPE "+name+" ") {
 			t.Errorf("%s is referenced by deploy/ but not exported", name)

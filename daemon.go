@@ -170,6 +170,8 @@ type daemon struct {
 	// changed definition, backfill --force): d.plans holds their old
 	// definitions meanwhile (daemon_rebuild.go).
 	builds []*rebuild
+	// phases are the joins' phases in fkmat.join_state, as open read them.
+	phases map[string]string
 }
 
 // open connects to the source, the target and Redis, resolves the joins
@@ -201,6 +203,7 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 	}
 	d.writer = sink.NewWriter(d.target)
 	gens := make([]int, len(d.plans))
+	d.phases = map[string]string{}
 	for i, p := range d.plans {
 		if err := d.widen(ctx, p); err != nil {
 			return nil, fmt.Errorf("join %q: %w", p.Name, err)
@@ -210,6 +213,9 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 			return nil, err
 		}
 		gens[i] = st.generation
+		if st.exists {
+			d.phases[p.Name] = st.phase
+		}
 		b, err := d.planRebuild(ctx, p, st)
 		if err != nil {
 			return nil, fmt.Errorf("join %q: %w", p.Name, err)
@@ -251,6 +257,9 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 		j, err := d.openJoin(ctx, p, gens[i])
 		if err != nil {
 			return nil, err
+		}
+		if j, err = d.serveLayout(ctx, j, gens[i]); err != nil {
+			return nil, fmt.Errorf("join %q: %w", p.Name, err)
 		}
 		d.joins = append(d.joins, j)
 		running = append(running, p)

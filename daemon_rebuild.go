@@ -206,6 +206,52 @@ func tableList(ts []config.TableName) string {
 	return strings.Join(out, ", ")
 }
 
+// serveLayout serves join j's Redis state of generation gen when this
+// fkmat, with its options, would lay it out otherwise (an upgrade that
+// changed the layout, other sub_shards or row_shards) but can still read
+// it: the state is reopened as it is laid out, and the join is rebuilt
+// beside in the layout of now, and switched to it once caught up. A state
+// it cannot read is left to assess (lost: rebuilt from a new slot).
+func (d *daemon) serveLayout(ctx context.Context, j pipeline.Join, gen int) (pipeline.Join, error) {
+	p := j.Plan()
+	if !d.opts.online || d.phases[p.Name] != "streaming" {
+		return j, nil
+	}
+	stores := slices.Clone(j.Stores())
+	var layouts []string
+	for i, s := range stores {
+		meta, err := s.Meta(ctx)
+		if err != nil || s.CheckLayout(meta) == nil {
+			continue // lost, or as it would be laid out now
+		}
+		cfg, err := s.Serving(meta)
+		if err != nil {
+			return j, nil // assess finds it lost
+		}
+		if stores[i], err = redisstore.Open(ctx, d.rdb, cfg); err != nil {
+			return nil, err
+		}
+		layouts = append(layouts, meta.Layout)
+	}
+	if len(layouts) == 0 {
+		return j, nil
+	}
+	served, err := d.joinOn(p, stores)
+	if err != nil {
+		return nil, err
+	}
+	if slices.ContainsFunc(d.builds, func(b *rebuild) bool { return b.plan.Name == p.Name }) {
+		return served, nil // rebuilt beside already
+	}
+	b := &rebuild{old: p, plan: p, gen: gen + 1, reason: fmt.Sprintf(
+		"the Redis state's layout changes (from %s; an upgraded fkmat or other sub_shards/row_shards): the old state serves until the new one has caught up",
+		strings.Join(layouts, ", "))}
+	d.builds = append(d.builds, b)
+	d.log.Info("the join's Redis state has another layout than this fkmat makes: it serves while the join is rebuilt beside it",
+		"join", p.Name, "layout", strings.Join(layouts, ", "))
+	return served, nil
+}
+
 // targetChanged is the error of a join whose target table changed.
 func targetChanged(name string, was, now *sink.Table) error {
 	return &config.ConfigError{Problems: []string{fmt.Sprintf(

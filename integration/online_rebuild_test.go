@@ -17,6 +17,7 @@ import (
 
 	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/redisstore"
 )
 
 // shapeReader polls a target while its join is rebuilt beside it and
@@ -461,4 +462,59 @@ func TestDefinitionChangeKilled(t *testing.T) {
 	if err := <-d.done; err != nil {
 		t.Fatalf("run after SIGTERM: %v\n%s", err, logs.String())
 	}
+}
+
+// TestLayoutChangeRebuiltBeside: a Redis state laid out otherwise than
+// this fkmat makes it (here other sub_shards; an upgrade that changes the
+// layout takes the same path) serves while the join is rebuilt beside it
+// in the new layout, instead of being taken for lost: the target keeps
+// streaming, a reader never sees it partial, and the join switches to the
+// new state once it has caught up.
+func TestLayoutChangeRebuiltBeside(t *testing.T) {
+	tc := testenv.New(t)
+	const customers, orders = 2000, 40000
+	sqlExec(t, tc, shop,
+		fmt.Sprintf(`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, %d) g`, customers),
+		fmt.Sprintf(`INSERT INTO orders SELECT g, CASE WHEN g %% 10 = 0 THEN NULL ELSE g %% %d END, g, 'n' || g FROM generate_series(1, %d) g`, customers+100, orders))
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	runCaughtUp(t, tc, cfg, fkmat.Options{SubShards: 8})
+	layout := func() string {
+		t.Helper()
+		gen := queryInt(t, tc, `SELECT generation FROM fkmat.join_state WHERE slot = $1`, tc.Slot)
+		s, err := redisstore.Open(context.Background(), tc.Redis, redisstore.Config{Prefix: fkmat.GenerationPrefix(tc.Slot, "orders_enriched", int(gen))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		meta, err := s.Meta(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return meta.Layout
+	}
+	if l := layout(); !strings.Contains(l, "sub_shards=8/") {
+		t.Fatalf("layout %s, want sub_shards=8", l)
+	}
+	stopWriters := churn(t, tc, customers, orders)
+	r := readTarget(t, tc.Pool, "orders_enriched")
+	d := startDaemon(t, cfg, fkmat.Options{SubShards: 32, Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	deadline := time.Now().Add(2 * time.Minute)
+	for queryInt(t, tc, `SELECT generation FROM fkmat.join_state WHERE slot = $1`, tc.Slot) == 0 {
+		select {
+		case err := <-d.done:
+			d.cancel = nil
+			t.Fatalf("run stopped: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the join was not switched to the new layout within 2 minutes")
+		}
+	}
+	stopWriters()
+	waitCaughtUp(t, tc, d)
+	r.finish(t, "a layout change", orders)
+	if l := layout(); !strings.Contains(l, "sub_shards=32/") {
+		t.Fatalf("layout after the switch %s, want sub_shards=32", l)
+	}
+	assertOracle(t, cfg)
+	assertRebuildClean(t, tc, "orders_enriched")
 }

@@ -185,6 +185,29 @@ func (s *Store) CheckLayout(m Meta) error {
 	return nil
 }
 
+// Serving returns the configuration under which a store serves the existing
+// state of meta m although CheckLayout refuses it: a state of this layout
+// version with other counts than the Config sets (an older fkmat's sizing,
+// other sub_shards or row_shards options). It fails when the state cannot
+// be served at all (another layout version, another Redis topology). A
+// daemon serves such a state while it builds one of its own layout beside
+// it, and switches to that one once it has caught up.
+func (s *Store) Serving(m Meta) (Config, error) {
+	sh, err := parseLayout(m.Layout)
+	if err != nil {
+		return s.cfg, fmt.Errorf("%w: %w", ErrLayout, err)
+	}
+	if sh.Shards != s.shardCount() {
+		return s.cfg, s.CheckLayout(m)
+	}
+	c := s.cfg
+	c.SubShards, c.RowShards = sh.SubShards, 0
+	if sh.LeftBuckets == sh.RightBuckets {
+		c.RowShards = sh.LeftBuckets
+	}
+	return c, nil
+}
+
 // shardCount returns the number of shards of the store on a cluster, 0 on
 // one server.
 func (s *Store) shardCount() int {

@@ -1,0 +1,128 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/internal/testenv"
+)
+
+// TestMeasureDefinitionChange measures, for a join of FKMAT_MEASURE_REBUILD
+// orders with 100k customers, a definition change (a column added) built
+// beside the running join: the time from the restart to the switch, its
+// phases, and how stale the target got meanwhile (a probe row changed every
+// 100 ms; the age of the newest change the target shows), writers changing
+// the tables all along; then the same for fkmat backfill --force. It only
+// runs when the variable is set; it ends with the SQL comparison.
+func TestMeasureDefinitionChange(t *testing.T) {
+	rows, _ := strconv.Atoi(os.Getenv("FKMAT_MEASURE_REBUILD"))
+	if rows == 0 {
+		t.Skip("set FKMAT_MEASURE_REBUILD to a row count to measure")
+	}
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop,
+		`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 100000) g`,
+		fmt.Sprintf(`INSERT INTO orders SELECT g, 1 + g %% 100000, g %% 1000, 'n' || g FROM generate_series(1, %d) g`, rows),
+		`ANALYZE orders`, `ANALYZE customers`)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	start := time.Now()
+	runCaughtUp(t, tc, cfg, fkmat.Options{})
+	t.Logf("first backfill and catch-up of %d orders: %s", rows, time.Since(start).Round(100*time.Millisecond))
+
+	measure := func(what string, run func(logs *syncBuffer) *daemon, switched func() bool) {
+		t.Helper()
+		stopWriters := churn(t, tc, 100000, rows)
+		// The probe: customer 1's name, changed every 100 ms; the target's
+		// staleness is the age of the newest value it shows.
+		var worst atomic.Int64
+		probeCtx, stopProbe := context.WithCancel(context.Background())
+		probed := make(chan struct{})
+		go func() {
+			defer close(probed)
+			written := map[string]time.Time{}
+			for k := 0; probeCtx.Err() == nil; k++ {
+				name := fmt.Sprintf("probe-%d", k)
+				if _, err := tc.Pool.Exec(probeCtx, `UPDATE customers SET name = $1 WHERE id = 1`, name); err != nil {
+					return
+				}
+				written[name] = time.Now()
+				var seen string
+				if err := tc.Pool.QueryRow(probeCtx, `SELECT coalesce(max(customer_name), '') FROM orders_enriched WHERE customer_id = 1`).Scan(&seen); err != nil {
+					continue // during a swap, for a moment
+				}
+				var age time.Duration
+				if at, ok := written[seen]; ok {
+					next, _ := strconv.Atoi(strings.TrimPrefix(seen, "probe-"))
+					if at2, ok := written[fmt.Sprintf("probe-%d", next+1)]; ok {
+						age = time.Since(at2) // the first value it does not show yet
+					}
+					_ = at
+				} else if k > 0 {
+					age = time.Since(written["probe-0"])
+				}
+				for {
+					w := worst.Load()
+					if int64(age) <= w || worst.CompareAndSwap(w, int64(age)) {
+						break
+					}
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}()
+		logs := &syncBuffer{}
+		began := time.Now()
+		d := run(logs)
+		for !switched() || !strings.Contains(logs.String(), "rebuild switched in") {
+			select {
+			case err := <-d.done:
+				if err != nil {
+					t.Fatalf("%s: stopped: %v", what, err)
+				}
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		took := time.Since(began)
+		stopProbe()
+		<-probed
+		stopWriters()
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, "rebuild switched in") || strings.Contains(line, "backfill done") || strings.Contains(line, "level=ERROR") {
+				t.Log(line)
+			}
+		}
+		t.Logf("%s of %d orders: %s from the start to the switch; the target was at most %s stale meanwhile",
+			what, rows, took.Round(100*time.Millisecond), time.Duration(worst.Load()).Round(10*time.Millisecond))
+		if d.cancel != nil {
+			waitCaughtUp(t, tc, d)
+			if err := d.stop(t); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	wider := daemonConfig(t, tc, widerJoinYAML)
+	measure("a column added, run restarted", func(logs *syncBuffer) *daemon {
+		return startDaemon(t, wider, fkmat.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	}, func() bool {
+		return queryInt(t, tc, `SELECT generation FROM fkmat.join_state WHERE slot = $1`, tc.Slot) == 1
+	})
+	assertOracle(t, wider)
+	measure("fkmat backfill --force", func(logs *syncBuffer) *daemon {
+		d := &daemon{done: make(chan error, 1)}
+		go func() {
+			d.done <- fkmat.BackfillIfNeeded(context.Background(), wider, true, fkmat.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		}()
+		return d
+	}, func() bool {
+		return queryInt(t, tc, `SELECT generation FROM fkmat.join_state WHERE slot = $1`, tc.Slot) == 2
+	})
+	runCaughtUp(t, tc, wider, fkmat.Options{})
+	assertOracle(t, wider)
+}

@@ -3,6 +3,7 @@ package plan_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -187,5 +188,63 @@ func TestTargetOfListForm(t *testing.T) {
 	}
 	if fp := plan.Fingerprint(p); fp == plan.Fingerprint(&plan.JoinPlan{Name: p.Name, Type: p.Type, Left: p.Left, Target: tt}) {
 		t.Error("the fingerprint ignores the entries")
+	}
+}
+
+// TestStored: a plan rebuilt from its stored definition is the plan (same
+// fingerprint, replica identities and partitioning read again), for both
+// forms; a definition whose column the source renamed or retyped since is
+// stale, and says which column.
+func TestStored(t *testing.T) {
+	tc := testenv.New(t)
+	ctx := context.Background()
+	if _, err := tc.Pool.Exec(ctx, shopSchema+`ALTER TABLE customers ADD COLUMN region numeric;`); err != nil {
+		t.Fatal(err)
+	}
+	plans, err := resolveYAML(t, tc, `
+joins:
+  - name: oe
+    type: left
+    left: {table: orders, foreign_key: [customer_id]}
+    right: {table: customers, columns: [name, tier]}
+    target: {table: orders_enriched}
+  - name: chain
+    type: inner
+    left: {table: orders, columns: [id, amount]}
+    right:
+      - {table: customers, foreign_key: [customer_id], columns: [name]}
+      - {table: regions, from: customers, foreign_key: [region], columns: [label]}
+    target: {table: orders_chain}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range plans {
+		got, stale, err := plan.Stored(ctx, tc.Pool, p.Name, plan.Definition(p))
+		if err != nil || stale != "" {
+			t.Fatalf("%s: stored = %v, %q", p.Name, err, stale)
+		}
+		if got.Fingerprint != p.Fingerprint || got.Left.Replica != p.Left.Replica || len(got.Edges) != len(p.Edges) || fmt.Sprint(got.Spec) != fmt.Sprint(p.Spec) {
+			t.Errorf("%s: stored plan %+v differs from %+v", p.Name, got, p)
+		}
+	}
+	for _, c := range []struct{ ddl, want string }{
+		{`ALTER TABLE customers RENAME COLUMN region TO region_code`, "column region of public.customers"}, // the chain's foreign key
+		{`ALTER TABLE customers ALTER COLUMN tier TYPE text`, "column tier of public.customers"},
+	} {
+		if _, err := tc.Pool.Exec(ctx, c.ddl); err != nil {
+			t.Fatal(err)
+		}
+		var stales []string
+		for _, p := range plans {
+			_, stale, err := plan.Stored(ctx, tc.Pool, p.Name, plan.Definition(p))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stales = append(stales, stale)
+		}
+		if !slices.Contains(stales, c.want) {
+			t.Errorf("after %s: stale = %q, want one %q", c.ddl, stales, c.want)
+		}
 	}
 }

@@ -60,7 +60,9 @@ func Stored(ctx context.Context, db Querier, name string, def []byte) (p *JoinPl
 			}
 		}
 	}
-	p.Spec = SpecOf(p)
+	if p.Edges == nil {
+		p.Spec = SpecOf(p) // the two-table form's engine; a tree has its own layout
+	}
 	p.Fingerprint = Fingerprint(p)
 	return p, "", nil
 }

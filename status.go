@@ -165,7 +165,7 @@ func Status(ctx context.Context, cfg *config.Config, opts Options) ([]JoinStatus
 			s.Phase = st.phase
 		}
 		if b := meta.builds[p.Name]; b != nil && s.Phase == "streaming" {
-			b.Beside = true
+			b.Beside, b.Unmaintained = true, st.frozenLSN != 0
 			if !b.Running {
 				b.ETASeconds = -1
 			}
@@ -213,6 +213,9 @@ type BuildStatus struct {
 	// target streams the old definition until the switch. Phase is then
 	// loading, catching up (rows done are the loaded ones) or switching.
 	Beside bool `json:"beside"`
+	// Unmaintained says the target is not maintained until the switch: the
+	// source no longer has what the old definition reads.
+	Unmaintained bool `json:"unmaintained,omitempty"`
 }
 
 // buildStaleAfter is how long a build may not record progress before
@@ -495,16 +498,24 @@ func readStatusMeta(ctx context.Context, target *pgxpool.Pool, slot string) (sta
 		return m, err
 	}
 	m.checkpoint = lsn
-	rows, err := target.Query(ctx, `SELECT join_name, epoch, phase, coalesce((to_jsonb(s) ->> 'generation')::int, 0) FROM fkmat.join_state s WHERE slot = $1`, slot)
+	rows, err := target.Query(ctx, `SELECT join_name, epoch, phase, coalesce((to_jsonb(s) ->> 'generation')::int, 0), coalesce(to_jsonb(s) ->> 'frozen_lsn', '')
+		FROM fkmat.join_state s WHERE slot = $1`, slot)
 	if err != nil {
 		return m, fmt.Errorf("read fkmat.join_state: %w", err)
 	}
 	for rows.Next() {
 		var name string
 		st := joinState{exists: true}
-		if err := rows.Scan(&name, &st.epoch, &st.phase, &st.generation); err != nil {
+		var frozen string
+		if err := rows.Scan(&name, &st.epoch, &st.phase, &st.generation, &frozen); err != nil {
 			rows.Close()
 			return m, fmt.Errorf("read fkmat.join_state: %w", err)
+		}
+		if frozen != "" {
+			if st.frozenLSN, err = cdc.ParseLSN(frozen); err != nil {
+				rows.Close()
+				return m, fmt.Errorf("read fkmat.join_state: %w", err)
+			}
 		}
 		m.joins[name] = st
 	}

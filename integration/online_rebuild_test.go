@@ -344,6 +344,10 @@ func TestDefinitionChangeKilled(t *testing.T) {
 	if !strings.Contains(b.Reason, "columns added: note") {
 		t.Errorf("the rebuild's reason %q does not name the added column", b.Reason)
 	}
+	if r := runCLI(t, env, "status"); !strings.Contains(r.stdout, "rebuild") || !strings.Contains(r.stdout, "streams the old definition") ||
+		!strings.Contains(r.stdout, "columns added: note") {
+		t.Errorf("status during the rebuild:\n%s%s", r.stdout, r.stderr)
+	}
 	// The old target streams meanwhile.
 	sqlExec(t, tc, `UPDATE customers SET name = 'during-build' WHERE id = 1`)
 	for queryInt(t, tc, `SELECT count(*) FROM orders_enriched WHERE customer_name = 'during-build'`) == 0 {

@@ -264,8 +264,14 @@ func rebuildText(bs fkmat.BuildStatus, now time.Time) string {
 	case "catching up":
 		what = "catching up with the stream (" + human.Count(bs.RowsDone) + " rows loaded)"
 	}
-	return fmt.Sprintf("%s; the target streams the old definition until the switch; started %s ago on %s (pid %d) because: %s",
-		what, human.Duration(max(now.Sub(bs.StartedAt), 0)), bs.Host, bs.PID, bs.Reason)
+	meanwhile := "the target streams the old definition until the switch"
+	if bs.Unmaintained {
+		meanwhile = "the target keeps its rows, not maintained, until the switch"
+	}
+	return fmt.Sprintf("%s; %s, Redis holds the old and the new state, "+
+		"the target database a shadow of the target, and the source the WAL of a second slot (fkmat check --plan estimates them); "+
+		"started %s ago on %s (pid %d) because: %s",
+		what, meanwhile, human.Duration(max(now.Sub(bs.StartedAt), 0)), bs.Host, bs.PID, bs.Reason)
 }
 
 // buildText says how far a backfill is, or where it was interrupted.

@@ -214,7 +214,13 @@ func (d *daemon) insertTarget(ctx context.Context, snapshot string, p *plan.Join
 	if _, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+shadow.Ident()); err != nil {
 		return fmt.Errorf("drop the leftover %s: %w", shadow.Ident(), err)
 	}
-	if _, err := tx.Exec(ctx, sink.CreateSQL(shadow)); err != nil {
+	// Unlogged while it is filled: the rows the INSERT writes would
+	// otherwise be WAL records of the source database that every logical
+	// slot on it decodes, the whole transaction at its commit, before any
+	// later transaction (a rebuild beside a running join stalled its target
+	// for the load's duration and more so). SET LOGGED then writes the table
+	// into the WAL as page images, which decoding skips.
+	if _, err := tx.Exec(ctx, "CREATE UNLOGGED TABLE"+strings.TrimPrefix(sink.CreateSQL(shadow), "CREATE TABLE")); err != nil {
 		return fmt.Errorf("create %s: %w", shadow.Ident(), err)
 	}
 	tag, err := tx.Exec(ctx, "INSERT INTO "+shadow.Ident()+" "+OracleSQL(p))
@@ -223,6 +229,9 @@ func (d *daemon) insertTarget(ctx context.Context, snapshot string, p *plan.Join
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("fill %s with join %q: %w", shadow.Ident(), p.Name, err)
+	}
+	if _, err := conn.Exec(ctx, "ALTER TABLE "+shadow.Ident()+" SET LOGGED"); err != nil {
+		return fmt.Errorf("log %s: %w", shadow.Ident(), err)
 	}
 	t.advance(int(tag.RowsAffected()))
 	t.finish()

@@ -500,13 +500,9 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 	for _, b := range d.builds {
 		d.obs.switchedIn(b.plan.Name)
 	}
-	// The old generations and the second slot are garbage now; a crash
-	// before they are dropped leaves them to the next start.
-	for _, b := range d.builds {
-		if err := dropGeneration(ctx, d.rdb, log, d.cfg.Slot, b.plan.Name, b.gen-1); err != nil {
-			log.Warn("could not drop the old Redis state; the next start drops it", "join", b.plan.Name, "err", err)
-		}
-	}
+	// The second slot is garbage now. The old generations are dropped by
+	// the next run, beside its stream (dropLeftovers): deleting a large
+	// state's keys takes a while, and nothing streams until this returns.
 	if err := client.DropSlot(ctx); err != nil {
 		log.Warn("could not drop the rebuild's slot; the next start drops it", "slot", slotName, "err", err)
 	}

@@ -172,6 +172,10 @@ const (
 	faultPGRestart
 	faultPGPause
 	faultCheck // mid-run convergence check
+	// The definition of a join changed (a column removed or added back):
+	// rebuilt beside the running joins, the daemon killed during the build
+	// half the times.
+	faultRedefine
 	// On a Redis Cluster only:
 	faultFailover // a primary killed under load; its replica takes over
 	faultReshard  // slots moved between primaries under load
@@ -179,7 +183,7 @@ const (
 )
 
 var faultNames = [numFaultKinds]string{"kill-9", "redis-restart", "redis-pause", "lost-state-rebuild",
-	"lost-state-refuse", "pg-restart", "pg-pause", "oracle-check", "redis-failover", "redis-reshard"}
+	"lost-state-refuse", "pg-restart", "pg-pause", "oracle-check", "redefine", "redis-failover", "redis-reshard"}
 
 // faultPlan places each fault at a random step of the workload. On a Redis
 // Cluster, primary failovers and slot migrations take the place of the
@@ -194,6 +198,7 @@ func faultPlan(r *rand.Rand, ops int, cluster bool) map[int][]faultKind {
 		faultPGRestart:    max(2, ops/10000),
 		faultPGPause:      max(2, ops/10000),
 		faultCheck:        max(2, ops/10000),
+		faultRedefine:     max(1, ops/20000),
 	}
 	if cluster {
 		n[faultRedisRestart], n[faultRedisPause] = 0, 0
@@ -216,6 +221,7 @@ type faultRun struct {
 	// cluster holds the state when set, instead of tc's Redis server.
 	cluster *testenv.Cluster
 	cfg     *config.Config
+	yml     string // the joins of cfg
 	env     []string
 	r       *rand.Rand
 	w       *workload
@@ -518,12 +524,47 @@ func (f *faultRun) inject(k faultKind) {
 		away(env.PausePostgres, env.UnpausePostgres, pauseFor, false)
 	case faultCheck:
 		f.check()
+	case faultRedefine:
+		f.redefine()
 	case faultFailover:
 		f.failover(ctx)
 	case faultReshard:
 		f.reshard(ctx)
 	}
 	f.counts[k]++
+}
+
+// redefine toggles the tier column of orders_enriched's right table in the
+// configuration and restarts the daemon with it: it builds the new
+// definition beside the running joins. Half the times the daemon is killed
+// during the build, and started again.
+func (f *faultRun) redefine() {
+	f.t.Helper()
+	const with, without = "columns: [name AS customer_name, tier, bio]", "columns: [name AS customer_name, bio]"
+	yml := f.yml
+	if strings.Contains(yml, with) {
+		yml = strings.Replace(yml, with, without, 1)
+	} else {
+		yml = strings.Replace(yml, without, with, 1)
+	}
+	var path string
+	for _, e := range f.env {
+		if v, ok := strings.CutPrefix(e, "FKMAT_CONFIG="); ok {
+			path = v
+		}
+	}
+	if err := os.WriteFile(path, []byte("slot: "+f.tc.Slot+"\npublication: "+f.tc.Publication+"\n"+yml), 0o600); err != nil {
+		f.t.Fatal(err)
+	}
+	cfg := daemonConfig(f.t, f.tc, yml)
+	cfg.Redis = f.cfg.Redis
+	f.cfg, f.yml = cfg, yml
+	f.p.kill()
+	f.restart()
+	if f.r.IntN(2) == 0 {
+		f.killAt("rebuild", time.Duration(f.r.IntN(3000))*time.Millisecond)
+		f.counts[faultKill]++
+	}
 }
 
 // check waits until the daemon has caught up and compares the target with
@@ -626,7 +667,7 @@ func faultInjection(t *testing.T, shape string, ops int, cluster bool) {
 	r := rand.New(rand.NewPCG(seed, 1))
 	typ := []string{"left", "inner"}[r.IntN(2)]
 	yml := faultYAML(typ)
-	f := &faultRun{t: t, tc: tc, cfg: daemonConfig(t, tc, yml), env: cliEnv(t, tc, yml), r: r,
+	f := &faultRun{t: t, tc: tc, cfg: daemonConfig(t, tc, yml), yml: yml, env: cliEnv(t, tc, yml), r: r,
 		w: newWorkload(tc, seed), kills: map[string]int{}, warnings: map[string]int{}}
 	f.w.partitioned = shape == shapePartitioned
 	if cluster {

@@ -172,6 +172,9 @@ type daemon struct {
 	builds []*rebuild
 	// phases are the joins' phases in fkmat.join_state, as open read them.
 	phases map[string]string
+	// streaming says the joins stream while this daemon loads (a rebuild
+	// beside them): the load spares their slot (chunkTarget).
+	streaming bool
 }
 
 // open connects to the source, the target and Redis, resolves the joins

@@ -1,6 +1,8 @@
 package fkmat
 
 import (
+	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -189,6 +191,9 @@ func inSnapshot(ctx context.Context, pool *pgxpool.Pool, snapshot string, fn fun
 // first (so COPY can FREEZE the rows). A shadow left by an interrupted
 // backfill is dropped first.
 func (d *daemon) loadTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
+	if d.cfg.Target == d.cfg.Source && d.streaming {
+		return d.chunkTarget(ctx, snapshot, p, t)
+	}
 	if d.cfg.Target == d.cfg.Source {
 		return d.insertTarget(ctx, snapshot, p, t)
 	}
@@ -214,13 +219,7 @@ func (d *daemon) insertTarget(ctx context.Context, snapshot string, p *plan.Join
 	if _, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+shadow.Ident()); err != nil {
 		return fmt.Errorf("drop the leftover %s: %w", shadow.Ident(), err)
 	}
-	// Unlogged while it is filled: the rows the INSERT writes would
-	// otherwise be WAL records of the source database that every logical
-	// slot on it decodes, the whole transaction at its commit, before any
-	// later transaction (a rebuild beside a running join stalled its target
-	// for the load's duration and more so). SET LOGGED then writes the table
-	// into the WAL as page images, which decoding skips.
-	if _, err := tx.Exec(ctx, "CREATE UNLOGGED TABLE"+strings.TrimPrefix(sink.CreateSQL(shadow), "CREATE TABLE")); err != nil {
+	if _, err := tx.Exec(ctx, sink.CreateSQL(shadow)); err != nil {
 		return fmt.Errorf("create %s: %w", shadow.Ident(), err)
 	}
 	tag, err := tx.Exec(ctx, "INSERT INTO "+shadow.Ident()+" "+OracleSQL(p))
@@ -229,9 +228,6 @@ func (d *daemon) insertTarget(ctx context.Context, snapshot string, p *plan.Join
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("fill %s with join %q: %w", shadow.Ident(), p.Name, err)
-	}
-	if _, err := conn.Exec(ctx, "ALTER TABLE "+shadow.Ident()+" SET LOGGED"); err != nil {
-		return fmt.Errorf("log %s: %w", shadow.Ident(), err)
 	}
 	t.advance(int(tag.RowsAffected()))
 	t.finish()
@@ -278,6 +274,90 @@ func (d *daemon) copyTarget(ctx context.Context, snapshot string, p *plan.JoinPl
 			return err
 		}
 		return tx.Commit(ctx)
+	}()
+	pr.CloseWithError(err) // unblock the producer if the consumer failed
+	if perr := <-out; perr != nil && !errors.Is(perr, io.ErrClosedPipe) {
+		return fmt.Errorf("copy join %q out of the source: %w", p.Name, perr)
+	}
+	if err != nil {
+		return fmt.Errorf("copy join %q into %s: %w", p.Name, shadow.Ident(), err)
+	}
+	t.finish()
+	return nil
+}
+
+// chunkRows is how many rows chunkTarget commits at a time.
+const chunkRows = 20_000
+
+// chunkTarget is loadTarget within one database while the joins stream (a
+// rebuild beside them): the shadow's rows are committed a chunk at a time.
+// Every logical slot on the database decodes the rows written into it, and
+// decodes a transaction whole at its commit, before any later one: the
+// INSERT … SELECT of insertTarget, one transaction of every row, left a
+// running 10M-row join's target stale for the time its slot took to decode
+// it. In chunks, the decoding goes along with the load.
+func (d *daemon) chunkTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
+	shadow := sink.ShadowOf(&p.Target)
+	cols := make([]string, len(p.Target.Columns))
+	for i, c := range p.Target.Columns {
+		cols[i] = ident(c.Name)
+	}
+	if _, err := d.target.Exec(ctx, "DROP TABLE IF EXISTS "+shadow.Ident()); err != nil {
+		return fmt.Errorf("drop the leftover %s: %w", shadow.Ident(), err)
+	}
+	if _, err := d.target.Exec(ctx, sink.CreateSQL(shadow)); err != nil {
+		return fmt.Errorf("create %s: %w", shadow.Ident(), err)
+	}
+	pr, pw := io.Pipe()
+	out := make(chan error, 1)
+	go func() {
+		err := inSnapshot(ctx, d.source, snapshot, func(conn *pgx.Conn) error {
+			_, err := conn.PgConn().CopyTo(ctx, pw, "COPY ("+OracleSQL(p)+") TO STDOUT")
+			return err
+		})
+		pw.CloseWithError(err)
+		out <- err
+	}()
+	err := func() error {
+		conn, err := d.target.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Release()
+		in := bufio.NewReaderSize(pr, 1<<20)
+		var chunk bytes.Buffer
+		for done := false; !done; {
+			chunk.Reset()
+			rows := 0
+			for rows < chunkRows {
+				line, err := in.ReadSlice('\n')
+				if errors.Is(err, bufio.ErrBufferFull) {
+					// A row longer than the buffer: the rest of it follows.
+					chunk.Write(line)
+					continue
+				}
+				if err == io.EOF {
+					if len(line) > 0 {
+						return errors.New("the COPY output ended inside a row")
+					}
+					done = true
+					break
+				}
+				if err != nil {
+					return err
+				}
+				chunk.Write(line)
+				rows++
+			}
+			if rows == 0 {
+				continue
+			}
+			if _, err := conn.Conn().PgConn().CopyFrom(ctx, &chunk, "COPY "+shadow.Ident()+" ("+strings.Join(cols, ", ")+") FROM STDIN"); err != nil {
+				return err
+			}
+			t.advance(rows)
+		}
+		return nil
 	}()
 	pr.CloseWithError(err) // unblock the producer if the consumer failed
 	if perr := <-out; perr != nil && !errors.Is(perr, io.ErrClosedPipe) {

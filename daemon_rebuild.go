@@ -326,7 +326,7 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 	// The new generation: a build left behind by an earlier attempt is
 	// replaced.
 	bd := &daemon{cfg: d.cfg, opts: d.opts, log: log, source: d.source, target: d.target, rdb: d.rdb,
-		plans: plans, writer: sink.NewWriter(d.target), obs: d.obs}
+		plans: plans, writer: sink.NewWriter(d.target), obs: d.obs, streaming: true}
 	for _, b := range d.builds {
 		j, err := d.openJoin(ctx, b.plan, b.gen)
 		if err != nil {

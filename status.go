@@ -183,7 +183,15 @@ func Status(ctx context.Context, cfg *config.Config, opts Options) ([]JoinStatus
 		if err := statusRedis(ctx, rdb, cfg.Slot, opts, p, st, &s); err != nil {
 			return nil, err
 		}
-		if err := statusTarget(ctx, target, w, p, &s); err != nil {
+		// The shape the target has now: the one it was built with while a
+		// changed definition is rebuilt (or waits for run to be).
+		shape := &p.Target
+		if meta.migrated {
+			if built, err := builtShape(ctx, target, cfg.Slot, p); err == nil {
+				shape = built
+			}
+		}
+		if err := statusTarget(ctx, target, w, shape, &s); err != nil {
 			return nil, err
 		}
 		out = append(out, s)
@@ -642,22 +650,22 @@ func statusStore(ctx context.Context, rdb redis.UniversalClient, prefix string, 
 }
 
 // statusTarget fills the target part of s without creating anything.
-func statusTarget(ctx context.Context, target *pgxpool.Pool, w *sink.Writer, p *plan.JoinPlan, s *JoinStatus) error {
+func statusTarget(ctx context.Context, target *pgxpool.Pool, w *sink.Writer, shape *sink.Table, s *JoinStatus) error {
 	var exists bool
-	if err := target.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, p.Target.Ident()).Scan(&exists); err != nil {
-		return fmt.Errorf("look up target %s: %w", p.Target.Ident(), err)
+	if err := target.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, shape.Ident()).Scan(&exists); err != nil {
+		return fmt.Errorf("look up target %s: %w", shape.Ident(), err)
 	}
 	if !exists {
 		s.TargetState = "missing"
-		s.Problems = append(s.Problems, fmt.Sprintf("target table %s does not exist; create it with fkmat migrate (or fkmat run)", p.Target.Ident()))
+		s.Problems = append(s.Problems, fmt.Sprintf("target table %s does not exist; create it with fkmat migrate (or fkmat run)", shape.Ident()))
 		return nil
 	}
-	if err := w.CheckTable(ctx, &p.Target); err != nil {
+	if err := w.CheckTable(ctx, shape); err != nil {
 		s.TargetState = "wrong_shape"
 		s.Problems = append(s.Problems, err.Error())
 	}
 	var err error
-	s.TargetRows, s.TargetRowsEstimated, err = countRows(ctx, target, p.Target.Ident())
+	s.TargetRows, s.TargetRowsEstimated, err = countRows(ctx, target, shape.Ident())
 	return err
 }
 

@@ -287,6 +287,11 @@ func sameColumns(a, b *sink.Table) bool {
 	return a.KeyCount == b.KeyCount && slices.Equal(a.Columns, b.Columns)
 }
 
+// switchSlack is how far behind the main stream the catch-up's may be
+// received when the switch begins: the main pipeline waits at the marker
+// for about the time the catch-up takes to decode and apply it.
+const switchSlack = 16 << 20
+
 // rebuildTimings are the phases of a rebuild, for its log line.
 type rebuildTimings struct {
 	load, catchUp, switchOver time.Duration
@@ -453,8 +458,13 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 		for ticked(gctx, t.C) {
 			// At least a second (the stream may not have received
 			// anything yet), then once the catch-up is within a second of
-			// the source.
+			// the source and its stream within switchSlack of the main
+			// one's (a walsender busy decoding a large transaction sends
+			// nothing, and its pipeline then looks idle).
 			if lag, _ := catchUp.Lag(time.Now()); lag > 1 || time.Since(catching) < time.Second {
+				continue
+			}
+			if got := max(stream.Stats().ReceivedLSN, slot.ConsistentPoint); got+switchSlack < mainStream.Stats().ReceivedLSN {
 				continue
 			}
 			tm.catchUp = time.Since(catching)

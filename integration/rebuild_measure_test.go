@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
@@ -21,20 +22,45 @@ import (
 // phases, and how stale the target got meanwhile (a probe row changed every
 // 100 ms; the age of the newest change the target shows), writers changing
 // the tables all along; then the same for fkmat backfill --force. It only
-// runs when the variable is set; it ends with the SQL comparison.
+// runs when the variable is set; it ends with the SQL comparison. With
+// FKMAT_MEASURE_REBUILD_TARGET=separate the target is another database of
+// the same server.
 func TestMeasureDefinitionChange(t *testing.T) {
 	rows, _ := strconv.Atoi(os.Getenv("FKMAT_MEASURE_REBUILD"))
 	if rows == 0 {
 		t.Skip("set FKMAT_MEASURE_REBUILD to a row count to measure")
 	}
 	tc := testenv.New(t)
+	separate := os.Getenv("FKMAT_MEASURE_REBUILD_TARGET") == "separate"
+	var dst *testenv.Case
+	if separate {
+		dst = testenv.New(t)
+	}
+	meta := tc
+	if separate {
+		meta = dst
+	}
+	withTarget := func(c *config.Config) *config.Config {
+		if separate {
+			c.Target = dst.DatabaseURL
+		}
+		return c
+	}
 	sqlExec(t, tc, shop,
 		`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 100000) g`,
 		fmt.Sprintf(`INSERT INTO orders SELECT g, 1 + g %% 100000, g %% 1000, 'n' || g FROM generate_series(1, %d) g`, rows),
 		`ANALYZE orders`, `ANALYZE customers`)
-	cfg := daemonConfig(t, tc, leftJoinYAML)
+	cfg := withTarget(daemonConfig(t, tc, leftJoinYAML))
 	start := time.Now()
-	runCaughtUp(t, tc, cfg, fkmat.Options{})
+	caughtUp := func(c *config.Config) {
+		t.Helper()
+		d := startDaemon(t, c, fkmat.Options{})
+		waitCaughtUpMeta(t, tc, meta.Pool, d)
+		if err := d.stop(t); err != nil {
+			t.Fatal(err)
+		}
+	}
+	caughtUp(cfg)
 	t.Logf("first backfill and catch-up of %d orders: %s", rows, time.Since(start).Round(100*time.Millisecond))
 
 	measure := func(what string, run func(logs *syncBuffer) *daemon, switched func() bool) {
@@ -55,7 +81,7 @@ func TestMeasureDefinitionChange(t *testing.T) {
 				}
 				written[name] = time.Now()
 				var seen string
-				if err := tc.Pool.QueryRow(probeCtx, `SELECT coalesce(max(customer_name), '') FROM orders_enriched WHERE customer_id = 1`).Scan(&seen); err != nil {
+				if err := meta.Pool.QueryRow(probeCtx, `SELECT coalesce(max(customer_name), '') FROM orders_enriched WHERE customer_id = 1`).Scan(&seen); err != nil {
 					continue // during a swap, for a moment
 				}
 				var age time.Duration
@@ -101,17 +127,17 @@ func TestMeasureDefinitionChange(t *testing.T) {
 		t.Logf("%s of %d orders: %s from the start to the switch; the target was at most %s stale meanwhile",
 			what, rows, took.Round(100*time.Millisecond), time.Duration(worst.Load()).Round(10*time.Millisecond))
 		if d.cancel != nil {
-			waitCaughtUp(t, tc, d)
+			waitCaughtUpMeta(t, tc, meta.Pool, d)
 			if err := d.stop(t); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	wider := daemonConfig(t, tc, widerJoinYAML)
+	wider := withTarget(daemonConfig(t, tc, widerJoinYAML))
 	measure("a column added, run restarted", func(logs *syncBuffer) *daemon {
 		return startDaemon(t, wider, fkmat.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	}, func() bool {
-		return queryInt(t, tc, `SELECT generation FROM fkmat.join_state WHERE slot = $1`, tc.Slot) == 1
+		return queryInt(t, meta, `SELECT generation FROM fkmat.join_state WHERE slot = $1`, tc.Slot) == 1
 	})
 	assertOracle(t, wider)
 	measure("fkmat backfill --force", func(logs *syncBuffer) *daemon {
@@ -121,8 +147,8 @@ func TestMeasureDefinitionChange(t *testing.T) {
 		}()
 		return d
 	}, func() bool {
-		return queryInt(t, tc, `SELECT generation FROM fkmat.join_state WHERE slot = $1`, tc.Slot) == 2
+		return queryInt(t, meta, `SELECT generation FROM fkmat.join_state WHERE slot = $1`, tc.Slot) == 2
 	})
-	runCaughtUp(t, tc, wider, fkmat.Options{})
+	caughtUp(wider)
 	assertOracle(t, wider)
 }

@@ -62,6 +62,14 @@ func TestMeasureDefinitionChange(t *testing.T) {
 	}
 	caughtUp(cfg)
 	t.Logf("first backfill and catch-up of %d orders: %s", rows, time.Since(start).Round(100*time.Millisecond))
+	// A change the join applies, so that the target's checkpoint passes
+	// the backfill's own transaction: a restart from before it decodes that
+	// transaction again (in the source database, it wrote every row of the
+	// target), which is not the rebuild's cost.
+	sqlExec(t, tc, `UPDATE customers SET tier = 'gold' WHERE id = 2`)
+	start = time.Now()
+	caughtUp(cfg)
+	t.Logf("a restart, and the target's checkpoint past the backfill: %s", time.Since(start).Round(100*time.Millisecond))
 
 	measure := func(what string, run func(logs *syncBuffer) *daemon, switched func() bool) {
 		t.Helper()

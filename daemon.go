@@ -231,7 +231,9 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 		if p == nil {
 			continue
 		}
-		if err := d.ensureTarget(ctx, p); err != nil {
+		// A join whose backfill was interrupted is backfilled again, and
+		// the backfill swaps the new shape in.
+		if err := d.ensureTarget(ctx, p, d.opts.Force || (st.exists && st.phase != "streaming")); err != nil {
 			return nil, fmt.Errorf("join %q: %w", p.Name, err)
 		}
 	}
@@ -730,11 +732,11 @@ func assessStore(ctx context.Context, name string, store *redisstore.Store, epoc
 }
 
 // ensureTarget creates the target or checks its shape. A target fkmat built
-// for this join whose shape no longer matches is replaced under
-// Options.Force (a rebuild: the backfill swaps the new rows and shape in),
-// unless what is attached to it would be lost; otherwise it is reported
-// with that fix.
-func (d *daemon) ensureTarget(ctx context.Context, p *plan.JoinPlan) error {
+// for this join whose shape no longer matches is left to be replaced when
+// replace says a backfill swaps the new rows and shape in (Options.Force,
+// or a backfill due anyway), unless what is attached to it would be lost;
+// otherwise it is reported with that fix.
+func (d *daemon) ensureTarget(ctx context.Context, p *plan.JoinPlan, replace bool) error {
 	_, err := d.writer.EnsureTable(ctx, &p.Target)
 	if !errors.Is(err, sink.ErrShapeMismatch) {
 		return err
@@ -748,7 +750,7 @@ func (d *daemon) ensureTarget(ctx context.Context, p *plan.JoinPlan) error {
 	if !owned {
 		return err
 	}
-	if !d.opts.Force {
+	if !replace {
 		return fmt.Errorf("%w; fkmat built this table for the join: run fkmat backfill --force to rebuild it with the new shape", err)
 	}
 	attached, aerr := d.writer.Attached(ctx, &p.Target)

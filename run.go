@@ -204,7 +204,7 @@ func runOnce(ctx context.Context, cfg *config.Config, opts Options, obs *observe
 		// A backfill is due anyway: it builds the new definitions.
 		d.close()
 		offline := opts
-		offline.online = false
+		offline.online, offline.Force = false, true // the backfill swaps the new shapes in
 		if d, err = open(ctx, cfg, offline); err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fkmat/fkmat/internal/pipeline"
@@ -175,6 +176,11 @@ type daemon struct {
 	// streaming says the joins stream while this daemon loads (a rebuild
 	// beside them): the load spares their slot (chunkTarget).
 	streaming bool
+	// switching orders a rebuild's switch with the partition moves: a move
+	// commits its rows into the WAL wholly before the switch's marker or
+	// not in this run (the next one follows the change again), never
+	// across it.
+	switching sync.Mutex
 }
 
 // open connects to the source, the target and Redis, resolves the joins

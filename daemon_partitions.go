@@ -407,6 +407,10 @@ func (d *daemon) followMoves(ctx context.Context, w *storageWatch, moves map[str
 	if !ready {
 		return false, nil
 	}
+	if !d.switching.TryLock() {
+		return false, nil // a rebuild switches: after it, the next run follows the change
+	}
+	defer d.switching.Unlock()
 	for _, parent := range slices.Sorted(maps.Keys(moves)) {
 		m := moves[parent]
 		table := d.joinedTable(parent)

@@ -471,6 +471,8 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 			if err := d.recordRebuild(gctx, "switching"); err != nil {
 				return err
 			}
+			// No partition move commits across the marker.
+			d.switching.Lock()
 			id := rand.Text()
 			mainStream.StopAt(id)
 			stream.StopAt(id)

@@ -388,6 +388,11 @@ func GenerationPrefix(slot, joinName string, gen int) string {
 	return fmt.Sprintf("%s~g%d", RedisPrefix(slot, joinName), gen)
 }
 
+// StatePrefixes are RedisPrefixes of generation gen.
+func StatePrefixes(slot, joinName string, entries, gen int) []string {
+	return statePrefixes(slot, joinName, entries, gen)
+}
+
 // statePrefixes are RedisPrefixes of generation gen.
 func statePrefixes(slot, joinName string, entries, gen int) []string {
 	base := GenerationPrefix(slot, joinName, gen)

@@ -62,10 +62,12 @@ func benchW8(t *testing.T, s sizes, rep *report) {
 	env := d.env
 	// perOrder returns the Redis bytes per order of both joins.
 	perOrder := func() (pair, tree float64) {
-		k := d.redisKeysOf(fkmat.RedisPrefix(d.Slot, "orders_customers"))
+		// backfill --force of streaming joins rebuilds them beside: a new
+		// generation of their state.
+		k := d.redisKeysOf(fkmat.StatePrefixes(d.Slot, "orders_customers", 0, d.generation("orders_customers"))[0])
 		pair = k.bytes[redisstore.KindLeft] + k.bytes[redisstore.KindSubs] + k.bytes[redisstore.KindRight]
-		for tab := range 3 {
-			k := d.redisKeysOf(fkmat.RedisTablePrefix(d.Slot, "orders_regions", tab))
+		for _, prefix := range fkmat.StatePrefixes(d.Slot, "orders_regions", 2, d.generation("orders_regions")) {
+			k := d.redisKeysOf(prefix)
 			tree += k.bytes[redisstore.KindLeft] + k.bytes[redisstore.KindSubs]
 		}
 		return pair / n, tree / n

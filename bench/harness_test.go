@@ -729,6 +729,17 @@ func (d *db) redisKeys() redisKeys {
 
 // redisKeysOf is redisKeys for the state under prefix (a join's, or a step's
 // of a join of more than two tables).
+// generation is the generation of join's Redis state (fkmat.join_state).
+func (d *db) generation(join string) int {
+	d.b.Helper()
+	var gen int
+	if err := d.Pool.QueryRow(context.Background(), `SELECT generation FROM fkmat.join_state WHERE slot = $1 AND join_name = $2`,
+		d.Slot, join).Scan(&gen); err != nil {
+		d.b.Fatal(err)
+	}
+	return gen
+}
+
 func (d *db) redisKeysOf(prefix string) redisKeys {
 	d.b.Helper()
 	ctx := context.Background()

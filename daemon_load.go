@@ -237,21 +237,7 @@ func (d *daemon) insertTarget(ctx context.Context, snapshot string, p *plan.Join
 // copyTarget is loadTarget across databases.
 func (d *daemon) copyTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
 	shadow := sink.ShadowOf(&p.Target)
-	cols := make([]string, len(p.Target.Columns))
-	for i, c := range p.Target.Columns {
-		cols[i] = ident(c.Name)
-	}
-	pr, pw := io.Pipe()
-	out := make(chan error, 1)
-	go func() {
-		err := inSnapshot(ctx, d.source, snapshot, func(conn *pgx.Conn) error {
-			_, err := conn.PgConn().CopyTo(ctx, &rowCounter{w: pw, t: t}, "COPY ("+OracleSQL(p)+") TO STDOUT")
-			return err
-		})
-		pw.CloseWithError(err)
-		out <- err
-	}()
-	err := func() error {
+	return d.copyJoin(ctx, snapshot, p, shadow, &rowCounter{t: t}, func(pr io.Reader) error {
 		conn, err := d.target.Acquire(ctx)
 		if err != nil {
 			return err
@@ -269,12 +255,37 @@ func (d *daemon) copyTarget(ctx context.Context, snapshot string, p *plan.JoinPl
 		if _, err := tx.Exec(ctx, sink.CreateSQL(shadow)); err != nil {
 			return err
 		}
-		_, err = conn.Conn().PgConn().CopyFrom(ctx, pr, "COPY "+shadow.Ident()+" ("+strings.Join(cols, ", ")+") FROM STDIN WITH (FREEZE)")
-		if err != nil {
+		if _, err := conn.Conn().PgConn().CopyFrom(ctx, pr, "COPY "+shadow.Ident()+" ("+targetColumns(p)+") FROM STDIN WITH (FREEZE)"); err != nil {
 			return err
 		}
-		return tx.Commit(ctx)
+		if err := tx.Commit(ctx); err != nil {
+			return err
+		}
+		t.finish()
+		return nil
+	})
+}
+
+// copyJoin streams the SQL join of p out of the source, in the snapshot,
+// as COPY text into consume (through counter when set), and returns the
+// first error of either side.
+func (d *daemon) copyJoin(ctx context.Context, snapshot string, p *plan.JoinPlan, shadow *sink.Table, counter *rowCounter,
+	consume func(io.Reader) error) error {
+	pr, pw := io.Pipe()
+	var w io.Writer = pw
+	if counter != nil {
+		counter.w, w = pw, counter
+	}
+	out := make(chan error, 1)
+	go func() {
+		err := inSnapshot(ctx, d.source, snapshot, func(conn *pgx.Conn) error {
+			_, err := conn.PgConn().CopyTo(ctx, w, "COPY ("+OracleSQL(p)+") TO STDOUT")
+			return err
+		})
+		pw.CloseWithError(err)
+		out <- err
 	}()
+	err := consume(pr)
 	pr.CloseWithError(err) // unblock the producer if the consumer failed
 	if perr := <-out; perr != nil && !errors.Is(perr, io.ErrClosedPipe) {
 		return fmt.Errorf("copy join %q out of the source: %w", p.Name, perr)
@@ -282,8 +293,16 @@ func (d *daemon) copyTarget(ctx context.Context, snapshot string, p *plan.JoinPl
 	if err != nil {
 		return fmt.Errorf("copy join %q into %s: %w", p.Name, shadow.Ident(), err)
 	}
-	t.finish()
 	return nil
+}
+
+// targetColumns lists the target's columns, quoted, for COPY.
+func targetColumns(p *plan.JoinPlan) string {
+	cols := make([]string, len(p.Target.Columns))
+	for i, c := range p.Target.Columns {
+		cols[i] = ident(c.Name)
+	}
+	return strings.Join(cols, ", ")
 }
 
 // chunkRows is how many rows chunkTarget commits at a time.
@@ -298,27 +317,14 @@ const chunkRows = 20_000
 // it. In chunks, the decoding goes along with the load.
 func (d *daemon) chunkTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
 	shadow := sink.ShadowOf(&p.Target)
-	cols := make([]string, len(p.Target.Columns))
-	for i, c := range p.Target.Columns {
-		cols[i] = ident(c.Name)
-	}
 	if _, err := d.target.Exec(ctx, "DROP TABLE IF EXISTS "+shadow.Ident()); err != nil {
 		return fmt.Errorf("drop the leftover %s: %w", shadow.Ident(), err)
 	}
 	if _, err := d.target.Exec(ctx, sink.CreateSQL(shadow)); err != nil {
 		return fmt.Errorf("create %s: %w", shadow.Ident(), err)
 	}
-	pr, pw := io.Pipe()
-	out := make(chan error, 1)
-	go func() {
-		err := inSnapshot(ctx, d.source, snapshot, func(conn *pgx.Conn) error {
-			_, err := conn.PgConn().CopyTo(ctx, pw, "COPY ("+OracleSQL(p)+") TO STDOUT")
-			return err
-		})
-		pw.CloseWithError(err)
-		out <- err
-	}()
-	err := func() error {
+	copySQL := "COPY " + shadow.Ident() + " (" + targetColumns(p) + ") FROM STDIN"
+	err := d.copyJoin(ctx, snapshot, p, shadow, nil, func(pr io.Reader) error {
 		conn, err := d.target.Acquire(ctx)
 		if err != nil {
 			return err
@@ -352,19 +358,15 @@ func (d *daemon) chunkTarget(ctx context.Context, snapshot string, p *plan.JoinP
 			if rows == 0 {
 				continue
 			}
-			if _, err := conn.Conn().PgConn().CopyFrom(ctx, &chunk, "COPY "+shadow.Ident()+" ("+strings.Join(cols, ", ")+") FROM STDIN"); err != nil {
+			if _, err := conn.Conn().PgConn().CopyFrom(ctx, &chunk, copySQL); err != nil {
 				return err
 			}
 			t.advance(rows)
 		}
 		return nil
-	}()
-	pr.CloseWithError(err) // unblock the producer if the consumer failed
-	if perr := <-out; perr != nil && !errors.Is(perr, io.ErrClosedPipe) {
-		return fmt.Errorf("copy join %q out of the source: %w", p.Name, perr)
-	}
+	})
 	if err != nil {
-		return fmt.Errorf("copy join %q into %s: %w", p.Name, shadow.Ident(), err)
+		return err
 	}
 	t.finish()
 	return nil

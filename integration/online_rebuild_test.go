@@ -305,6 +305,22 @@ func waitRebuild(t *testing.T, env []string, d *daemon, logs *syncBuffer, phase 
 	}
 }
 
+// oldTargetStreams changes a customer's name to name and waits until the
+// target shows it, while run goes on.
+func oldTargetStreams(t *testing.T, tc *testenv.Case, d *daemon, logs *syncBuffer, name string) {
+	t.Helper()
+	if _, err := tc.Pool.Exec(context.Background(), `UPDATE customers SET name = $1 WHERE id = 1`, name); err != nil {
+		t.Fatal(err)
+	}
+	for queryInt(t, tc, `SELECT count(*) FROM orders_enriched WHERE customer_name = $1`, name) == 0 {
+		select {
+		case err := <-d.done:
+			t.Fatalf("run stopped: %v\n%s", err, logs.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // TestDefinitionChangeKilled: kill -9 of run while it builds a changed
 // definition beside the running join, once while loading and once while
 // catching up, each time with the old target streaming meanwhile (a change
@@ -348,14 +364,7 @@ func TestDefinitionChangeKilled(t *testing.T) {
 		t.Errorf("status during the rebuild:\n%s%s", r.stdout, r.stderr)
 	}
 	// The old target streams meanwhile.
-	sqlExec(t, tc, `UPDATE customers SET name = 'during-build' WHERE id = 1`)
-	for queryInt(t, tc, `SELECT count(*) FROM orders_enriched WHERE customer_name = 'during-build'`) == 0 {
-		select {
-		case err := <-d.done:
-			t.Fatalf("run stopped: %v\n%s", err, logs.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	oldTargetStreams(t, tc, d, logs, "during-build")
 	if cols := targetColumns(t, tc, "orders_enriched"); cols != "id,customer_id,amount,customer_name,tier" {
 		t.Fatalf("the target has columns %s during the build", cols)
 	}
@@ -393,14 +402,7 @@ func TestDefinitionChangeKilled(t *testing.T) {
 		t.Fatalf("lock the shadow %s: %v", shadow, err)
 	}
 	waitRebuild(t, env, d, logs, "catching up")
-	sqlExec(t, tc, `UPDATE customers SET name = 'during-catch-up' WHERE id = 1`)
-	for queryInt(t, tc, `SELECT count(*) FROM orders_enriched WHERE customer_name = 'during-catch-up'`) == 0 {
-		select {
-		case err := <-d.done:
-			t.Fatalf("run stopped: %v\n%s", err, logs.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	oldTargetStreams(t, tc, d, logs, "during-catch-up")
 	if n := queryInt(t, tc, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, tc.Slot+"_rebuild"); n != 1 {
 		t.Fatalf("%d second slots while catching up", n)
 	}

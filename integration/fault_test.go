@@ -571,6 +571,16 @@ func (f *faultRun) redefine() {
 // the SQL join.
 func (f *faultRun) check() {
 	f.t.Helper()
+	// A changed definition (redefine) is compared once it is switched in:
+	// until then the target is the old definition's.
+	deadline := time.Now().Add(3 * time.Minute)
+	for queryInt(f.t, f.tc, `SELECT count(*) FROM fkmat.build WHERE slot = $1`, f.tc.Slot) > 0 {
+		f.p.mustRun("while a rebuild runs")
+		if time.Now().After(deadline) {
+			f.t.Fatalf("a rebuild did not finish within 3 minutes; stderr:\n%s", tail(f.p.stderr.String(), 4000))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	waitCaughtUp(f.t, f.tc, f.p.d)
 	f.rows += oracleRows(f.t, f.cfg)
 }

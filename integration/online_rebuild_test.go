@@ -321,6 +321,15 @@ func oldTargetStreams(t *testing.T, tc *testenv.Case, d *daemon, logs *syncBuffe
 	}
 }
 
+// killRun kill -9s a run started by startRun and waits for it.
+func killRun(t *testing.T, cmd *exec.Cmd, d *daemon) {
+	t.Helper()
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-d.done
+}
+
 // TestDefinitionChangeKilled: kill -9 of run while it builds a changed
 // definition beside the running join, once while loading and once while
 // catching up, each time with the old target streaming meanwhile (a change
@@ -368,10 +377,7 @@ func TestDefinitionChangeKilled(t *testing.T) {
 	if cols := targetColumns(t, tc, "orders_enriched"); cols != "id,customer_id,amount,customer_name,tier" {
 		t.Fatalf("the target has columns %s during the build", cols)
 	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-d.done
+	killRun(t, cmd, d)
 	if err := holder.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -406,10 +412,7 @@ func TestDefinitionChangeKilled(t *testing.T) {
 	if n := queryInt(t, tc, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, tc.Slot+"_rebuild"); n != 1 {
 		t.Fatalf("%d second slots while catching up", n)
 	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-d.done
+	killRun(t, cmd, d)
 	if err := blocker.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -434,10 +437,7 @@ func TestDefinitionChangeKilled(t *testing.T) {
 		}
 	}
 	time.Sleep(500 * time.Millisecond) // into the swap's wait for the reader
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-d.done
+	killRun(t, cmd, d)
 	if err := reader.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -75,32 +75,30 @@ func TestMeasureDefinitionChange(t *testing.T) {
 		t.Helper()
 		stopWriters := churn(t, tc, 100000, rows)
 		// The probe: customer 1's name, changed every 100 ms; the target's
-		// staleness is the age of the newest value it shows.
+		// staleness is the age of the first value it does not show yet.
 		var worst atomic.Int64
 		probeCtx, stopProbe := context.WithCancel(context.Background())
 		probed := make(chan struct{})
 		go func() {
 			defer close(probed)
-			written := map[string]time.Time{}
+			var written []time.Time // when probe-k was committed
 			for k := 0; probeCtx.Err() == nil; k++ {
-				name := fmt.Sprintf("probe-%d", k)
-				if _, err := tc.Pool.Exec(probeCtx, `UPDATE customers SET name = $1 WHERE id = 1`, name); err != nil {
+				if _, err := tc.Pool.Exec(probeCtx, `UPDATE customers SET name = $1 WHERE id = 1`, fmt.Sprintf("probe-%d", k)); err != nil {
 					return
 				}
-				written[name] = time.Now()
+				written = append(written, time.Now())
 				var seen string
 				if err := meta.Pool.QueryRow(probeCtx, `SELECT coalesce(max(customer_name), '') FROM orders_enriched WHERE customer_id = 1`).Scan(&seen); err != nil {
 					continue // during a swap, for a moment
 				}
+				// The age of the first value the target does not show yet.
+				shown, err := strconv.Atoi(strings.TrimPrefix(seen, "probe-"))
+				if err != nil {
+					shown = -1 // no probe yet
+				}
 				var age time.Duration
-				if at, ok := written[seen]; ok {
-					next, _ := strconv.Atoi(strings.TrimPrefix(seen, "probe-"))
-					if at2, ok := written[fmt.Sprintf("probe-%d", next+1)]; ok {
-						age = time.Since(at2) // the first value it does not show yet
-					}
-					_ = at
-				} else if k > 0 {
-					age = time.Since(written["probe-0"])
+				if shown+1 < len(written) {
+					age = time.Since(written[shown+1])
 				}
 				for {
 					w := worst.Load()

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -362,28 +364,54 @@ type session struct {
 	progressed bool
 }
 
-// recvContext is the receive deadline: one context per tick rather than one
-// per message, which would cost a timer for every row.
-type recvContext struct {
-	ctx      context.Context
-	cancel   context.CancelFunc
-	deadline time.Time
+// recvDeadline bounds each receive by the session's tick with a read
+// deadline on the connection, moved once per tick, rather than with a
+// context: pgconn watches a context on every receive (a goroutine handoff
+// and allocations per replicated row). Canceling the session's context
+// moves the deadline into the past, which ends a receive in progress.
+type recvDeadline struct {
+	conn     net.Conn
+	deadline time.Time // only the receive loop reads and writes it
+	mu       sync.Mutex
+	canceled bool
+	stop     func() bool
 }
 
-func (rc *recvContext) get(parent context.Context, now time.Time, tick time.Duration) context.Context {
-	if rc.ctx == nil || !now.Before(rc.deadline) {
-		rc.stop()
-		rc.deadline = now.Add(tick)
-		rc.ctx, rc.cancel = context.WithDeadline(parent, rc.deadline)
-	}
-	return rc.ctx
+func newRecvDeadline(ctx context.Context, conn net.Conn) *recvDeadline {
+	d := &recvDeadline{conn: conn}
+	d.stop = context.AfterFunc(ctx, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.canceled = true
+		_ = d.conn.SetReadDeadline(time.Unix(1, 0))
+	})
+	return d
 }
 
-func (rc *recvContext) stop() {
-	if rc.cancel != nil {
-		rc.cancel()
+// arm sets the next deadline once the last one passed (or timed out a
+// receive: expire).
+func (d *recvDeadline) arm(now time.Time, tick time.Duration) error {
+	if now.Before(d.deadline) {
+		return nil
 	}
-	rc.ctx, rc.cancel = nil, nil
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.canceled {
+		return nil
+	}
+	d.deadline = now.Add(tick)
+	return d.conn.SetReadDeadline(d.deadline)
+}
+
+// expire makes the next arm set a new deadline.
+func (d *recvDeadline) expire() { d.deadline = time.Time{} }
+
+// close stops watching the context and clears the deadline.
+func (d *recvDeadline) close() {
+	d.stop()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_ = d.conn.SetReadDeadline(time.Time{})
 }
 
 // minStatusGap limits status updates caused by new acknowledgements.
@@ -391,21 +419,23 @@ const minStatusGap = 50 * time.Millisecond
 
 func (ss *session) run(ctx context.Context) error {
 	s := ss.s
-	var rc recvContext
-	defer rc.stop()
+	rd := newRecvDeadline(ctx, ss.conn.Conn())
+	defer rd.close()
 	for {
 		now := time.Now()
 		if err := ss.maybeStatus(now); err != nil {
 			return err
 		}
-		rctx := rc.get(ctx, now, ss.tick)
-		msg, err := ss.conn.ReceiveMessage(rctx)
+		if err := rd.arm(now, ss.tick); err != nil {
+			return fmt.Errorf("receive replication message: %w", err)
+		}
+		msg, err := ss.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if (pgconn.Timeout(err) || rctx.Err() != nil) && !ss.conn.IsClosed() {
-				rc.stop()
+			if pgconn.Timeout(err) && !ss.conn.IsClosed() {
+				rd.expire()
 				if silent := time.Since(ss.lastRecv); silent > s.cfg.ServerTimeout {
 					return fmt.Errorf("receive replication message: server silent for %s", silent.Round(time.Second))
 				}

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -41,6 +42,27 @@ type keys struct {
 	prefix string
 	// shards is nil on one server.
 	shards *shardSet
+	// names remembers the names built last (nil: none).
+	names *nameCache
+}
+
+// nameCache remembers the data key names built last, one per slot of a
+// direct-mapped table: a batch names the same buckets again and again (a
+// row's hash, its subscriptions' sets, at reads and at the commit), and a
+// name found here costs no allocation. Safe for concurrent use.
+type nameCache struct {
+	slots [nameSlots]atomic.Pointer[cachedName]
+}
+
+const (
+	nameBits  = 14
+	nameSlots = 1 << nameBits
+)
+
+type cachedName struct {
+	kind        byte
+	gen, bucket uint64
+	name        string
 }
 
 // shardSet is the shards of a cluster state.
@@ -59,10 +81,12 @@ func newShardSet(n int) *shardSet {
 	return ss
 }
 
-func newKeys(c Config) keys { return keys{prefix: c.Prefix} }
+func newKeys(c Config) keys { return keys{prefix: c.Prefix, names: new(nameCache)} }
 
 // newClusterKeys returns the keys of a store on a cluster with n shards.
-func newClusterKeys(c Config, n int) keys { return keys{prefix: c.Prefix, shards: newShardSet(n)} }
+func newClusterKeys(c Config, n int) keys {
+	return keys{prefix: c.Prefix, shards: newShardSet(n), names: new(nameCache)}
+}
 
 // metaSlot returns the name of a key of the meta slot.
 func (k keys) metaSlot(name string) string {
@@ -99,6 +123,22 @@ func (k keys) pattern() string { return k.prefix + ":*" }
 func shardOf(key string, n uint64) uint64 { return xxhash.Sum64String(key) % n }
 
 func (k keys) name(kind byte, gen, bucket uint64) string {
+	if k.names == nil {
+		return k.build(kind, gen, bucket)
+	}
+	h := (bucket ^ gen<<32 ^ uint64(kind)<<56) * 0x9E3779B97F4A7C15 // Fibonacci hashing
+	slot := &k.names.slots[h>>(64-nameBits)]
+	if c := slot.Load(); c != nil && c.bucket == bucket && c.gen == gen && c.kind == kind {
+		return c.name
+	}
+	n := k.build(kind, gen, bucket)
+	slot.Store(&cachedName{kind: kind, gen: gen, bucket: bucket, name: n})
+	return n
+}
+
+// build builds the name of a data key: kind's hash or set of generation
+// gen at bucket.
+func (k keys) build(kind byte, gen, bucket uint64) string {
 	b := make([]byte, 0, len(k.prefix)+32)
 	b = append(b, k.prefix...)
 	b = append(b, ':', kind)

@@ -168,25 +168,21 @@ func (t *Tx) UpdateColumns(ctx context.Context, table *Table, u join.ColumnUpdat
 	if len(u.Values) != len(u.Columns) {
 		return fmt.Errorf("update columns of %s: %d values for %d columns", table.Ident(), len(u.Values), len(u.Columns))
 	}
-	args, err := columnArrays(u.Keys, table.KeyCount)
-	if err != nil {
-		return fmt.Errorf("update columns of %s: %w", table.Ident(), err)
-	}
-	for i, v := range u.Values {
-		if v.Toast {
-			return fmt.Errorf("update columns of %s: value %d is an unchanged-TOAST marker", table.Ident(), i)
-		}
-		if v.Null {
-			args = append(args, nil)
-		} else {
-			args = append(args, v.Text)
-		}
-	}
 	sql, err := updateColumnsSQL(table, u.Columns)
 	if err != nil {
 		return err
 	}
-	tag, err := t.tx.Exec(ctx, sql, args...)
+	p := getParams()
+	defer p.release()
+	if err := columns(p, u.Keys, table.KeyCount); err != nil {
+		return fmt.Errorf("update columns of %s: %w", table.Ident(), err)
+	}
+	for _, v := range u.Values {
+		if err := p.text(v); err != nil {
+			return fmt.Errorf("update columns of %s: %w", table.Ident(), err)
+		}
+	}
+	tag, err := t.exec(ctx, sql, p)
 	if err != nil {
 		return fmt.Errorf("update columns of %s: %w", table.Ident(), err)
 	}
@@ -229,21 +225,17 @@ func (t *Tx) UpdateRight(ctx context.Context, table *Table, u join.RightUpdate) 
 	if len(right) == 0 {
 		return nil
 	}
-	args, err := columnArrays(u.Keys, table.KeyCount)
-	if err != nil {
+	p := getParams()
+	defer p.release()
+	if err := columns(p, u.Keys, table.KeyCount); err != nil {
 		return fmt.Errorf("update right columns of %s: %w", table.Ident(), err)
 	}
-	for i, v := range u.Right {
-		if v.Toast {
-			return fmt.Errorf("update right columns of %s: value %d is an unchanged-TOAST marker", table.Ident(), i)
-		}
-		if v.Null {
-			args = append(args, nil)
-		} else {
-			args = append(args, v.Text)
+	for _, v := range u.Right {
+		if err := p.text(v); err != nil {
+			return fmt.Errorf("update right columns of %s: %w", table.Ident(), err)
 		}
 	}
-	tag, err := t.tx.Exec(ctx, updateRightSQL(table), args...)
+	tag, err := t.exec(ctx, updateRightSQL(table), p)
 	if err != nil {
 		return fmt.Errorf("update right columns of %s: %w", table.Ident(), err)
 	}
@@ -290,11 +282,12 @@ func (t *Tx) Upsert(ctx context.Context, table *Table, rows []join.Row) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	args, err := columnArrays(rows, len(table.Columns))
-	if err != nil {
+	p := getParams()
+	defer p.release()
+	if err := columns(p, rows, len(table.Columns)); err != nil {
 		return fmt.Errorf("upsert into %s: %w", table.Ident(), err)
 	}
-	tag, err := t.tx.Exec(ctx, upsertSQL(table), args...)
+	tag, err := t.exec(ctx, upsertSQL(table), p)
 	if err != nil {
 		return fmt.Errorf("upsert into %s: %w", table.Ident(), err)
 	}
@@ -307,11 +300,12 @@ func (t *Tx) Delete(ctx context.Context, table *Table, keys [][]join.Value) erro
 	if len(keys) == 0 {
 		return nil
 	}
-	args, err := columnArrays(keys, table.KeyCount)
-	if err != nil {
+	p := getParams()
+	defer p.release()
+	if err := columns(p, keys, table.KeyCount); err != nil {
 		return fmt.Errorf("delete from %s: %w", table.Ident(), err)
 	}
-	tag, err := t.tx.Exec(ctx, deleteSQL(table), args...)
+	tag, err := t.exec(ctx, deleteSQL(table), p)
 	if err != nil {
 		return fmt.Errorf("delete from %s: %w", table.Ident(), err)
 	}
@@ -421,33 +415,6 @@ func (w *Writer) Checkpoint(ctx context.Context, slot string) (cdc.LSN, error) {
 		return 0, fmt.Errorf("read target checkpoint: %w", err)
 	}
 	return cdc.ParseLSN(s)
-}
-
-// columnArrays turns rows into one text[] argument per column (NULL kept).
-func columnArrays[R ~[]join.Value](rows []R, width int) ([]any, error) {
-	cols := make([][]*string, width)
-	for i := range cols {
-		cols[i] = make([]*string, len(rows))
-	}
-	for r, row := range rows {
-		if len(row) < width {
-			return nil, fmt.Errorf("row %d has %d values, want %d", r, len(row), width)
-		}
-		for c := 0; c < width; c++ {
-			v := &row[c]
-			if v.Toast {
-				return nil, fmt.Errorf("row %d column %d: unchanged-TOAST marker reached the sink", r, c)
-			}
-			if !v.Null {
-				cols[c][r] = &v.Text
-			}
-		}
-	}
-	args := make([]any, width)
-	for i := range cols {
-		args[i] = cols[i]
-	}
-	return args, nil
 }
 
 // unnestFrom renders `unnest($1::text[], ...) AS u(c1, ...)` and the list of

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -266,5 +267,74 @@ func TestShapeMismatch(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
+	}
+}
+
+// TestValuesRoundTrip: values that a text-array literal would have to
+// quote or escape (commas, braces, quotes, backslashes, the word NULL,
+// empty strings, blanks, non-ASCII) and a large one arrive exactly as
+// sent, through the upsert, a right update, a column update and a delete;
+// NULLs stay NULL beside them.
+func TestValuesRoundTrip(t *testing.T) {
+	tc, w, tbl, ctx := setup(t)
+	awkward := []string{`a,b`, `{x}`, `"q"`, `back\slash`, `NULL`, ``, ` `, "tab\there", "ünï ☃", `'`, strings.Repeat("x", 1<<20)}
+	var rows []join.Row
+	for i, s := range awkward {
+		rows = append(rows, join.Row{v(strconv.Itoa(i + 1)), v("1"), v(s), null, v("t")})
+	}
+	apply(t, ctx, w, tbl, 100, join.Output{Upserts: rows})
+	read := func(col string) map[string]*string {
+		t.Helper()
+		got := map[string]*string{}
+		rs, err := tc.Pool.Query(ctx, `SELECT t."Id"::text, t.`+col+` FROM `+tbl.Ident()+` t`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rs.Next() {
+			var id string
+			var s *string
+			if err := rs.Scan(&id, &s); err != nil {
+				t.Fatal(err)
+			}
+			got[id] = s
+		}
+		if err := rs.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	check := func(col string, want func(i int, s string) *string) {
+		t.Helper()
+		got := read(col)
+		if len(got) != len(awkward) {
+			t.Fatalf("%d rows, want %d", len(got), len(awkward))
+		}
+		for i, s := range awkward {
+			g, w := got[strconv.Itoa(i+1)], want(i, s)
+			if (g == nil) != (w == nil) || (g != nil && *g != *w) {
+				t.Fatalf("row %d column %s: got %v, want %v", i+1, col, g, w)
+			}
+		}
+	}
+	check(`"note; x"`, func(_ int, s string) *string { return &s })
+	check(`"Customer Name"`, func(int, string) *string { return nil })
+
+	var keys [][]join.Value
+	for i := range awkward {
+		keys = append(keys, []join.Value{v(strconv.Itoa(i + 1))})
+	}
+	apply(t, ctx, w, tbl, 200, join.Output{RightUpdates: []join.RightUpdate{{Keys: keys, Right: []join.Value{v(`{"a,b"}`), null}}}})
+	check(`"Customer Name"`, func(int, string) *string { s := `{"a,b"}`; return &s })
+	check(`tier`, func(int, string) *string { return nil })
+	apply(t, ctx, w, tbl, 300, join.Output{ColumnUpdates: []join.ColumnUpdate{{Keys: keys[:3], Columns: []int{2}, Values: []join.Value{null}}}})
+	check(`"note; x"`, func(i int, s string) *string {
+		if i < 3 {
+			return nil
+		}
+		return &s
+	})
+	st := apply(t, ctx, w, tbl, 400, join.Output{Deletes: keys})
+	if st.Deleted != int64(len(awkward)) {
+		t.Fatalf("deleted %d rows, want %d", st.Deleted, len(awkward))
 	}
 }

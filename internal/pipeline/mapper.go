@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/fkmat/fkmat/internal/plan"
 
@@ -358,7 +359,7 @@ func (l *layout) appendChange(dst []join.Change, c *cdc.Change) ([]join.Change, 
 		return append(dst, up), nil
 	case cdc.ChangeUpdate:
 		if c.OldKind == cdc.OldNone {
-			if hasToast(pick(c.New, l.key)) {
+			if toastAt(c.New, l.key) {
 				return nil, fmt.Errorf("update of %s.%s: a key column is an unchanged TOASTed value and no old key was sent; "+
 					"set REPLICA IDENTITY FULL on the table", c.Relation.Namespace, c.Relation.Name)
 			}
@@ -393,12 +394,11 @@ func (l *layout) appendChange(dst []join.Change, c *cdc.Change) ([]join.Change, 
 }
 
 func (l *layout) upsert(tuple []cdc.Value) join.Change {
+	cols := pickRow(tuple, [3][]int{l.key, l.fk, l.values})
 	if l.side == sideLeft {
-		return join.Change{Kind: join.LeftUpsert, Left: join.LeftRow{
-			PK: pick(tuple, l.key), FK: pick(tuple, l.fk), Values: pick(tuple, l.values),
-		}}
+		return join.Change{Kind: join.LeftUpsert, Left: join.LeftRow{PK: cols[0], FK: cols[1], Values: cols[2]}}
 	}
-	return join.Change{Kind: join.RightUpsert, Right: join.RightRow{Key: pick(tuple, l.key), Values: pick(tuple, l.values)}}
+	return join.Change{Kind: join.RightUpsert, Right: join.RightRow{Key: cols[0], Values: cols[2]}}
 }
 
 func (l *layout) delete(key []join.Value) join.Change {
@@ -409,21 +409,63 @@ func (l *layout) delete(key []join.Value) join.Change {
 }
 
 func pick(tuple []cdc.Value, pos []int) []join.Value {
-	out := make([]join.Value, len(pos))
-	for i, p := range pos {
-		out[i] = toValue(tuple[p])
+	return pickRow(tuple, [3][]int{pos})[0]
+}
+
+// pickRow picks the columns at each list of positions of tuple, in two
+// allocations whatever the columns: the values' text is copied into one
+// string and the values into one slice, which the lists share (each capped
+// at its length).
+func pickRow(tuple []cdc.Value, lists [3][]int) (out [3][]join.Value) {
+	size, n := 0, 0
+	for _, pos := range lists {
+		n += len(pos)
+		for _, p := range pos {
+			if k := tuple[p].Kind; k == cdc.ValueText || k == cdc.ValueBinary {
+				size += len(tuple[p].Data)
+			}
+		}
+	}
+	var b strings.Builder
+	b.Grow(size)
+	for _, pos := range lists {
+		for _, p := range pos {
+			if k := tuple[p].Kind; k == cdc.ValueText || k == cdc.ValueBinary {
+				b.Write(tuple[p].Data)
+			}
+		}
+	}
+	text := b.String()
+	vals := make([]join.Value, n)
+	i, off := 0, 0
+	for l, pos := range lists {
+		start := i
+		for _, p := range pos {
+			switch v := tuple[p]; v.Kind {
+			case cdc.ValueNull:
+				vals[i] = join.NullValue()
+			case cdc.ValueUnchanged:
+				vals[i] = join.ToastValue()
+			default:
+				vals[i] = join.TextValue(text[off : off+len(v.Data)])
+				off += len(v.Data)
+			}
+			i++
+		}
+		out[l] = vals[start:i:i]
 	}
 	return out
 }
 
-func toValue(v cdc.Value) join.Value {
-	switch v.Kind {
-	case cdc.ValueNull:
-		return join.NullValue()
-	case cdc.ValueUnchanged:
-		return join.ToastValue()
+// toastAt reports whether any column of tuple at pos is an unchanged
+// TOASTed value.
+func toastAt(tuple []cdc.Value, pos []int) bool {
+	for _, p := range pos {
+		if tuple[p].Kind == cdc.ValueUnchanged {
+			return true
+		}
 	}
-	return join.TextValue(string(v.Data))
+	return false
 }
 
 func hasToast(vs []join.Value) bool {

@@ -18,6 +18,8 @@ type Engine struct {
 	stats     Stats
 	published atomic.Pointer[Stats]
 	nullRight []Value
+	// rows hands out the joined rows (one batch at a time uses it).
+	rows valueSlab
 	// reorder, when set (by tests), permutes each segment's response queue
 	// before it is resolved, to show that the order does not matter.
 	reorder func([]Response)
@@ -84,12 +86,16 @@ func (s *segment) reset() {
 
 // batch is the state of one Apply call.
 type batch struct {
-	e      *Engine
-	ov     *overlay
-	seg    segment
-	prop   InstructionKind
-	emit   func(context.Context, Output) error
-	instrs []Instruction
+	e  *Engine
+	ov *overlay
+	// pendings and entries hand out the batch's pending outputs and new
+	// left entries.
+	pendings slab[pending]
+	entries  slab[leftEntry]
+	seg      segment
+	prop     InstructionKind
+	emit     func(context.Context, Output) error
+	instrs   []Instruction
 }
 
 // Apply applies changes, whole source transactions in commit order, and

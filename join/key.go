@@ -169,7 +169,8 @@ var (
 // It fails on NULL or Toast values and on values that do not parse in their
 // family (an int that is not an integer, a malformed uuid).
 func EncodeKey(fams []Family, vals []Value) (Key, error) {
-	b, err := AppendKey(nil, fams, vals)
+	var buf [64]byte // most keys fit: the key's string is the one allocation
+	b, err := AppendKey(buf[:0], fams, vals)
 	return Key(b), err
 }
 

@@ -33,7 +33,7 @@ type overlay struct {
 	// a nil row means deleted, a false subscription means removed.
 	left  map[Key]*leftEntry
 	right map[Key]*RightState
-	subs  map[Key]map[Key]bool
+	subs  map[Key]subSet
 
 	scratch []byte // key encoding buffer
 }
@@ -44,7 +44,7 @@ func newOverlay(store StateReader, spec *Spec, n int) *overlay {
 	return &overlay{
 		store: store, spec: spec,
 		storeLeft: make(map[Key]*leftEntry, n), storeRight: map[Key]*RightState{},
-		left: make(map[Key]*leftEntry, n), right: map[Key]*RightState{}, subs: map[Key]map[Key]bool{},
+		left: make(map[Key]*leftEntry, n), right: map[Key]*RightState{}, subs: map[Key]subSet{},
 	}
 }
 
@@ -107,9 +107,11 @@ func (o *overlay) loadRight(ctx context.Context, keys []Key) error {
 	if err != nil {
 		return fmt.Errorf("get right rows: %w", err)
 	}
+	states := make([]RightState, 0, len(got)) // one allocation for all
 	for _, k := range keys {
 		if st, ok := got[k]; ok {
-			o.storeRight[k] = &st
+			states = append(states, st)
+			o.storeRight[k] = &states[len(states)-1]
 		} else {
 			o.storeRight[k] = nil
 		}
@@ -152,21 +154,71 @@ func (o *overlay) rightOf(ctx context.Context, k Key) (*RightState, error) {
 	return o.storeRight[k], nil
 }
 
+// subSet is one foreign key's subscriptions the batch set: most keys have
+// one, held inline; a map holds them once there are more.
+type subSet struct {
+	first   Key
+	present bool
+	more    map[Key]bool // all of them, first included; nil for one
+}
+
+// len returns the number of subscriptions in s.
+func (s subSet) len() int {
+	if s.more != nil {
+		return len(s.more)
+	}
+	if s.first == "" {
+		return 0
+	}
+	return 1
+}
+
+// has reports whether s holds a subscription of pk.
+func (s subSet) has(pk Key) bool {
+	if s.more != nil {
+		_, ok := s.more[pk]
+		return ok
+	}
+	return s.len() == 1 && s.first == pk
+}
+
+// all yields each subscription's key and whether it is present.
+func (s subSet) all(yield func(Key, bool) bool) {
+	if s.more == nil {
+		if s.len() == 1 {
+			yield(s.first, s.present)
+		}
+		return
+	}
+	for pk, present := range s.more {
+		if !yield(pk, present) {
+			return
+		}
+	}
+}
+
 // setSub records that subscription (fk, pk) is present or removed.
 func (o *overlay) setSub(fk, pk Key, present bool) {
-	m := o.subs[fk]
-	if m == nil {
-		m = map[Key]bool{}
-		o.subs[fk] = m
+	s, ok := o.subs[fk]
+	switch {
+	case !ok:
+		s = subSet{first: pk, present: present}
+	case s.more == nil && s.first == pk:
+		s.present = present
+	case s.more == nil:
+		s.more = map[Key]bool{s.first: s.present, pk: present}
+	default:
+		s.more[pk] = present
+		return
 	}
-	m[pk] = present
+	o.subs[fk] = s
 }
 
 // clearLeft applies a left TRUNCATE: no left rows, no subscriptions.
 func (o *overlay) clearLeft() {
 	o.leftCleared = true
 	o.left = map[Key]*leftEntry{}
-	o.subs = map[Key]map[Key]bool{}
+	o.subs = map[Key]subSet{}
 }
 
 // clearRight applies a right TRUNCATE: no right rows.
@@ -223,7 +275,7 @@ func (o *overlay) mutations() Mutations {
 // subMutations returns the subscriptions to add and to delete, in member order.
 func (o *overlay) subMutations() (add, del []Subscription) {
 	for fk, pks := range o.subs {
-		for pk, present := range pks {
+		for pk, present := range pks.all {
 			base := o.baseLeft(pk)
 			inStore := base != nil && base.fk == fk
 			switch {
@@ -234,15 +286,17 @@ func (o *overlay) subMutations() (add, del []Subscription) {
 			}
 		}
 	}
-	bySub := func(a, b Subscription) int {
-		if c := compareKey(a.FK, b.FK); c != 0 {
-			return c
-		}
-		return compareKey(a.PK, b.PK)
-	}
-	slices.SortFunc(add, bySub)
-	slices.SortFunc(del, bySub)
+	slices.SortFunc(add, compareSubs)
+	slices.SortFunc(del, compareSubs)
 	return add, del
+}
+
+// compareSubs orders subscriptions by member: foreign key, then key.
+func compareSubs(a, b Subscription) int {
+	if c := compareKey(a.FK, b.FK); c != 0 {
+		return c
+	}
+	return compareKey(a.PK, b.PK)
 }
 
 func compareKey(a, b Key) int {

@@ -54,12 +54,21 @@ func (p *Pending) Set(m *Mutations) error {
 	p.m = m
 	p.delLeft = keySet(m.DelLeft)
 	p.delRight = keySet(m.DelRight)
-	p.addSubs = map[Key][]Key{}
-	for _, s := range m.AddSubs {
-		p.addSubs[s.FK] = append(p.addSubs[s.FK], s.PK)
+	// Each foreign key's added subscriptions, sorted, are a run of one
+	// slice: the engine's mutations come in member order already.
+	subs := m.AddSubs
+	if !slices.IsSortedFunc(subs, compareSubs) {
+		subs = slices.SortedFunc(slices.Values(subs), compareSubs)
 	}
-	for _, pks := range p.addSubs {
-		slices.Sort(pks)
+	p.addSubs = map[Key][]Key{}
+	pks := make([]Key, len(subs))
+	for i := 0; i < len(subs); {
+		j := i
+		for ; j < len(subs) && subs[j].FK == subs[i].FK; j++ {
+			pks[j] = subs[j].PK
+		}
+		p.addSubs[subs[i].FK] = pks[i:j:j]
+		i = j
 	}
 	p.delSubs = map[Key]map[Key]struct{}{}
 	for _, s := range m.DelSubs {

@@ -37,7 +37,7 @@ func (e *Engine) joinRow(l *leftEntry, right []Value, found bool) (Row, bool) {
 	if !found {
 		right = e.nullRight
 	}
-	row := make(Row, 0, len(l.PK)+len(l.Values)+len(right))
+	row := Row(e.rows.take(len(l.PK) + len(l.Values) + len(right)))
 	row = append(append(append(row, l.PK...), l.Values...), right...)
 	return row, true
 }
@@ -129,7 +129,7 @@ func (b *batch) touchLeft(ctx context.Context, pk Key, old, cur *leftEntry) erro
 	if _, ok := b.seg.pending[pk]; ok {
 		return nil
 	}
-	p := &pending{}
+	p := b.pendings.new()
 	if old != nil {
 		right, err := b.rightAtSegStart(ctx, old.fk)
 		if err != nil {

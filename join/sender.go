@@ -83,7 +83,7 @@ func send(prop InstructionKind, pk Key, old, cur *leftEntry, dst []Instruction) 
 
 // newLeft returns the state of row after filling its unchanged-TOAST values
 // from old, and whether it differs from old at all.
-func newLeft(spec *Spec, old *leftEntry, row LeftRow) (*leftEntry, bool, error) {
+func newLeft(spec *Spec, entries *slab[leftEntry], old *leftEntry, row LeftRow) (*leftEntry, bool, error) {
 	fk, err := fillToast(row.FK, old, func(e *leftEntry) []Value { return e.FK })
 	if err != nil {
 		return nil, false, fmt.Errorf("fill foreign key: %w", err)
@@ -95,7 +95,8 @@ func newLeft(spec *Spec, old *leftEntry, row LeftRow) (*leftEntry, bool, error) 
 	if old != nil && ValuesEqual(old.FK, fk) && ValuesEqual(old.Values, values) && ValuesEqual(old.PK, row.PK) {
 		return old, false, nil
 	}
-	e := &leftEntry{LeftState: NewLeftState(row.PK, fk, values)}
+	e := entries.new()
+	e.LeftState = NewLeftState(row.PK, fk, values)
 	if !hasNull(fk) {
 		if e.fk, err = EncodeKey(spec.FK, fk); err != nil {
 			return nil, false, fmt.Errorf("encode foreign key: %w", err)
@@ -131,7 +132,7 @@ func (b *batch) leftUpsert(ctx context.Context, pk Key, row LeftRow) error {
 	if err != nil {
 		return err
 	}
-	cur, changed, err := newLeft(&b.e.spec, old, row)
+	cur, changed, err := newLeft(&b.e.spec, &b.entries, old, row)
 	if old == nil && b.e.spec.LeftPartitioned && errors.Is(err, ErrNoToastState) {
 		b.e.stats.AbsentToastSkips++
 		return nil // its partition's move writes it whole

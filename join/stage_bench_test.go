@@ -13,7 +13,7 @@ func benchSpec() Spec {
 func BenchmarkSender(b *testing.B) {
 	spec := benchSpec()
 	pk, _ := EncodeKey(spec.PK, []Value{TextValue("1001")})
-	old, _, err := newLeft(&spec, nil, LeftRow{PK: []Value{TextValue("1001")}, FK: []Value{TextValue("42")},
+	old, _, err := newLeft(&spec, new(slab[leftEntry]), nil, LeftRow{PK: []Value{TextValue("1001")}, FK: []Value{TextValue("42")},
 		Values: []Value{TextValue("42"), TextValue("19.99"), TextValue("a fairly long description of the order")}})
 	if err != nil {
 		b.Fatal(err)
@@ -21,9 +21,10 @@ func BenchmarkSender(b *testing.B) {
 	row := LeftRow{PK: []Value{TextValue("1001")}, FK: []Value{TextValue("42")},
 		Values: []Value{TextValue("42"), TextValue("20.99"), ToastValue()}}
 	var dst []Instruction
+	var entries slab[leftEntry]
 	b.ReportAllocs()
 	for b.Loop() {
-		cur, changed, err := newLeft(&spec, old, row)
+		cur, changed, err := newLeft(&spec, &entries, old, row)
 		if err != nil || !changed {
 			b.Fatal(err)
 		}
@@ -40,7 +41,7 @@ func BenchmarkResolver(b *testing.B) {
 		b.Fatal(err)
 	}
 	bt := &batch{e: e, ov: newOverlay(nil, &e.spec, 0), seg: newSegment(), prop: PropagateNullIfNoRight}
-	cur, _, err := newLeft(&spec, nil, LeftRow{PK: []Value{TextValue("1001")}, FK: []Value{TextValue("42")},
+	cur, _, err := newLeft(&spec, new(slab[leftEntry]), nil, LeftRow{PK: []Value{TextValue("1001")}, FK: []Value{TextValue("42")},
 		Values: []Value{TextValue("42"), TextValue("19.99"), TextValue("description")}})
 	if err != nil {
 		b.Fatal(err)

@@ -261,7 +261,7 @@ func (b *batch) fanOut(ctx context.Context, fk Key, pre *fanOutPrefetch, mode fa
 	}
 	touched := b.ov.subs[fk]
 	var added []Key
-	for pk, present := range touched {
+	for pk, present := range touched.all {
 		if present {
 			added = append(added, pk)
 		}
@@ -288,12 +288,12 @@ func (b *batch) fanOut(ctx context.Context, fk Key, pre *fanOutPrefetch, mode fa
 // not change and sets their right columns, without reading their left rows:
 // their target rows exist before and after, and only the right part
 // differs.
-func (b *batch) fanOutRight(ctx context.Context, fk Key, right *RightState, touched map[Key]bool, pre *fanOutPrefetch) error {
+func (b *batch) fanOutRight(ctx context.Context, fk Key, right *RightState, touched subSet, pre *fanOutPrefetch) error {
 	values := b.rightPart(right)
 	return b.storedPages(ctx, fk, pre, func(page []Key) error {
 		keys := make([][]Value, 0, len(page))
 		for _, pk := range page {
-			if _, ok := touched[pk]; ok {
+			if touched.has(pk) {
 				continue // answered from the overlay, or no longer a dependent
 			}
 			vals, _, err := DecodeKey(b.e.spec.PK, string(pk))
@@ -313,11 +313,11 @@ func (b *batch) fanOutRight(ctx context.Context, fk Key, right *RightState, touc
 
 // fanOutStored pages through the stored dependents of fk, skipping the
 // subscriptions this batch changed (answered from the overlay, or removed).
-func (b *batch) fanOutStored(ctx context.Context, fk Key, right *RightState, touched map[Key]bool, pre *fanOutPrefetch) error {
+func (b *batch) fanOutStored(ctx context.Context, fk Key, right *RightState, touched subSet, pre *fanOutPrefetch) error {
 	return b.storedPages(ctx, fk, pre, func(page []Key) error {
 		keep := page
-		if len(touched) > 0 {
-			keep = slices.DeleteFunc(slices.Clone(page), func(pk Key) bool { _, ok := touched[pk]; return ok })
+		if touched.len() > 0 {
+			keep = slices.DeleteFunc(slices.Clone(page), touched.has)
 		}
 		return b.resolvePage(ctx, fk, right, keep, pre)
 	})

@@ -277,11 +277,7 @@ func (s *Store) split(w writes) (map[int]*shardPart, error) {
 		fv := w.hset[k]
 		for len(fv) > 0 {
 			n := min(len(fv), 2*page)
-			args := make([]string, n)
-			for i, v := range fv[:n] {
-				args[i] = v.(string)
-			}
-			p.add("HSET", k, args)
+			p.add("HSET", k, fv[:n:n])
 			fv = fv[n:]
 		}
 	}

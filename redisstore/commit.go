@@ -203,8 +203,9 @@ func isPartial(err error) bool {
 // and keys to unlink (a sweep on a cluster).
 type writes struct {
 	zrem, zadd, hdel map[string][]string
-	hset             map[string][]any
-	unlink           []string
+	// hset holds each hash's fields and values, alternating.
+	hset   map[string][]string
+	unlink []string
 }
 
 // queueData queues w in the MULTI p of a write that leads to next: on one
@@ -219,7 +220,7 @@ func (s *Store) queueData(ctx context.Context, p redis.Pipeliner, w writes, next
 }
 
 func newWrites() writes {
-	return writes{zrem: map[string][]string{}, zadd: map[string][]string{}, hdel: map[string][]string{}, hset: map[string][]any{}}
+	return writes{zrem: map[string][]string{}, zadd: map[string][]string{}, hdel: map[string][]string{}, hset: map[string][]string{}}
 }
 
 // plan groups m's writes by key, for the generations of next. The deletes of
@@ -228,7 +229,7 @@ func (s *Store) plan(m *join.Mutations, next Meta) writes {
 	// Sized for m: grown a doubling at a time, the maps allocated twice
 	// their final size.
 	w := writes{zrem: make(map[string][]string, len(m.DelSubs)), zadd: make(map[string][]string, len(m.AddSubs)),
-		hdel: make(map[string][]string, len(m.DelLeft)+len(m.DelRight)), hset: make(map[string][]any, len(m.PutLeft)+len(m.PutRight))}
+		hdel: make(map[string][]string, len(m.DelLeft)+len(m.DelRight)), hset: make(map[string][]string, len(m.PutLeft)+len(m.PutRight))}
 	if !m.ClearLeft {
 		for _, sub := range m.DelSubs {
 			k := s.keys.subs(next, string(sub.FK), string(sub.PK))
@@ -249,16 +250,25 @@ func (s *Store) plan(m *join.Mutations, next Meta) writes {
 		k := s.keys.subs(next, string(sub.FK), string(sub.PK))
 		w.zadd[k] = append(w.zadd[k], sub.Member())
 	}
+	// The rows' encodings share one string: one allocation for them all.
+	type put struct {
+		key, field string
+		end        int // where the row's encoding ends in buf
+	}
+	puts := make([]put, 0, len(m.PutLeft)+len(m.PutRight))
 	var buf []byte
 	for pk, st := range m.PutLeft {
-		buf = appendLeft(buf[:0], string(pk), st)
-		k := s.keys.left(next, string(pk))
-		w.hset[k] = append(w.hset[k], string(pk), string(buf))
+		buf = appendLeft(buf, string(pk), st)
+		puts = append(puts, put{s.keys.left(next, string(pk)), string(pk), len(buf)})
 	}
 	for rk, st := range m.PutRight {
-		buf = appendRight(buf[:0], string(rk), st)
-		k := s.keys.right(next, string(rk))
-		w.hset[k] = append(w.hset[k], string(rk), string(buf))
+		buf = appendRight(buf, string(rk), st)
+		puts = append(puts, put{s.keys.right(next, string(rk)), string(rk), len(buf)})
+	}
+	rows, start := string(buf), 0
+	for _, p := range puts {
+		w.hset[p.key] = append(w.hset[p.key], p.field, rows[start:p.end])
+		start = p.end
 	}
 	return w
 }
@@ -288,25 +298,21 @@ func (s *Store) queue(ctx context.Context, p redis.Pipeliner, w writes) subRepli
 	page := s.cfg.PageSize
 	for k, ms := range w.zrem {
 		for chunk := range slices.Chunk(ms, page) {
-			args := make([]any, len(chunk))
-			for i, m := range chunk {
-				args[i] = m
-			}
-			r.rems = append(r.rems, p.ZRem(ctx, k, args...))
+			c := redis.NewIntCmd(ctx, command("zrem", k, false, chunk)...)
+			_ = p.Process(ctx, c)
+			r.rems = append(r.rems, c)
 		}
 	}
 	for k, fs := range w.hdel {
 		for chunk := range slices.Chunk(fs, page) {
-			p.HDel(ctx, k, chunk...)
+			_ = p.Process(ctx, redis.NewIntCmd(ctx, command("hdel", k, false, chunk)...))
 		}
 	}
 	for k, ms := range w.zadd {
 		for chunk := range slices.Chunk(ms, page) {
-			zs := make([]redis.Z, len(chunk))
-			for i, m := range chunk {
-				zs[i] = redis.Z{Member: m}
-			}
-			r.adds = append(r.adds, p.ZAdd(ctx, k, zs...))
+			c := redis.NewIntCmd(ctx, command("zadd", k, true, chunk)...)
+			_ = p.Process(ctx, c)
+			r.adds = append(r.adds, c)
 		}
 	}
 	hsetChunks(ctx, p, w.hset, page)
@@ -314,12 +320,31 @@ func (s *Store) queue(ctx context.Context, p redis.Pipeliner, w writes) subRepli
 }
 
 // hsetChunks queues HSETs of the field/value pairs per hash, page pairs each.
-func hsetChunks(ctx context.Context, p redis.Pipeliner, pairs map[string][]any, page int) {
+func hsetChunks(ctx context.Context, p redis.Pipeliner, pairs map[string][]string, page int) {
 	for k, fv := range pairs {
-		for len(fv) > 0 {
-			n := min(len(fv), 2*page)
-			p.HSet(ctx, k, fv[:n]...)
-			fv = fv[n:]
+		for chunk := range slices.Chunk(fv, 2*page) {
+			_ = p.Process(ctx, redis.NewIntCmd(ctx, command("hset", k, false, chunk)...))
 		}
 	}
+}
+
+// command returns the arguments of command name on key with the strings
+// ss, each preceded by a score of 0 when scored (ZADD). The strings go in
+// by pointer, which an interface holds without an allocation (go-redis
+// writes a *string as the string): the arguments cost one slice, not one
+// boxed value each. ss must not change until the command is written.
+func command(name, key string, scored bool, ss []string) []any {
+	n := 2 + len(ss)
+	if scored {
+		n += len(ss)
+	}
+	args := make([]any, 0, n)
+	args = append(args, name, key)
+	for i := range ss {
+		if scored {
+			args = append(args, "0")
+		}
+		args = append(args, &ss[i])
+	}
+	return args
 }

@@ -174,7 +174,7 @@ func (s *Store) preImages(ctx context.Context, c redis.Cmdable, w writes) (preIm
 	for k, pairs := range w.hset {
 		fields := make([]string, 0, len(pairs)/2)
 		for i := 0; i < len(pairs); i += 2 {
-			fields = append(fields, pairs[i].(string))
+			fields = append(fields, pairs[i])
 		}
 		for chunk := range slices.Chunk(fields, page) {
 			reads = append(reads, read{k, chunk, true, false, p.HMGet(ctx, k, chunk...)})

@@ -72,8 +72,11 @@ func (c *rightCache) lookup(gen uint64, keys []join.Key, found map[join.Key]join
 		case !ok:
 			misses = append(misses, k)
 		case e.row != nil:
-			// The caller owns what it gets: share the strings, not the slices.
-			found[k] = join.RightState{Key: slices.Clone(e.row.Key), Values: slices.Clone(e.row.Values)}
+			// The caller owns what it gets: share the strings, not the
+			// slices (one slice holds both, each capped at its length).
+			nk := len(e.row.Key)
+			vals := append(append(make([]join.Value, 0, nk+len(e.row.Values)), e.row.Key...), e.row.Values...)
+			found[k] = join.RightState{Key: vals[:nk:nk], Values: vals[nk:]}
 		}
 	}
 	return misses, c.seq

@@ -12,8 +12,9 @@ const (
 	valueSize  = int(unsafe.Sizeof(Value{}))
 	changeSize = int(unsafe.Sizeof(Change{}))
 	// slabValues and slabBytes size the per-chunk allocation slabs.
-	slabValues = 1024
-	slabBytes  = 64 << 10
+	slabValues  = 1024
+	slabBytes   = 64 << 10
+	slabChanges = 512
 )
 
 // FirstGenbkiObjectID: pgoutput sends Type messages for types with OIDs from
@@ -52,8 +53,9 @@ type assembler struct {
 	// values and data are allocation slabs for tuple values and message
 	// bytes, shared by consecutive chunks so that small transactions do not
 	// each hold a whole slab.
-	values []Value
-	data   []byte
+	values  []Value
+	data    []byte
+	changes []Change
 }
 
 func newAssembler(chunkChanges, chunkBytes int, log *slog.Logger) *assembler {
@@ -311,7 +313,7 @@ func (a *assembler) row(lsn LSN, data []byte) (result, error) {
 		size += valueSize * (len(m.old) + len(m.new))
 	}
 	t := a.cur
-	t.Changes = append(t.Changes, ch)
+	a.appendChange(t, ch)
 	t.Bytes += size
 	if len(t.Changes) < a.chunkChanges && t.Bytes < a.chunkBytes {
 		return result{}, nil
@@ -333,6 +335,24 @@ func typed(rel *Relation, vals []Value) ([]Value, error) {
 		vals[i].Type = rel.Columns[i].Type
 	}
 	return vals, nil
+}
+
+// appendChange appends ch to t's changes, which grow in place at the end of
+// the change slab while they are its last slice (the current transaction
+// always is, but for the schema changes begin carries over), instead of
+// doubling a slice of their own. t.Changes is capped at its length: an
+// append by its consumer copies it.
+func (a *assembler) appendChange(t *Txn, ch Change) {
+	n := len(t.Changes)
+	last := n == 0 || (len(a.changes) >= n && &a.changes[len(a.changes)-n] == &t.Changes[0])
+	if last && len(a.changes) < cap(a.changes) {
+		a.changes = append(a.changes, ch) // in place: there is room
+		t.Changes = a.changes[len(a.changes)-n-1 : len(a.changes) : len(a.changes)]
+		return
+	}
+	a.changes = make([]Change, 0, max(slabChanges, 2*(n+1)))
+	a.changes = append(append(a.changes, t.Changes...), ch)
+	t.Changes = a.changes[: n+1 : n+1]
 }
 
 // copyData copies a message into the chunk's byte slab: the connection

@@ -261,3 +261,39 @@ func TestCheckServerVersion(t *testing.T) {
 		t.Errorf("13.12: %v, want ErrServerVersion naming the version and the fix", err)
 	}
 }
+
+// TestAppendChange: transactions assembled one after the other share the
+// change slab without touching each other's changes, across full chunks
+// and when a transaction starts with changes of its own (carried schema
+// changes); a consumer's append copies.
+func TestAppendChange(t *testing.T) {
+	a := newAssembler(1<<30, 1<<30, nil)
+	var txns []*Txn
+	want := map[*Txn][]LSN{}
+	for i, n := range []int{3, 0, 1, slabChanges - 3, slabChanges + 7, 5, 2*slabChanges + 1, 1} {
+		tx := &Txn{}
+		if i == 5 {
+			tx.Changes = []Change{{Kind: ChangeSchema, LSN: 1}} // not from the slab
+			want[tx] = append(want[tx], 1)
+		}
+		for j := range n {
+			lsn := LSN(i*1_000_000 + j + 2)
+			a.appendChange(tx, Change{Kind: ChangeInsert, LSN: lsn})
+			want[tx] = append(want[tx], lsn)
+		}
+		txns = append(txns, tx)
+	}
+	if more := append(txns[0].Changes, Change{LSN: 999}); &more[0] == &txns[0].Changes[0] {
+		t.Fatal("an append to a transaction's changes wrote into the slab")
+	}
+	for i, tx := range txns {
+		if len(tx.Changes) != len(want[tx]) || cap(tx.Changes) != len(tx.Changes) {
+			t.Fatalf("txn %d: %d changes (cap %d), want %d", i, len(tx.Changes), cap(tx.Changes), len(want[tx]))
+		}
+		for j, c := range tx.Changes {
+			if c.LSN != want[tx][j] {
+				t.Fatalf("txn %d change %d: LSN %d, want %d", i, j, c.LSN, want[tx][j])
+			}
+		}
+	}
+}

@@ -24,8 +24,47 @@ type Engine struct {
 	// before it is resolved, to show that the order does not matter.
 	reorder func([]Response)
 	// spare is the last batch's segment, emptied: its maps and queue keep
-	// their room for the next batch, whose sizes are alike.
-	spare segment
+	// their room for the next batch, whose sizes are alike. spareOv and
+	// pre are the last batch's overlay and prefetch maps, for the same
+	// reason (emptied when taken).
+	spare   segment
+	spareOv *overlay
+	pre     prefetchScratch
+}
+
+// prefetchScratch is what prefetch fills: each change's encoded keys and
+// the keys it reads.
+type prefetchScratch struct {
+	keys                  []changeKeys
+	right                 map[Key]struct{}
+	firstLeft, firstRight map[Key]bool
+}
+
+// take empties the scratch for a batch of n changes.
+func (s *prefetchScratch) take(n int) {
+	if cap(s.keys) < n {
+		s.keys = make([]changeKeys, n)
+	}
+	s.keys = s.keys[:n]
+	clear(s.keys)
+	if s.right == nil {
+		s.right, s.firstLeft, s.firstRight = make(map[Key]struct{}, n), make(map[Key]bool, n), map[Key]bool{}
+	}
+	clear(s.right)
+	clear(s.firstLeft)
+	clear(s.firstRight)
+}
+
+// takeOverlay returns an empty overlay for a batch of n changes: the last
+// batch's, emptied, unless it grew far larger than this batch needs.
+func (e *Engine) takeOverlay(n int) *overlay {
+	o := e.spareOv
+	e.spareOv = nil
+	if o == nil || o.size() > 4*max(n, 4096) {
+		return newOverlay(e.store, &e.spec, n)
+	}
+	o.reset()
+	return o
 }
 
 // NewEngine returns an engine for spec reading state from store.
@@ -114,10 +153,11 @@ func (e *Engine) Apply(ctx context.Context, changes []Change, emit func(context.
 		seg = newSegment()
 	}
 	e.spare = segment{}
-	b := &batch{e: e, ov: newOverlay(e.store, &e.spec, len(changes)), seg: seg, prop: propagateKind(e.spec.Type), emit: emit}
+	b := &batch{e: e, ov: e.takeOverlay(len(changes)), seg: seg, prop: propagateKind(e.spec.Type), emit: emit}
 	defer func() {
 		b.seg.reset()
 		e.spare = b.seg
+		e.spareOv = b.ov // the mutations share none of its maps
 	}()
 	keys, err := b.prefetch(ctx, changes)
 	if err != nil {
@@ -199,14 +239,13 @@ type changeKeys struct {
 // first change in the batch is an insert (Change.Insert) did not exist at
 // the batch start: its state is known absent and not read.
 func (b *batch) prefetch(ctx context.Context, changes []Change) ([]changeKeys, error) {
-	keys := make([]changeKeys, len(changes))
-	// Sized for the batch: grown a doubling at a time, they allocated
-	// twice their final size.
-	n := len(changes)
-	left, right := make(map[Key]struct{}, n), make(map[Key]struct{}, n)
-	// firstLeft and firstRight record, per row key of each side, whether
-	// the row's first change in the batch was an insert.
-	firstLeft, firstRight := make(map[Key]bool, n), map[Key]bool{}
+	// The engine's scratch, emptied: the last batch's room, not grown
+	// again a doubling at a time. firstLeft and firstRight record, per
+	// row key of each side, whether the row's first change in the batch
+	// was an insert.
+	b.e.pre.take(len(changes))
+	keys, right := b.e.pre.keys, b.e.pre.right
+	firstLeft, firstRight := b.e.pre.firstLeft, b.e.pre.firstRight
 	see := func(first map[Key]bool, k Key, insert bool) {
 		if _, ok := first[k]; !ok {
 			first[k] = insert
@@ -246,14 +285,17 @@ func (b *batch) prefetch(ctx context.Context, changes []Change) ([]changeKeys, e
 			see(firstRight, keys[i].key, c.Insert && c.Kind == RightUpsert)
 		}
 	}
+	// The reads go in no particular order: sorting them cost more than
+	// anything they gain.
+	left := make([]Key, 0, len(firstLeft))
 	for k, inserted := range firstLeft {
 		if inserted {
 			b.ov.storeLeft[k] = nil // known absent
 		} else {
-			left[k] = struct{}{}
+			left = append(left, k)
 		}
 	}
-	if err := b.ov.loadLeft(ctx, slices.Sorted(maps.Keys(left))); err != nil {
+	if err := b.ov.loadLeft(ctx, left); err != nil {
 		return nil, err
 	}
 	for _, e := range b.ov.storeLeft {
@@ -269,7 +311,7 @@ func (b *batch) prefetch(ctx context.Context, changes []Change) ([]changeKeys, e
 			right[k] = struct{}{}
 		}
 	}
-	return keys, b.ov.loadRight(ctx, slices.Sorted(maps.Keys(right)))
+	return keys, b.ov.loadRight(ctx, slices.Collect(maps.Keys(right)))
 }
 
 // apply runs one change through the stages; k holds its encoded keys.

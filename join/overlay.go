@@ -48,6 +48,21 @@ func newOverlay(store StateReader, spec *Spec, n int) *overlay {
 	}
 }
 
+// size returns the number of entries the overlay holds.
+func (o *overlay) size() int {
+	return len(o.storeLeft) + len(o.storeRight) + len(o.left) + len(o.right) + len(o.subs)
+}
+
+// reset empties the overlay for another batch, keeping its maps' room.
+func (o *overlay) reset() {
+	clear(o.storeLeft)
+	clear(o.storeRight)
+	clear(o.left)
+	clear(o.right)
+	clear(o.subs)
+	o.leftCleared, o.rightCleared = false, false
+}
+
 // newLeftEntry wraps a stored state, encoding its foreign key.
 func (o *overlay) newLeftEntry(st LeftState) (*leftEntry, error) {
 	e := &leftEntry{LeftState: st}

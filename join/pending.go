@@ -21,8 +21,12 @@ import (
 type Pending struct {
 	base StateReader
 	m    *Mutations
-	// Derived from m: deleted keys and, per foreign key, the subscriptions
-	// added (sorted) and deleted.
+	*pendingIndex
+}
+
+// pendingIndex is derived from mutations: deleted keys and, per foreign
+// key, the subscriptions added (sorted) and deleted.
+type pendingIndex struct {
 	delLeft, delRight map[Key]struct{}
 	addSubs           map[Key][]Key
 	delSubs           map[Key]map[Key]struct{}
@@ -52,32 +56,42 @@ func (p *Pending) Set(m *Mutations) error {
 		return ErrCannotOverlay
 	}
 	p.m = m
-	p.delLeft = keySet(m.DelLeft)
-	p.delRight = keySet(m.DelRight)
+	if m.index == nil {
+		m.index = newPendingIndex(m)
+	}
+	p.pendingIndex = m.index
+	return nil
+}
+
+// newPendingIndex derives the index of m.
+func newPendingIndex(m *Mutations) *pendingIndex {
+	x := &pendingIndex{}
+	x.delLeft = keySet(m.DelLeft)
+	x.delRight = keySet(m.DelRight)
 	// Each foreign key's added subscriptions, sorted, are a run of one
 	// slice: the engine's mutations come in member order already.
 	subs := m.AddSubs
 	if !slices.IsSortedFunc(subs, compareSubs) {
 		subs = slices.SortedFunc(slices.Values(subs), compareSubs)
 	}
-	p.addSubs = map[Key][]Key{}
+	x.addSubs = map[Key][]Key{}
 	pks := make([]Key, len(subs))
 	for i := 0; i < len(subs); {
 		j := i
 		for ; j < len(subs) && subs[j].FK == subs[i].FK; j++ {
 			pks[j] = subs[j].PK
 		}
-		p.addSubs[subs[i].FK] = pks[i:j:j]
+		x.addSubs[subs[i].FK] = pks[i:j:j]
 		i = j
 	}
-	p.delSubs = map[Key]map[Key]struct{}{}
+	x.delSubs = map[Key]map[Key]struct{}{}
 	for _, s := range m.DelSubs {
-		if p.delSubs[s.FK] == nil {
-			p.delSubs[s.FK] = map[Key]struct{}{}
+		if x.delSubs[s.FK] == nil {
+			x.delSubs[s.FK] = map[Key]struct{}{}
 		}
-		p.delSubs[s.FK][s.PK] = struct{}{}
+		x.delSubs[s.FK][s.PK] = struct{}{}
 	}
-	return nil
+	return x
 }
 
 func keySet(keys []Key) map[Key]struct{} {

@@ -71,6 +71,9 @@ type joinBase struct {
 	st     State
 	mapper changeMapper
 	epoch  string
+	// batch is the last batch's join changes, emptied: the next batch's
+	// room (the engines keep none of the slice past a batch).
+	batch []join.Change
 }
 
 func (b *joinBase) Plan() *plan.JoinPlan        { return b.plan }
@@ -126,7 +129,11 @@ func (b *joinBase) changes(txns []*cdc.Txn) ([]join.Change, []txnSpan, error) {
 	for _, t := range txns {
 		n += len(t.Changes)
 	}
-	out := make([]join.Change, 0, n)
+	if cap(b.batch) < n || cap(b.batch) > 4*max(n, 4096) {
+		b.batch = make([]join.Change, 0, n)
+	}
+	clear(b.batch[:cap(b.batch)])
+	out := b.batch[:0]
 	spans := make([]txnSpan, 0, len(txns))
 	for _, t := range txns {
 		if t.EndLSN <= done {
@@ -138,6 +145,7 @@ func (b *joinBase) changes(txns []*cdc.Txn) ([]join.Change, []txnSpan, error) {
 			return nil, nil, err
 		}
 	}
+	b.batch = out
 	return out, spans, nil
 }
 

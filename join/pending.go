@@ -44,7 +44,15 @@ var ErrCannotOverlay = errors.New("mutations that clear a side cannot be overlai
 func NewPending(base StateReader) *Pending { return &Pending{base: base} }
 
 // Set makes reads show m on top of the base; nil shows the base alone.
-func (p *Pending) Set(m *Mutations) error {
+func (p *Pending) Set(m *Mutations) error { return p.SetFrom(m, nil) }
+
+// SetFrom is Set, taking what from derived from m when from shows m (a
+// batch's mutations are overlaid twice: newer, then older).
+func (p *Pending) SetFrom(m *Mutations, from *Pending) error {
+	var index *pendingIndex
+	if from != nil && from.m == m {
+		index = from.pendingIndex
+	}
 	*p = Pending{base: p.base}
 	if m == nil || m.Empty() {
 		return nil
@@ -56,10 +64,10 @@ func (p *Pending) Set(m *Mutations) error {
 		return ErrCannotOverlay
 	}
 	p.m = m
-	if m.index == nil {
-		m.index = newPendingIndex(m)
+	if index == nil {
+		index = newPendingIndex(m)
 	}
-	p.pendingIndex = m.index
+	p.pendingIndex = index
 	return nil
 }
 

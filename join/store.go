@@ -84,10 +84,6 @@ type Mutations struct {
 	// table's state of a join of more than two tables (PerTable). A state
 	// store refuses them: they are committed table by table.
 	Tables []Mutations
-
-	// index is what a Pending derives from the mutations, kept for the
-	// next Pending they are set on (each batch's are overlaid twice).
-	index *pendingIndex
 }
 
 // PerTable wraps the mutations of each table's state in one Mutations.

@@ -64,7 +64,7 @@ func (j *Pair) apply(ctx context.Context, changes []join.Change, _ cdc.LSN, emit
 }
 
 func (j *Pair) overlay(older, newer *join.Mutations) error {
-	err := j.older.Set(older)
+	err := j.older.SetFrom(older, j.pending) // the last batch's newer is often this one's older
 	if err2 := j.pending.Set(newer); err == nil {
 		err = err2
 	}

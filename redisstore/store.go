@@ -569,11 +569,20 @@ func (s *Store) hgetAll(ctx context.Context, keys []join.Key, bucket func(join.K
 			ks = append(ks, k)
 		}
 	}
+	// Each command's arguments: "hget", then its hash and field by pointer
+	// into one slice (an interface holds a pointer without an allocation).
+	strs := make([]string, 2*len(ks))
+	args := make([]any, 3*len(ks))
+	for i, k := range ks {
+		strs[2*i], strs[2*i+1] = bucket(k), string(k)
+		args[3*i], args[3*i+1], args[3*i+2] = "hget", &strs[2*i], &strs[2*i+1]
+	}
 	cmds := make([]*redis.StringCmd, len(ks))
 	err := retryRead(ctx, s.rdb, func() error {
 		p := s.rdb.Pipeline()
-		for i, k := range ks {
-			cmds[i] = p.HGet(ctx, bucket(k), string(k))
+		for i := range ks {
+			cmds[i] = redis.NewStringCmd(ctx, args[3*i:3*i+3:3*i+3]...)
+			_ = p.Process(ctx, cmds[i])
 		}
 		_, _ = p.Exec(ctx)
 		// Exec returns the first command's error, which may be a key's

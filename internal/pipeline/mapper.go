@@ -28,8 +28,9 @@ const (
 type mapper struct {
 	plan *plan.JoinPlan
 	// layouts caches the column positions per relation and side (a schema
-	// change yields a new *cdc.Relation).
+	// change yields a new *cdc.Relation); sides the sides of each relation.
 	layouts map[layoutKey]*layout
+	sides   map[*cdc.Relation][]side
 }
 
 type layoutKey struct {
@@ -49,11 +50,20 @@ type layout struct {
 }
 
 func newMapper(p *plan.JoinPlan) *mapper {
-	return &mapper{plan: p, layouts: map[layoutKey]*layout{}}
+	return &mapper{plan: p, layouts: map[layoutKey]*layout{}, sides: map[*cdc.Relation][]side{}}
 }
 
 // sidesOf says which tables of this join rel is: left, right, both or none.
 func (m *mapper) sidesOf(rel *cdc.Relation) []side {
+	if s, ok := m.sides[rel]; ok {
+		return s
+	}
+	s := m.findSides(rel)
+	m.sides[rel] = s
+	return s
+}
+
+func (m *mapper) findSides(rel *cdc.Relation) []side {
 	t := config.TableName{Schema: rel.Namespace, Name: rel.Name}
 	var out []side
 	if t == m.plan.Left.Table {
@@ -135,6 +145,8 @@ type tableMapper struct {
 	// columns as values.
 	tables  []plan.TablePlan
 	layouts map[tableLayoutKey]*layout
+	// of caches tablesOf per relation.
+	of map[*cdc.Relation][]int
 }
 
 type tableLayoutKey struct {
@@ -150,7 +162,7 @@ func newTableMapper(p *plan.JoinPlan, l plan.Carried) *tableMapper {
 		}
 		return out
 	}
-	m := &tableMapper{plan: p, layouts: map[tableLayoutKey]*layout{}}
+	m := &tableMapper{plan: p, layouts: map[tableLayoutKey]*layout{}, of: map[*cdc.Relation][]int{}}
 	m.tables = append(m.tables, plan.TablePlan{Table: p.Left.Table, Key: p.Left.Key, Values: carried(l.Columns[0]),
 		Partitioned: p.Left.Partitioned})
 	for i, e := range p.Edges {
@@ -162,6 +174,15 @@ func newTableMapper(p *plan.JoinPlan, l plan.Carried) *tableMapper {
 
 // tablesOf returns the join's tables that rel is.
 func (m *tableMapper) tablesOf(rel *cdc.Relation) []int {
+	if ts, ok := m.of[rel]; ok {
+		return ts
+	}
+	ts := m.findTables(rel)
+	m.of[rel] = ts
+	return ts
+}
+
+func (m *tableMapper) findTables(rel *cdc.Relation) []int {
 	t := config.TableName{Schema: rel.Namespace, Name: rel.Name}
 	var out []int
 	for i, tp := range m.tables {

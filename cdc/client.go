@@ -38,6 +38,7 @@ func New(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("parse connection string: %w", redactErr(err))
 	}
 	repl.RuntimeParams["replication"] = "database"
+	repl.BuildFrontend = coalescingFrontend
 	// The connection that exports a snapshot sits idle in its transaction
 	// while the backfill runs; slot creation waits for running transactions.
 	repl.RuntimeParams["idle_in_transaction_session_timeout"] = "0"

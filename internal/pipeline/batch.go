@@ -103,7 +103,7 @@ func (p *Pipeline) collect(ctx context.Context, first *cdc.Txn) *batch {
 	}
 	replay := first.EndLSN <= p.targetCheckpoint()
 	deadline := time.Now().Add(p.sizer.delay())
-	for b.changes < p.limits.Changes && b.bytes < p.limits.Bytes && ctx.Err() == nil {
+	for b.changes < p.sizer.changeLimit() && b.bytes < p.limits.Bytes && ctx.Err() == nil {
 		until := time.Now().Add(p.limits.Idle)
 		if deadline.Before(until) {
 			until = deadline
@@ -145,13 +145,55 @@ type batchSizer struct {
 	limits BatchLimits
 	// work is the last committed batch's work (ns), written by the commit.
 	work atomic.Int64
+	// fanOut says the last prepared batch wrote fanOutRatio times more
+	// target rows than it had changes (the batch loop's alone).
+	fanOut bool
 }
 
-// delay returns how long the next batch may wait for transactions.
+// fanOutRatio and fanOutChanges: a batch that writes fanOutRatio times more
+// target rows than it has changes is paying for fan-outs (a hot right row
+// rewritten in its dependents, once per batch), not for its changes; the
+// next batch may take fanOutChanges times the change limit and wait
+// fanOutWait times as long as the last batch's work for them, so that each
+// fan-out is paid for more changes, and fkmat leaves the database more of
+// the machine, at the cost of the target's freshness under such a load.
+// The byte limit still holds.
+// pgbench's TPC-B, whose every transaction changes one of a few branches
+// with 100k accounts each, is such a load.
+const (
+	fanOutRatio   = 4
+	fanOutChanges = 4
+	fanOutWait    = 2
+)
+
+// output records what the last prepared batch did: its changes and the
+// target rows they made.
+func (s *batchSizer) output(changes, rows int) {
+	s.fanOut = changes > 0 && rows >= fanOutRatio*changes
+}
+
+// changeLimit is the change count after which the next batch is closed.
+func (s *batchSizer) changeLimit() int {
+	if s.fanOut {
+		return fanOutChanges * s.limits.Changes
+	}
+	return s.limits.Changes
+}
+
+// delay returns how long the next batch may wait for transactions: as
+// long as the last batch's work, fanOutWait times as long after a fan-out
+// batch, between Delay and MaxDelay (fanOutChanges times MaxDelay after a
+// fan-out batch).
 func (s *batchSizer) delay() time.Duration {
 	d := s.limits.Delay
-	if w := time.Duration(s.work.Load()); w > d {
-		d = min(w, max(s.limits.MaxDelay, s.limits.Delay))
+	limit := max(s.limits.MaxDelay, s.limits.Delay)
+	w := time.Duration(s.work.Load())
+	if s.fanOut {
+		limit *= fanOutChanges
+		w *= fanOutWait
+	}
+	if w > d {
+		d = min(w, limit)
 	}
 	return d
 }

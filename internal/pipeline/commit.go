@@ -92,12 +92,13 @@ func (p *Pipeline) prepare(ctx context.Context, b *batch, inFlight []*commitJob)
 			_ = j.overlay(nil, nil)
 		}
 	}
-	buffered := 0
+	buffered, rows := 0, 0
 	for i, j := range p.joins {
 		if !job.touched[i] {
 			continue
 		}
 		emit := func(ctx context.Context, out join.Output) error {
+			rows += out.Rows()
 			if !job.writeTarget {
 				return nil // replaying for Redis only: the target has it
 			}
@@ -134,6 +135,7 @@ func (p *Pipeline) prepare(ctx context.Context, b *batch, inFlight []*commitJob)
 		return nil, err
 	}
 	phase(&b.timing.join)
+	p.sizer.output(b.changes, rows)
 	return job, nil
 }
 

@@ -577,8 +577,14 @@ func (f *faultRun) check() {
 	f.t.Helper()
 	// A changed definition (redefine) is compared once it is switched in:
 	// until then the target is the old definition's.
+	// A daemon that has not migrated yet (a short run) has no build to
+	// wait for: waitCaughtUp waits for it.
 	deadline := time.Now().Add(3 * time.Minute)
-	for queryInt(f.t, f.tc, `SELECT count(*) FROM fkmat.build WHERE slot = $1`, f.tc.Slot) > 0 {
+	building := func() bool {
+		return queryInt(f.t, f.tc, `SELECT count(*) FROM pg_tables WHERE schemaname = 'fkmat' AND tablename = 'build'`) > 0 &&
+			queryInt(f.t, f.tc, `SELECT count(*) FROM fkmat.build WHERE slot = $1`, f.tc.Slot) > 0
+	}
+	for building() {
 		f.p.mustRun("while a rebuild runs")
 		if time.Now().After(deadline) {
 			f.t.Fatalf("a rebuild did not finish within 3 minutes; stderr:\n%s", tail(f.p.stderr.String(), 4000))

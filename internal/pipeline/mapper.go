@@ -54,13 +54,17 @@ func newMapper(p *plan.JoinPlan) *mapper {
 }
 
 // sidesOf says which tables of this join rel is: left, right, both or none.
-func (m *mapper) sidesOf(rel *cdc.Relation) []side {
-	if s, ok := m.sides[rel]; ok {
-		return s
+func (m *mapper) sidesOf(rel *cdc.Relation) []side { return cachedOf(m.sides, rel, m.findSides) }
+
+// cachedOf returns what find says of rel, found once per relation (a
+// mapper asks for every change).
+func cachedOf[V any](cache map[*cdc.Relation]V, rel *cdc.Relation, find func(*cdc.Relation) V) V {
+	v, ok := cache[rel]
+	if !ok {
+		v = find(rel)
+		cache[rel] = v
 	}
-	s := m.findSides(rel)
-	m.sides[rel] = s
-	return s
+	return v
 }
 
 func (m *mapper) findSides(rel *cdc.Relation) []side {
@@ -173,14 +177,7 @@ func newTableMapper(p *plan.JoinPlan, l plan.Carried) *tableMapper {
 }
 
 // tablesOf returns the join's tables that rel is.
-func (m *tableMapper) tablesOf(rel *cdc.Relation) []int {
-	if ts, ok := m.of[rel]; ok {
-		return ts
-	}
-	ts := m.findTables(rel)
-	m.of[rel] = ts
-	return ts
-}
+func (m *tableMapper) tablesOf(rel *cdc.Relation) []int { return cachedOf(m.of, rel, m.findTables) }
 
 func (m *tableMapper) findTables(rel *cdc.Relation) []int {
 	t := config.TableName{Schema: rel.Namespace, Name: rel.Name}

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -239,6 +240,9 @@ type faultRun struct {
 	// warnings counts the daemon's WARN and ERROR log messages.
 	warnings map[string]int
 	rows     int64 // rows compared by the oracle checks
+	// logs holds the log of every daemon process of the run, written to a
+	// file when the run fails.
+	logs strings.Builder
 }
 
 func (f *faultRun) restart(args ...string) {
@@ -252,6 +256,7 @@ func (f *faultRun) countSelfRestarts() {
 	if f.p == nil {
 		return
 	}
+	fmt.Fprintf(&f.logs, "--- a daemon process ---\n%s", f.p.stderr.String())
 	f.selfRestarts += strings.Count(f.p.stderr.String(), "pipeline failed; restarting")
 	f.pagedBatches += strings.Count(f.p.stderr.String(), "applying the batch's transactions one at a time, in pages")
 	for _, line := range strings.Split(f.p.stderr.String(), "\n") {
@@ -701,6 +706,10 @@ func faultInjection(t *testing.T, shape string, ops int, cluster bool) {
 		t.Logf("%s shape, %s join: %s\nchanges: %s", shape, typ, f.report(seed, start), f.w.report())
 		if t.Failed() && f.p != nil {
 			t.Logf("the daemon's last log lines:\n%s", tail(f.p.stderr.String(), 6000))
+			path := filepath.Join(os.TempDir(), fmt.Sprintf("fkmat-fault-%d.log", seed))
+			if err := os.WriteFile(path, []byte(f.logs.String()), 0o644); err == nil {
+				t.Logf("the log of every daemon process of the run: %s", path)
+			}
 		}
 	}()
 

@@ -145,8 +145,9 @@ type batchSizer struct {
 	limits BatchLimits
 	// work is the last committed batch's work (ns), written by the commit.
 	work atomic.Int64
-	// fanOut says the last prepared batch wrote fanOutRatio times more
-	// target rows than it had changes (the batch loop's alone).
+	// fanOut says a join of the last prepared batch wrote fanOutRatio
+	// times more target rows than it had changes (fannedOut; the batch
+	// loop's alone).
 	fanOut bool
 }
 
@@ -166,10 +167,11 @@ const (
 	fanOutWait    = 2
 )
 
-// output records what the last prepared batch did: its changes and the
-// target rows they made.
-func (s *batchSizer) output(changes, rows int) {
-	s.fanOut = changes > 0 && rows >= fanOutRatio*changes
+// fannedOut reports whether a join's changes of a batch made fanOutRatio
+// times as many target rows: a join's own, so that several joins of one
+// table, each writing a row per change, are not taken for a fan-out.
+func fannedOut(changes, rows int) bool {
+	return changes > 0 && rows >= fanOutRatio*changes
 }
 
 // changeLimit is the change count after which the next batch is closed.

@@ -1,8 +1,12 @@
 package pipeline
 
 import (
+	"context"
+	"math"
 	"testing"
 	"time"
+
+	"github.com/fkmat/fkmat/cdc"
 )
 
 // TestBatchSizer: the delay of the next batch follows the last batch's
@@ -31,10 +35,11 @@ func TestBatchSizer(t *testing.T) {
 	}
 }
 
-// TestBatchSizerFanOut: after a batch that wrote fanOutRatio times more
-// target rows than it had changes, the next may take fanOutChanges times
-// the change limit and wait fanOutWait times its work, up to
-// fanOutChanges × MaxDelay; after an ordinary batch, the limits are back.
+// TestBatchSizerFanOut: after a batch one of whose joins wrote fanOutRatio
+// times more target rows than it had changes, the next may take
+// fanOutChanges times the change limit and wait fanOutWait times its work,
+// up to fanOutChanges × MaxDelay; after an ordinary batch, the limits are
+// back. Several joins writing a row per change each are no fan-out.
 func TestBatchSizerFanOut(t *testing.T) {
 	t.Parallel()
 	l := BatchLimits{}
@@ -51,7 +56,7 @@ func TestBatchSizerFanOut(t *testing.T) {
 		{1000, 200_000, fanOutChanges * l.Changes, fanOutWait * 400 * time.Millisecond}, // a fan-out
 		{0, 0, l.Changes, 400 * time.Millisecond},                                       // nothing
 	} {
-		s.output(c.changes, c.rows)
+		s.fanOut = fannedOut(c.changes, c.rows)
 		if got := s.changeLimit(); got != c.wantLimit {
 			t.Errorf("after %d changes making %d rows: change limit %d, want %d", c.changes, c.rows, got, c.wantLimit)
 		}
@@ -59,9 +64,60 @@ func TestBatchSizerFanOut(t *testing.T) {
 			t.Errorf("after %d changes making %d rows: delay %s, want %s", c.changes, c.rows, got, c.wantDelay)
 		}
 	}
-	s.output(10, 10_000)
+	s.fanOut = fannedOut(10, 10_000)
 	s.worked(10 * time.Second)
 	if got, want := s.delay(), fanOutChanges*l.MaxDelay; got != want {
 		t.Errorf("a long fan-out: delay %s, want %s", got, want)
+	}
+}
+
+// TestPrepareFanOut: whether a batch fanned out is told by each join's own
+// rows per change. Four joins of orders, each writing a row per new
+// order, are no fan-out (all their rows together are four per change); a
+// customer renamed with twenty orders is.
+func TestPrepareFanOut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var joins []Join
+	for range 4 {
+		w := newFakeWorld(t, nil)
+		w.targetLSN = cdc.LSN(math.MaxUint64) // the target has it: nothing is written, rows are counted
+		pj, err := newPair(w.plan, fakeState{w, 0}, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pj.epoch = "e"
+		joins = append(joins, pj)
+	}
+	p := New(Config{Slot: "s", Joins: joins})
+	p.targetLSN.Store(math.MaxUint64)
+	orders := rel("orders", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "customer_id", Type: oidInt8},
+		cdc.Column{Name: "note", Type: oidText})
+	customers := rel("customers", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "name", Type: oidText})
+	prepare := func(end cdc.LSN, changes ...cdc.Change) {
+		t.Helper()
+		txn := &cdc.Txn{CommitLSN: end - 1, EndLSN: end, Final: true, Changes: changes}
+		job, err := p.prepare(ctx, &batch{txns: []*cdc.Txn{txn}, changes: len(changes)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, j := range joins {
+			if err := j.state().Commit(ctx, job.muts[i], end); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	prepare(10, cdc.Change{Kind: cdc.ChangeInsert, Relation: customers, New: []cdc.Value{txt("1"), txt("ann")}})
+	var changes []cdc.Change
+	for id := range 20 {
+		changes = append(changes, cdc.Change{Kind: cdc.ChangeInsert, Relation: orders, New: []cdc.Value{itxt(id + 1), txt("1"), txt("n")}})
+	}
+	prepare(20, changes...)
+	if p.sizer.fanOut {
+		t.Fatal("four joins writing a row per change each were taken for a fan-out")
+	}
+	prepare(30, cdc.Change{Kind: cdc.ChangeUpdate, Relation: customers, New: []cdc.Value{txt("1"), txt("bob")}})
+	if !p.sizer.fanOut {
+		t.Fatal("a customer renamed with twenty orders was not taken for a fan-out")
 	}
 }

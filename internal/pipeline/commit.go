@@ -92,13 +92,14 @@ func (p *Pipeline) prepare(ctx context.Context, b *batch, inFlight []*commitJob)
 			_ = j.overlay(nil, nil)
 		}
 	}
-	buffered, rows := 0, 0
+	buffered := 0
+	rows := make([]int, len(p.joins)) // target rows per join
 	for i, j := range p.joins {
 		if !job.touched[i] {
 			continue
 		}
 		emit := func(ctx context.Context, out join.Output) error {
-			rows += out.Rows()
+			rows[i] += out.Rows()
 			if !job.writeTarget {
 				return nil // replaying for Redis only: the target has it
 			}
@@ -135,7 +136,11 @@ func (p *Pipeline) prepare(ctx context.Context, b *batch, inFlight []*commitJob)
 		return nil, err
 	}
 	phase(&b.timing.join)
-	p.sizer.output(b.changes, rows)
+	fanOut := false
+	for i := range p.joins {
+		fanOut = fanOut || fannedOut(len(perJoin[i]), rows[i])
+	}
+	p.sizer.fanOut = fanOut
 	return job, nil
 }
 

@@ -471,7 +471,9 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 			if err := d.recordRebuild(gctx, "switching"); err != nil {
 				return err
 			}
-			// No partition move commits across the marker.
+			// No partition move commits across the marker. Held for the
+			// rest of this run: it ends at the switch, and the next run
+			// follows a partition change seen meanwhile.
 			d.switching.Lock()
 			id := rand.Text()
 			mainStream.StopAt(id)

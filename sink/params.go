@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fkmat/fkmat/join"
 )
@@ -54,13 +53,19 @@ func (p *params) end(null bool) {
 	p.nulls = append(p.nulls, null)
 }
 
-// text appends a text parameter (NULL kept).
-func (p *params) text(v join.Value) error {
-	if v.Toast {
-		return fmt.Errorf("value %d is an unchanged-TOAST marker", len(p.ends))
+// keysAndValues appends the keys' first width values as text[]
+// parameters (columns), then one text parameter per value (NULL kept).
+func keysAndValues(p *params, keys [][]join.Value, width int, values []join.Value) error {
+	if err := columns(p, keys, width); err != nil {
+		return err
 	}
-	p.buf = append(p.buf, v.Text...)
-	p.end(v.Null)
+	for i, v := range values {
+		if v.Toast {
+			return fmt.Errorf("value %d is an unchanged-TOAST marker", i)
+		}
+		p.buf = append(p.buf, v.Text...)
+		p.end(v.Null)
+	}
 	return nil
 }
 
@@ -118,17 +123,24 @@ func (p *params) slices() {
 	}
 }
 
-// exec runs sql with p on the transaction's connection, as a prepared
-// statement named after its text (pgx keeps it prepared on the
-// connection, as it does for its own statement cache).
-func (t *Tx) exec(ctx context.Context, sql string, p *params) (pgconn.CommandTag, error) {
+// exec runs sql, with the parameters fill encodes, on the transaction's
+// connection as a prepared statement named after its text (pgx keeps it
+// prepared on the connection, as it does for its own statement cache),
+// and returns the rows it affected.
+func (t *Tx) exec(ctx context.Context, sql string, fill func(*params) error) (int64, error) {
+	p := getParams()
+	defer p.release()
+	if err := fill(p); err != nil {
+		return 0, err
+	}
 	p.slices()
 	conn := t.tx.Conn()
 	sd, err := conn.Prepare(ctx, statementName(sql), sql)
 	if err != nil {
-		return pgconn.CommandTag{}, err
+		return 0, err
 	}
-	return conn.PgConn().ExecStatement(ctx, sd, p.values, p.formats, nil).Close()
+	tag, err := conn.PgConn().ExecStatement(ctx, sd, p.values, p.formats, nil).Close()
+	return tag.RowsAffected(), err
 }
 
 // statementName names a statement by its text.

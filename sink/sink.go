@@ -172,21 +172,11 @@ func (t *Tx) UpdateColumns(ctx context.Context, table *Table, u join.ColumnUpdat
 	if err != nil {
 		return err
 	}
-	p := getParams()
-	defer p.release()
-	if err := columns(p, u.Keys, table.KeyCount); err != nil {
-		return fmt.Errorf("update columns of %s: %w", table.Ident(), err)
-	}
-	for _, v := range u.Values {
-		if err := p.text(v); err != nil {
-			return fmt.Errorf("update columns of %s: %w", table.Ident(), err)
-		}
-	}
-	tag, err := t.exec(ctx, sql, p)
+	n, err := t.exec(ctx, sql, func(p *params) error { return keysAndValues(p, u.Keys, table.KeyCount, u.Values) })
 	if err != nil {
 		return fmt.Errorf("update columns of %s: %w", table.Ident(), err)
 	}
-	t.Stats.Upserted += tag.RowsAffected()
+	t.Stats.Upserted += n
 	return nil
 }
 
@@ -225,21 +215,11 @@ func (t *Tx) UpdateRight(ctx context.Context, table *Table, u join.RightUpdate) 
 	if len(right) == 0 {
 		return nil
 	}
-	p := getParams()
-	defer p.release()
-	if err := columns(p, u.Keys, table.KeyCount); err != nil {
-		return fmt.Errorf("update right columns of %s: %w", table.Ident(), err)
-	}
-	for _, v := range u.Right {
-		if err := p.text(v); err != nil {
-			return fmt.Errorf("update right columns of %s: %w", table.Ident(), err)
-		}
-	}
-	tag, err := t.exec(ctx, updateRightSQL(table), p)
+	n, err := t.exec(ctx, updateRightSQL(table), func(p *params) error { return keysAndValues(p, u.Keys, table.KeyCount, u.Right) })
 	if err != nil {
 		return fmt.Errorf("update right columns of %s: %w", table.Ident(), err)
 	}
-	t.Stats.Upserted += tag.RowsAffected()
+	t.Stats.Upserted += n
 	return nil
 }
 
@@ -282,16 +262,11 @@ func (t *Tx) Upsert(ctx context.Context, table *Table, rows []join.Row) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	p := getParams()
-	defer p.release()
-	if err := columns(p, rows, len(table.Columns)); err != nil {
-		return fmt.Errorf("upsert into %s: %w", table.Ident(), err)
-	}
-	tag, err := t.exec(ctx, upsertSQL(table), p)
+	n, err := t.exec(ctx, upsertSQL(table), func(p *params) error { return columns(p, rows, len(table.Columns)) })
 	if err != nil {
 		return fmt.Errorf("upsert into %s: %w", table.Ident(), err)
 	}
-	t.Stats.Upserted += tag.RowsAffected()
+	t.Stats.Upserted += n
 	return nil
 }
 
@@ -300,16 +275,11 @@ func (t *Tx) Delete(ctx context.Context, table *Table, keys [][]join.Value) erro
 	if len(keys) == 0 {
 		return nil
 	}
-	p := getParams()
-	defer p.release()
-	if err := columns(p, keys, table.KeyCount); err != nil {
-		return fmt.Errorf("delete from %s: %w", table.Ident(), err)
-	}
-	tag, err := t.exec(ctx, deleteSQL(table), p)
+	n, err := t.exec(ctx, deleteSQL(table), func(p *params) error { return columns(p, keys, table.KeyCount) })
 	if err != nil {
 		return fmt.Errorf("delete from %s: %w", table.Ident(), err)
 	}
-	t.Stats.Deleted += tag.RowsAffected()
+	t.Stats.Deleted += n
 	return nil
 }
 

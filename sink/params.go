@@ -3,11 +3,13 @@ package sink
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fkmat/fkmat/join"
 )
@@ -139,9 +141,49 @@ func (t *Tx) exec(ctx context.Context, sql string, fill func(*params) error) (in
 	if err != nil {
 		return 0, err
 	}
+	lendWire(conn.PgConn(), len(p.buf)+6*len(p.values)+len(sd.Name)+64)
 	tag, err := conn.PgConn().ExecStatement(ctx, sd, p.values, p.formats, nil).Close()
 	return tag.RowsAffected(), err
 }
+
+// wireKey names, in a connection's custom data, the buffer its frontend
+// encodes the sink's statements into.
+const wireKey = "fkmat.wire"
+
+// maxWire bounds the buffer a connection keeps.
+const maxWire = 16 << 20
+
+// lendWire makes the connection's frontend encode its next messages into a
+// buffer of at least need bytes that the connection keeps from statement
+// to statement. The frontend's own buffer holds 1 KB and is dropped after
+// each message that outgrew it, so a statement of a batch's rows was
+// copied into a buffer grown from 1 KB and thrown away (twice its bytes
+// allocated per statement). The frontend takes whatever buffer a message's
+// Encode returns; lend's returns this one, with the pending bytes copied
+// in. After its flush the frontend goes back to a small buffer of its own,
+// or keeps this one, which only this connection uses.
+func lendWire(conn *pgconn.PgConn, need int) {
+	if need > maxWire {
+		return
+	}
+	data := conn.CustomData()
+	buf, _ := data[wireKey].([]byte)
+	if cap(buf) < need {
+		buf = make([]byte, 0, need+need/4)
+		data[wireKey] = buf
+	}
+	conn.Frontend().Send(lend(buf))
+}
+
+// lend is a message of no bytes that moves the frontend's pending bytes
+// into its own buffer (see lendWire).
+type lend []byte
+
+func (lend) Frontend() {}
+
+func (lend) Decode([]byte) error { return errors.New("sink: lend is not a wire message") }
+
+func (l lend) Encode(dst []byte) ([]byte, error) { return append(l[:0], dst...), nil }
 
 // statementName names a statement by its text.
 func statementName(sql string) string {

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"os"
+	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
@@ -336,5 +338,55 @@ func TestValuesRoundTrip(t *testing.T) {
 	st := apply(t, ctx, w, tbl, 400, join.Output{Deletes: keys})
 	if st.Deleted != int64(len(awkward)) {
 		t.Fatalf("deleted %d rows, want %d", st.Deleted, len(awkward))
+	}
+}
+
+// TestStatementBufferKept checks that a statement's bytes are encoded into
+// a buffer the connection keeps: a statement of 1 MiB of rows, once the
+// connection has sent one, allocates far less than its size (pgx's own
+// buffer, regrown from 1 KB for each statement, allocated about twice it).
+func TestStatementBufferKept(t *testing.T) {
+	tc, w, tbl, ctx := setup(t)
+	notes := make([]join.Value, 4)
+	for i := range notes {
+		notes[i] = v(strings.Repeat(string(rune('a'+i)), 16<<10))
+	}
+	rows := make([]join.Row, 64)
+	for i := range rows {
+		rows[i] = join.Row{v(strconv.Itoa(i + 1)), v("1"), null, v("c"), v("t")}
+	}
+	tx, err := w.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	write := func(note join.Value) {
+		for i := range rows {
+			rows[i][2] = note
+		}
+		if err := tx.Apply(ctx, tbl, join.Output{Upserts: rows}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(notes[0]) // the connection's buffer and the parameters' grow here
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for _, note := range notes[1:] {
+		write(note)
+	}
+	runtime.ReadMemStats(&after)
+	if got, limit := after.TotalAlloc-before.TotalAlloc, uint64(256<<10); got > limit {
+		t.Fatalf("three statements of 1 MiB allocated %d KiB, want at most %d KiB", got>>10, limit>>10)
+	}
+	if err := tx.Commit(ctx, "slot_a", 100); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := tc.Pool.QueryRow(ctx, `SELECT count(*) FROM `+tbl.Ident()+` WHERE "note; x" = $1`, notes[3].Text).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != len(rows) {
+		t.Fatalf("%d rows hold the last note, want %d", n, len(rows))
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 
@@ -40,6 +41,8 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) error
 	if m.Tables != nil {
 		return errors.New("commit redis state: the mutations of a join of several tables are committed table by table, each in its own state")
 	}
+	pl := s.takePlanner()
+	defer s.givePlanner(pl)
 	return s.writeUnit(ctx, unitWrite{
 		what: "commit redis state at " + lsn.String(), name: "commit at " + lsn.String(),
 		skip: func(cached Meta) bool { return lsn <= cached.Checkpoint && cached.InFlight == 0 },
@@ -63,7 +66,7 @@ func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) error
 				planned -= int64(len(m.DelSubs))
 			}
 			next.Subscriptions = countSubs(stored.Subscriptions, m.ClearLeft, planned)
-			w := s.plan(&m, next)
+			w := s.plan(pl, &m, next)
 			return next, &w, planned, nil
 		},
 		metaFields: func(next Meta) []any {
@@ -223,51 +226,113 @@ func newWrites() writes {
 	return writes{zrem: map[string][]string{}, zadd: map[string][]string{}, hdel: map[string][]string{}, hset: map[string][]string{}}
 }
 
+// planner groups a batch's writes by key (plan) into maps, lists and a
+// buffer kept from batch to batch: a commit's grouping costs no allocation
+// once they have grown to the batches' size. A plan is valid until the
+// planner's next one; the store lends a planner to one write at a time
+// (takePlanner).
+type planner struct {
+	w writes
+	// free are the lists of the last plan, emptied, for the next one's keys.
+	free [][]string
+	// buf holds the rows' encodings; puts says whose they are.
+	buf  []byte
+	puts []put
+}
+
+type put struct {
+	key, field string
+	end        int // where the row's encoding ends in buf
+}
+
+// maxKeptKeys bounds the keys a planner's map keeps room for.
+const maxKeptKeys = 1 << 16
+
+// reset empties the planner for a plan of m.
+func (pl *planner) reset(m *join.Mutations) {
+	if pl.w.zrem == nil {
+		// Sized for m: grown a doubling at a time, the maps allocated twice
+		// their final size.
+		pl.w = writes{zrem: make(map[string][]string, len(m.DelSubs)), zadd: make(map[string][]string, len(m.AddSubs)),
+			hdel: make(map[string][]string, len(m.DelLeft)+len(m.DelRight)), hset: make(map[string][]string, len(m.PutLeft)+len(m.PutRight))}
+	}
+	for _, g := range []*map[string][]string{&pl.w.zrem, &pl.w.zadd, &pl.w.hdel, &pl.w.hset} {
+		for _, l := range *g {
+			clear(l)
+			pl.free = append(pl.free, l[:0])
+		}
+		if len(*g) > maxKeptKeys {
+			*g = map[string][]string{}
+		} else {
+			clear(*g)
+		}
+	}
+	pl.puts = pl.puts[:0]
+	pl.buf = pl.buf[:0]
+}
+
+// add appends vs to the list of key k in g.
+func (pl *planner) add(g map[string][]string, k string, vs ...string) {
+	l, ok := g[k]
+	if !ok && len(pl.free) > 0 {
+		l = pl.free[len(pl.free)-1]
+		pl.free = pl.free[:len(pl.free)-1]
+	}
+	g[k] = append(l, vs...)
+}
+
+// takePlanner lends the store's planner, or a new one while it is lent.
+func (s *Store) takePlanner() *planner {
+	select {
+	case pl := <-s.planners:
+		return pl
+	default:
+		return new(planner)
+	}
+}
+
+// givePlanner takes back a planner, once its plan is no longer used.
+func (s *Store) givePlanner(pl *planner) {
+	select {
+	case s.planners <- pl:
+	default:
+	}
+}
+
 // plan groups m's writes by key, for the generations of next. The deletes of
 // a side that is cleared are left out: its new generation starts empty.
-func (s *Store) plan(m *join.Mutations, next Meta) writes {
-	// Sized for m: grown a doubling at a time, the maps allocated twice
-	// their final size.
-	w := writes{zrem: make(map[string][]string, len(m.DelSubs)), zadd: make(map[string][]string, len(m.AddSubs)),
-		hdel: make(map[string][]string, len(m.DelLeft)+len(m.DelRight)), hset: make(map[string][]string, len(m.PutLeft)+len(m.PutRight))}
+func (s *Store) plan(pl *planner, m *join.Mutations, next Meta) writes {
+	pl.reset(m)
+	w := pl.w
 	if !m.ClearLeft {
 		for _, sub := range m.DelSubs {
-			k := s.keys.subs(next, string(sub.FK), string(sub.PK))
-			w.zrem[k] = append(w.zrem[k], sub.Member())
+			pl.add(w.zrem, s.keys.subs(next, string(sub.FK), string(sub.PK)), sub.Member())
 		}
 		for _, pk := range m.DelLeft {
-			k := s.keys.left(next, string(pk))
-			w.hdel[k] = append(w.hdel[k], string(pk))
+			pl.add(w.hdel, s.keys.left(next, string(pk)), string(pk))
 		}
 	}
 	if !m.ClearRight {
 		for _, rk := range m.DelRight {
-			k := s.keys.right(next, string(rk))
-			w.hdel[k] = append(w.hdel[k], string(rk))
+			pl.add(w.hdel, s.keys.right(next, string(rk)), string(rk))
 		}
 	}
 	for _, sub := range m.AddSubs {
-		k := s.keys.subs(next, string(sub.FK), string(sub.PK))
-		w.zadd[k] = append(w.zadd[k], sub.Member())
+		pl.add(w.zadd, s.keys.subs(next, string(sub.FK), string(sub.PK)), sub.Member())
 	}
-	// The rows' encodings share one string: one allocation for them all.
-	type put struct {
-		key, field string
-		end        int // where the row's encoding ends in buf
-	}
-	puts := make([]put, 0, len(m.PutLeft)+len(m.PutRight))
-	var buf []byte
+	// The rows' encodings are one string over the planner's buffer, which
+	// the next plan overwrites.
 	for pk, st := range m.PutLeft {
-		buf = appendLeft(buf, string(pk), st)
-		puts = append(puts, put{s.keys.left(next, string(pk)), string(pk), len(buf)})
+		pl.buf = appendLeft(pl.buf, string(pk), st)
+		pl.puts = append(pl.puts, put{s.keys.left(next, string(pk)), string(pk), len(pl.buf)})
 	}
 	for rk, st := range m.PutRight {
-		buf = appendRight(buf, string(rk), st)
-		puts = append(puts, put{s.keys.right(next, string(rk)), string(rk), len(buf)})
+		pl.buf = appendRight(pl.buf, string(rk), st)
+		pl.puts = append(pl.puts, put{s.keys.right(next, string(rk)), string(rk), len(pl.buf)})
 	}
-	rows, start := string(buf), 0
-	for _, p := range puts {
-		w.hset[p.key] = append(w.hset[p.key], p.field, rows[start:p.end])
+	rows, start := unsafe.String(unsafe.SliceData(pl.buf), len(pl.buf)), 0
+	for _, p := range pl.puts {
+		pl.add(w.hset, p.key, p.field, rows[start:p.end])
 		start = p.end
 	}
 	return w

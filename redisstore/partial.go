@@ -71,6 +71,8 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn cdc.LSN
 	}
 	var pre preImageSet
 	undo := s.keys.undo()
+	pl := s.takePlanner()
+	defer s.givePlanner(pl)
 	return s.writeUnit(ctx, unitWrite{
 		what: "commit partial redis state of " + txn.String(), name: "partial commit of " + txn.String(),
 		prepare: func(ctx context.Context, tx *redis.Tx, stored Meta) (Meta, *writes, int64, error) {
@@ -85,7 +87,7 @@ func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn cdc.LSN
 			if m.ClearRight {
 				next.RightGen++
 			}
-			w := s.plan(&m, next)
+			w := s.plan(pl, &m, next)
 			// On a cluster the data keys lie in other slots than the meta
 			// hash WATCH holds: read them through the cluster client (the
 			// store is their only writer, and unitMu is held).

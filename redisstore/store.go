@@ -131,6 +131,8 @@ type Store struct {
 
 	// right caches right rows (see rightCache).
 	right *rightCache
+	// planners holds the planner commits borrow (see takePlanner).
+	planners chan *planner
 	// beforeFill, when set by tests, runs in GetRight between the Redis
 	// read and the cache fill.
 	beforeFill func()
@@ -165,7 +167,7 @@ func Open(ctx context.Context, rdb redis.UniversalClient, cfg Config) (*Store, e
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		k = newClusterKeys(cfg, cfg.Shards)
 	}
-	s := &Store{rdb: rdb, cfg: cfg, keys: k, right: newRightCache(cfg.RightCacheBytes)}
+	s := &Store{rdb: rdb, cfg: cfg, keys: k, right: newRightCache(cfg.RightCacheBytes), planners: make(chan *planner, 1)}
 	if _, err := s.load(ctx); err != nil && !errors.Is(err, ErrNoState) {
 		return nil, fmt.Errorf("open redis store: %w", err)
 	}

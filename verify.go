@@ -2,6 +2,7 @@ package fkmat
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -45,7 +46,7 @@ func Verify(ctx context.Context, cfg *config.Config, opts Options) ([]VerifyRepo
 	defer source.Close()
 	reports := make([]VerifyReport, 0, len(plans))
 	if cfg.Target == cfg.Source {
-		if err := checkTargets(ctx, source, plans); err != nil {
+		if err := checkTargets(ctx, source, source, cfg.Slot, plans); err != nil {
 			return nil, err
 		}
 		for _, p := range plans {
@@ -62,7 +63,7 @@ func Verify(ctx context.Context, cfg *config.Config, opts Options) ([]VerifyRepo
 		return nil, err
 	}
 	defer target.Close()
-	if err := checkTargets(ctx, target, plans); err != nil {
+	if err := checkTargets(ctx, source, target, cfg.Slot, plans); err != nil {
 		return nil, err
 	}
 	for _, p := range plans {
@@ -75,17 +76,51 @@ func Verify(ctx context.Context, cfg *config.Config, opts Options) ([]VerifyRepo
 	return reports, nil
 }
 
-// checkTargets makes sure every target has the columns the comparison
-// reads: the join's definition may resolve differently since the target was
-// built (a column added to a source table under the default "all columns").
-func checkTargets(ctx context.Context, target *pgxpool.Pool, plans []*plan.JoinPlan) error {
+// checkTargets makes sure every target holds the join the configuration
+// defines, with the columns the comparison reads: the join's definition
+// may have changed since the target was built (run then builds the new one
+// beside it), or resolve differently (a column added to a source table
+// under the default "all columns").
+func checkTargets(ctx context.Context, source, target *pgxpool.Pool, slot string, plans []*plan.JoinPlan) error {
 	w := sink.NewWriter(target)
 	for _, p := range plans {
+		if err := pendingDefinition(ctx, source, target, slot, p); err != nil {
+			return fmt.Errorf("verify join %q: %w", p.Name, err)
+		}
 		if err := w.CheckTable(ctx, &p.Target); err != nil {
 			return fmt.Errorf("verify join %q: %w", p.Name, err)
 		}
 	}
 	return nil
+}
+
+// ErrDefinitionPending means a join's target was built with another
+// definition than the configuration's, which run builds beside it and
+// switches in once it has caught up: until then the target holds the old
+// definition's rows, and verify cannot compare it with the new SQL.
+var ErrDefinitionPending = errors.New("the join's definition changed since its target was built")
+
+// pendingDefinition returns ErrDefinitionPending, saying what changed, when
+// the target of p was built with another definition that run replaces by a
+// rebuild (a widening run makes in place does not count).
+func pendingDefinition(ctx context.Context, source, target *pgxpool.Pool, slot string, p *plan.JoinPlan) error {
+	st, err := readJoinState(ctx, target, slot, p.Name)
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "42P01" || pgErr.Code == "42703" || pgErr.Code == "3F000") {
+		return nil // fkmat's schema is older or absent: nothing was built by this version
+	}
+	if err != nil || !st.exists || st.phase != "streaming" || st.fingerprint == p.Fingerprint || st.definition == nil {
+		return err
+	}
+	if _, widen, err := plan.Widenings(st.definition, plan.Definition(p)); err != nil || widen {
+		return err
+	}
+	was, _, err := plan.Stored(ctx, source, p.Name, st.definition)
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("%w (%s): fkmat run builds the new one beside it and switches it in once it has caught up, "+
+		"and fkmat status shows how far it is; verify compares the target once it is switched in",
+		ErrDefinitionPending, describeChange(was, p))
 }
 
 // OracleSQL returns the SQL join a plan maintains, with the target's column

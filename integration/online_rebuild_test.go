@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -188,6 +189,13 @@ func TestDefinitionChangeOnline(t *testing.T) {
 	for _, s := range steps {
 		sqlExec(t, tc, s.before...)
 		next := daemonConfig(t, tc, s.yml)
+		// Until run has built the new definition, verify says so, rather
+		// than comparing the old target with the new SQL.
+		if _, err := fkmat.Verify(context.Background(), next, fkmat.Options{}); !errors.Is(err, fkmat.ErrDefinitionPending) {
+			t.Fatalf("%s: verify before run = %v, want ErrDefinitionPending", s.what, err)
+		} else if !strings.Contains(err.Error(), "fkmat status") {
+			t.Fatalf("%s: verify before run: %v; want it to say where the rebuild shows", s.what, err)
+		}
 		stopWriters := churn(t, tc, customers, orders)
 		r := readShapes(t, tc.Pool, "orders_enriched", orders, s.old, s.new)
 		d := startDaemon(t, next, fkmat.Options{Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))})

@@ -30,6 +30,8 @@ type Engine struct {
 	spare   segment
 	spareOv *overlay
 	pre     prefetchScratch
+	// recycled are containers of batches the caller gave back (Recycle).
+	recycled recycled
 }
 
 // prefetchScratch is what prefetch fills: each change's encoded keys and
@@ -171,7 +173,7 @@ func (e *Engine) Apply(ctx context.Context, changes []Change, emit func(context.
 	if err := b.endSegment(ctx); err != nil {
 		return Mutations{}, fmt.Errorf("apply %s batch: %w", e.spec.Name, err)
 	}
-	return b.ov.mutations(), nil
+	return b.ov.mutations(&e.recycled), nil
 }
 
 // ChangeError is the failure of one change of a batch: Index is its

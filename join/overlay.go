@@ -251,9 +251,11 @@ func (o *overlay) baseLeft(k Key) *leftEntry {
 	return o.storeLeft[k]
 }
 
-// mutations returns the net change of the overlay against the store.
-func (o *overlay) mutations() Mutations {
-	m := Mutations{ClearLeft: o.leftCleared, ClearRight: o.rightCleared}
+// mutations returns the net change of the overlay against the store, in
+// containers from spare when it has some.
+func (o *overlay) mutations(spare *recycled) Mutations {
+	m := spare.takeMutations()
+	m.ClearLeft, m.ClearRight = o.leftCleared, o.rightCleared
 	for k, e := range o.left {
 		base := o.baseLeft(k)
 		switch {
@@ -281,14 +283,15 @@ func (o *overlay) mutations() Mutations {
 			m.DelRight = append(m.DelRight, k)
 		}
 	}
-	m.AddSubs, m.DelSubs = o.subMutations()
+	m.AddSubs, m.DelSubs = o.subMutations(m.AddSubs, m.DelSubs)
 	slices.Sort(m.DelLeft)
 	slices.Sort(m.DelRight)
 	return m
 }
 
-// subMutations returns the subscriptions to add and to delete, in member order.
-func (o *overlay) subMutations() (add, del []Subscription) {
+// subMutations appends to add and del the subscriptions to add and to
+// delete, and sorts them in member order.
+func (o *overlay) subMutations(add, del []Subscription) ([]Subscription, []Subscription) {
 	for fk, pks := range o.subs {
 		for pk, present := range pks.all {
 			base := o.baseLeft(pk)

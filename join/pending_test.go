@@ -28,6 +28,9 @@ type laggingStore struct {
 	r      *rand.Rand
 	// overlaid counts batches read through a non-empty overlay.
 	overlaid int
+	// recycle, when set, gets each batch's mutations once they are
+	// persisted and no overlay shows them (join.Engine.Recycle).
+	recycle func(*join.Mutations, []join.Output)
 }
 
 func newLaggingStore(inner *jointest.Store, depth int, r *rand.Rand) *laggingStore {
@@ -47,7 +50,13 @@ func (l *laggingStore) Apply(ctx context.Context, m join.Mutations) error {
 		if err := l.flush(ctx, len(l.held)); err != nil {
 			return err
 		}
-		return l.inner.Apply(ctx, m)
+		if err := l.inner.Apply(ctx, m); err != nil {
+			return err
+		}
+		if l.recycle != nil {
+			l.recycle(&m, nil)
+		}
+		return nil
 	}
 	if len(l.held) == len(l.chain) {
 		if err := l.flush(ctx, 1); err != nil {
@@ -85,9 +94,11 @@ func (l *laggingStore) set() error {
 
 // flush persists the n oldest held batches.
 func (l *laggingStore) flush(ctx context.Context, n int) error {
+	var done []*join.Mutations
 	for range n {
 		m, landed := l.held[0], l.landed
 		l.held, l.landed = l.held[1:], false
+		done = append(done, m)
 		if landed {
 			continue
 		}
@@ -95,7 +106,15 @@ func (l *laggingStore) flush(ctx context.Context, n int) error {
 			return err
 		}
 	}
-	return l.set()
+	if err := l.set(); err != nil {
+		return err
+	}
+	if l.recycle != nil {
+		for _, m := range done {
+			l.recycle(m, nil)
+		}
+	}
+	return nil
 }
 
 // TestPendingRandomBatches runs the random scenarios of TestRandomBatches
@@ -123,6 +142,9 @@ func TestPendingRandomBatches(t *testing.T) {
 					}
 					inner := jointest.NewStore()
 					store := newLaggingStore(inner, c.depth, rand.New(rand.NewPCG(uint64(seed), 11)))
+					// Each batch's containers go back to the engine, as the
+					// daemon's do: later batches fill them.
+					sc.Configure = func(e *join.Engine) { store.recycle = e.Recycle }
 					eng, err := jointest.Run(context.Background(), sc, store)
 					if err != nil {
 						t.Fatal(err)

@@ -149,7 +149,8 @@ func (b *batch) touchLeft(ctx context.Context, pk Key, old, cur *leftEntry) erro
 // an upsert only when the final row differs from the target's, a delete only
 // when the target has a row.
 func (b *batch) flushPending(ctx context.Context) error {
-	var out Output
+	r := &b.e.recycled
+	out := Output{Upserts: r.takeRows(), Deletes: r.takeKeys()}
 	for _, pk := range slices.Sorted(maps.Keys(b.seg.pending)) {
 		p := b.seg.pending[pk]
 		switch {
@@ -162,8 +163,12 @@ func (b *batch) flushPending(ctx context.Context) error {
 			if err := b.emitOutput(ctx, out); err != nil {
 				return err
 			}
-			out = Output{}
+			out = Output{Upserts: r.takeRows(), Deletes: r.takeKeys()}
 		}
+	}
+	if out.empty() {
+		r.putBack(&out)
+		return nil
 	}
 	return b.emitOutput(ctx, out)
 }

@@ -92,6 +92,7 @@ func (p *Pipeline) prepare(ctx context.Context, b *batch, inFlight []*commitJob)
 			_ = j.overlay(nil, nil)
 		}
 	}
+	p.recycle() // the overlays no longer show the retired batches
 	buffered := 0
 	rows := make([]int, len(p.joins)) // target rows per join
 	for i, j := range p.joins {
@@ -169,7 +170,6 @@ func (p *Pipeline) beginTarget(ctx context.Context, job *commitJob) error {
 				return err
 			}
 		}
-		job.outs[i] = nil
 	}
 	return nil
 }
@@ -253,6 +253,7 @@ func (p *Pipeline) trim(inFlight []*commitJob) ([]*commitJob, error) {
 		if inFlight[0].err != nil {
 			return inFlight, inFlight[0].err
 		}
+		p.retire(inFlight[0])
 		inFlight = inFlight[1:]
 	}
 	return inFlight, nil

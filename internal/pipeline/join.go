@@ -38,6 +38,9 @@ type Join interface {
 	// (the batch in its state commit) and newer (the next one); nil for
 	// none.
 	overlay(older, newer *join.Mutations) error
+	// recycle gives back the containers of a batch's mutations and
+	// outputs, committed and no longer overlaid, for the next batches.
+	recycle(m *join.Mutations, outs []join.Output)
 	// located wraps an engine error with where it happened in the stream.
 	located(spans []txnSpan, err error) error
 

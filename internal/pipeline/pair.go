@@ -71,6 +71,8 @@ func (j *Pair) overlay(older, newer *join.Mutations) error {
 	return err
 }
 
+func (j *Pair) recycle(m *join.Mutations, outs []join.Output) { j.engine.Recycle(m, outs) }
+
 // located wraps an engine error of this join with where it happened: the
 // source transaction of the failed change, its table and key columns.
 func (j *Pair) located(spans []txnSpan, err error) error {

@@ -57,6 +57,8 @@ type Pipeline struct {
 	// held is a chunk received while collecting that belongs to the next
 	// batch.
 	held *cdc.Txn
+	// retired are committed jobs whose containers wait for recycle.
+	retired []*commitJob
 	// garbage is set when a batch dropped a generation of Redis keys
 	// (TRUNCATE); the sweeper deletes them.
 	garbage atomic.Bool
@@ -264,6 +266,7 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 			if err := p.wait(inFlight[0]); err != nil {
 				return err
 			}
+			p.retire(inFlight[0])
 			inFlight = inFlight[1:]
 		}
 		// The batch in hand is finished even during shutdown, within a
@@ -300,7 +303,31 @@ func (p *Pipeline) settle(inFlight []*commitJob) error {
 	for _, j := range p.joins {
 		_ = j.overlay(nil, nil)
 	}
+	p.retire(inFlight...)
+	p.recycle()
 	return nil
+}
+
+// retire notes jobs that left the in-flight list committed: their
+// mutations and outputs go back to their joins (recycle) once no overlay
+// shows them.
+func (p *Pipeline) retire(jobs ...*commitJob) { p.retired = append(p.retired, jobs...) }
+
+// recycle gives the retired jobs' mutations and outputs back to their
+// joins. It runs while no overlay shows them: after prepare set the
+// overlays of the batches in flight, or after settle cleared them.
+func (p *Pipeline) recycle() {
+	for _, job := range p.retired {
+		if len(job.muts) != len(p.joins) {
+			continue // the joins changed meanwhile
+		}
+		for i, j := range p.joins {
+			j.recycle(&job.muts[i], job.outs[i])
+			job.outs[i] = nil
+		}
+	}
+	clear(p.retired)
+	p.retired = p.retired[:0]
 }
 
 // ShutdownGrace is how long the batch in hand may still take after shutdown

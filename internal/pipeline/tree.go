@@ -136,6 +136,9 @@ func (t *Tree) ahead(bound cdc.LSN) bool {
 	return false
 }
 
+// recycle keeps nothing: a tree's mutations are its own (join.Tree).
+func (t *Tree) recycle(*join.Mutations, []join.Output) {}
+
 // overlay sets each table's in-flight mutations, as Pair.overlay does
 // for its one state.
 func (t *Tree) overlay(older, newer *join.Mutations) error {

@@ -61,9 +61,19 @@ func Run(ctx context.Context, sc Scenario, store StateStore) (*join.Engine, erro
 // runBatch applies one batch to the engine, the target and the store.
 func runBatch(ctx context.Context, eng *join.Engine, store StateStore, tgt *Target, changes []join.Change) error {
 	tgt.Begin()
-	m, err := eng.Apply(ctx, changes, func(_ context.Context, o join.Output) error { return tgt.Apply(o) })
+	var outs []join.Output
+	m, err := eng.Apply(ctx, changes, func(_ context.Context, o join.Output) error {
+		outs = append(outs, o)
+		return tgt.Apply(o)
+	})
 	if err != nil {
 		return err
 	}
-	return store.Apply(ctx, m)
+	if err := store.Apply(ctx, m); err != nil {
+		return err
+	}
+	// The outputs are written: their containers go back to the engine, as
+	// the daemon's do.
+	eng.Recycle(nil, outs)
+	return nil
 }

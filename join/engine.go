@@ -32,6 +32,10 @@ type Engine struct {
 	pre     prefetchScratch
 	// recycled are containers of batches the caller gave back (Recycle).
 	recycled recycled
+	// pendings and entries hand out a batch's pending outputs and left
+	// entries, which live for the batch (taken back by the next).
+	pendings slab[pending]
+	entries  slab[leftEntry]
 }
 
 // prefetchScratch is what prefetch fills: each change's encoded keys and
@@ -63,9 +67,11 @@ func (e *Engine) takeOverlay(n int) *overlay {
 	o := e.spareOv
 	e.spareOv = nil
 	if o == nil || o.size() > 4*max(n, 4096) {
-		return newOverlay(e.store, &e.spec, n)
+		o = newOverlay(e.store, &e.spec, n)
+	} else {
+		o.reset()
 	}
-	o.reset()
+	o.entries = &e.entries
 	return o
 }
 
@@ -127,16 +133,12 @@ func (s *segment) reset() {
 
 // batch is the state of one Apply call.
 type batch struct {
-	e  *Engine
-	ov *overlay
-	// pendings and entries hand out the batch's pending outputs and new
-	// left entries.
-	pendings slab[pending]
-	entries  slab[leftEntry]
-	seg      segment
-	prop     InstructionKind
-	emit     func(context.Context, Output) error
-	instrs   []Instruction
+	e      *Engine
+	ov     *overlay
+	seg    segment
+	prop   InstructionKind
+	emit   func(context.Context, Output) error
+	instrs []Instruction
 }
 
 // Apply applies changes, whole source transactions in commit order, and
@@ -156,6 +158,10 @@ func (e *Engine) Apply(ctx context.Context, changes []Change, emit func(context.
 	}
 	e.spare = segment{}
 	b := &batch{e: e, ov: e.takeOverlay(len(changes)), seg: seg, prop: propagateKind(e.spec.Type), emit: emit}
+	// The last batch's overlay is emptied: none of its entries is pointed
+	// to any more.
+	e.pendings.reset()
+	e.entries.reset()
 	defer func() {
 		b.seg.reset()
 		e.spare = b.seg
@@ -173,7 +179,9 @@ func (e *Engine) Apply(ctx context.Context, changes []Change, emit func(context.
 	if err := b.endSegment(ctx); err != nil {
 		return Mutations{}, fmt.Errorf("apply %s batch: %w", e.spec.Name, err)
 	}
-	return b.ov.mutations(&e.recycled), nil
+	m := b.ov.mutations(&e.recycled)
+	m.rows = e.rows.seal()
+	return m, nil
 }
 
 // ChangeError is the failure of one change of a batch: Index is its

@@ -502,6 +502,7 @@ func TestMutations(t *testing.T) {
 	k11, _ := join.EncodeKey(ints(1), vals("11"))
 	k1, _ := join.EncodeKey(ints(1), vals("1"))
 	want := join.Mutations{DelLeft: []join.Key{k11}, DelSubs: []join.Subscription{{FK: k1, PK: k11}}}
+	join.ForgetRows(&m)
 	if !reflect.DeepEqual(m, want) {
 		t.Errorf("mutations = %+v, want %+v", m, want)
 	}

@@ -36,6 +36,8 @@ type overlay struct {
 	subs  map[Key]subSet
 
 	scratch []byte // key encoding buffer
+	// entries hands out the stored rows' entries (the engine's, when set).
+	entries *slab[leftEntry]
 }
 
 // newOverlay returns an empty overlay for a batch of about n changes
@@ -65,7 +67,13 @@ func (o *overlay) reset() {
 
 // newLeftEntry wraps a stored state, encoding its foreign key.
 func (o *overlay) newLeftEntry(st LeftState) (*leftEntry, error) {
-	e := &leftEntry{LeftState: st}
+	var e *leftEntry
+	if o.entries != nil {
+		e = o.entries.new()
+		e.LeftState = st
+	} else {
+		e = &leftEntry{LeftState: st}
+	}
 	return e, o.setFK(e, "")
 }
 

@@ -20,9 +20,11 @@ const (
 // Recycle gives the engine back the containers of a batch Apply returned,
 // once the caller is done with them: m, the batch's mutations, committed
 // and no longer overlaid (nil: none), and outs, its outputs, written. The
-// next batches fill their maps and slices; the values they held are not
+// next batches fill their maps and slices, and its joined rows' memory
+// (which only its outputs hold); the values in its mutations are not
 // reused, as later batches may share them. It must not run during Apply,
-// and the caller must not use m or outs after it.
+// and the caller must not use m or outs, or the rows of the batch's
+// outputs, after it.
 func (e *Engine) Recycle(m *Mutations, outs []Output) {
 	r := &e.recycled
 	if m != nil && m.Tables == nil && len(r.muts) < keptContainers &&
@@ -37,6 +39,7 @@ func (e *Engine) Recycle(m *Mutations, outs []Output) {
 			DelLeft: m.DelLeft[:0], DelRight: m.DelRight[:0], AddSubs: m.AddSubs[:0], DelSubs: m.DelSubs[:0]})
 	}
 	if m != nil {
+		e.rows.give(m.rows)
 		*m = Mutations{}
 	}
 	for i := range outs {

@@ -129,7 +129,7 @@ func (b *batch) touchLeft(ctx context.Context, pk Key, old, cur *leftEntry) erro
 	if _, ok := b.seg.pending[pk]; ok {
 		return nil
 	}
-	p := b.pendings.new()
+	p := b.e.pendings.new()
 	if old != nil {
 		right, err := b.rightAtSegStart(ctx, old.fk)
 		if err != nil {

@@ -132,7 +132,7 @@ func (b *batch) leftUpsert(ctx context.Context, pk Key, row LeftRow) error {
 	if err != nil {
 		return err
 	}
-	cur, changed, err := newLeft(&b.e.spec, &b.entries, old, row)
+	cur, changed, err := newLeft(&b.e.spec, &b.e.entries, old, row)
 	if old == nil && b.e.spec.LeftPartitioned && errors.Is(err, ErrNoToastState) {
 		b.e.stats.AbsentToastSkips++
 		return nil // its partition's move writes it whole

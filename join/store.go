@@ -84,6 +84,10 @@ type Mutations struct {
 	// table's state of a join of more than two tables (PerTable). A state
 	// store refuses them: they are committed table by table.
 	Tables []Mutations
+
+	// rows are the chunks of the batch's joined rows, which its outputs
+	// hold: the engine takes them back with the mutations (Recycle).
+	rows [][]Value
 }
 
 // PerTable wraps the mutations of each table's state in one Mutations.

@@ -128,7 +128,9 @@ func (t *Target) upsert(row join.Row) error {
 	if old, ok := t.Rows[k]; ok && join.ValuesEqual(old, row) {
 		return fmt.Errorf("redundant upsert of unchanged row %v", row)
 	}
-	t.Rows[k] = row
+	// A copy, as a database keeps: the engine reuses the memory of a
+	// batch's rows once its outputs are written.
+	t.Rows[k] = slices.Clone(row)
 	return nil
 }
 

@@ -3,7 +3,6 @@ package join
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"sync/atomic"
 )
@@ -36,6 +35,19 @@ type Engine struct {
 	// entries, which live for the batch (taken back by the next).
 	pendings slab[pending]
 	entries  slab[leftEntry]
+	// sorted holds a segment's keys in order (sortedKeys).
+	sorted []Key
+}
+
+// sortedKeys returns m's keys in order, in buf's memory.
+func sortedKeys[V any](buf []Key, m map[Key]V) []Key {
+	clear(buf)
+	buf = buf[:0]
+	for k := range m {
+		buf = append(buf, k)
+	}
+	slices.Sort(buf)
+	return buf
 }
 
 // prefetchScratch is what prefetch fills: each change's encoded keys and
@@ -44,6 +56,8 @@ type prefetchScratch struct {
 	keys                  []changeKeys
 	right                 map[Key]struct{}
 	firstLeft, firstRight map[Key]bool
+	// left and rightKeys are the keys read from the store.
+	left, rightKeys []Key
 }
 
 // take empties the scratch for a batch of n changes.
@@ -59,6 +73,8 @@ func (s *prefetchScratch) take(n int) {
 	clear(s.right)
 	clear(s.firstLeft)
 	clear(s.firstRight)
+	clear(s.left)
+	clear(s.rightKeys)
 }
 
 // takeOverlay returns an empty overlay for a batch of n changes: the last
@@ -297,7 +313,7 @@ func (b *batch) prefetch(ctx context.Context, changes []Change) ([]changeKeys, e
 	}
 	// The reads go in no particular order: sorting them cost more than
 	// anything they gain.
-	left := make([]Key, 0, len(firstLeft))
+	left := b.e.pre.left[:0]
 	for k, inserted := range firstLeft {
 		if inserted {
 			b.ov.storeLeft[k] = nil // known absent
@@ -321,7 +337,12 @@ func (b *batch) prefetch(ctx context.Context, changes []Change) ([]changeKeys, e
 			right[k] = struct{}{}
 		}
 	}
-	return keys, b.ov.loadRight(ctx, slices.Collect(maps.Keys(right)))
+	rightKeys := b.e.pre.rightKeys[:0]
+	for k := range right {
+		rightKeys = append(rightKeys, k)
+	}
+	b.e.pre.left, b.e.pre.rightKeys = left, rightKeys
+	return keys, b.ov.loadRight(ctx, rightKeys)
 }
 
 // apply runs one change through the stages; k holds its encoded keys.
@@ -351,7 +372,8 @@ func (b *batch) endSegment(ctx context.Context) error {
 	if err := b.resolveQueue(ctx); err != nil {
 		return err
 	}
-	for chunk := range slices.Chunk(slices.Sorted(maps.Keys(b.seg.dirty)), fanOutChunk) {
+	b.e.sorted = sortedKeys(b.e.sorted, b.seg.dirty)
+	for chunk := range slices.Chunk(b.e.sorted, fanOutChunk) {
 		modes := make(map[Key]fanOutMode, len(chunk))
 		for _, fk := range chunk {
 			m, err := b.fanOutMode(ctx, fk)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 )
 
 // Pending is a StateReader showing its base's state as it will be once one
@@ -25,11 +26,37 @@ type Pending struct {
 }
 
 // pendingIndex is derived from mutations: deleted keys and, per foreign
-// key, the subscriptions added (sorted) and deleted.
+// key, the subscriptions added (sorted) and deleted. Indexes no Pending
+// holds any more are filled again for later mutations (indexPool).
 type pendingIndex struct {
 	delLeft, delRight map[Key]struct{}
 	addSubs           map[Key][]Key
 	delSubs           map[Key]map[Key]struct{}
+	// pks holds addSubs' lists.
+	pks []Key
+	// holders counts the Pendings that hold the index.
+	holders int
+}
+
+var indexPool = sync.Pool{New: func() any {
+	return &pendingIndex{delLeft: map[Key]struct{}{}, delRight: map[Key]struct{}{}, addSubs: map[Key][]Key{}, delSubs: map[Key]map[Key]struct{}{}}
+}}
+
+// release drops a Pending's hold on x; the last one's gives x back.
+func (x *pendingIndex) release() {
+	if x.holders--; x.holders > 0 {
+		return
+	}
+	if len(x.delLeft)+len(x.delRight)+len(x.addSubs)+len(x.delSubs) > keptEntries {
+		return // too big to keep
+	}
+	clear(x.delLeft)
+	clear(x.delRight)
+	clear(x.addSubs)
+	clear(x.delSubs)
+	clear(x.pks)
+	x.pks = x.pks[:0]
+	indexPool.Put(x)
 }
 
 var (
@@ -53,6 +80,9 @@ func (p *Pending) SetFrom(m *Mutations, from *Pending) error {
 	if from != nil && from.m == m {
 		index = from.pendingIndex
 	}
+	if old := p.pendingIndex; old != nil {
+		defer old.release() // after index is held, which may be old
+	}
 	*p = Pending{base: p.base}
 	if m == nil || m.Empty() {
 		return nil
@@ -67,32 +97,35 @@ func (p *Pending) SetFrom(m *Mutations, from *Pending) error {
 	if index == nil {
 		index = newPendingIndex(m)
 	}
+	index.holders++
 	p.pendingIndex = index
 	return nil
 }
 
 // newPendingIndex derives the index of m.
 func newPendingIndex(m *Mutations) *pendingIndex {
-	x := &pendingIndex{}
-	x.delLeft = keySet(m.DelLeft)
-	x.delRight = keySet(m.DelRight)
+	x := indexPool.Get().(*pendingIndex)
+	for _, k := range m.DelLeft {
+		x.delLeft[k] = struct{}{}
+	}
+	for _, k := range m.DelRight {
+		x.delRight[k] = struct{}{}
+	}
 	// Each foreign key's added subscriptions, sorted, are a run of one
 	// slice: the engine's mutations come in member order already.
 	subs := m.AddSubs
 	if !slices.IsSortedFunc(subs, compareSubs) {
 		subs = slices.SortedFunc(slices.Values(subs), compareSubs)
 	}
-	x.addSubs = map[Key][]Key{}
-	pks := make([]Key, len(subs))
+	x.pks = slices.Grow(x.pks[:0], len(subs))[:len(subs)]
 	for i := 0; i < len(subs); {
 		j := i
 		for ; j < len(subs) && subs[j].FK == subs[i].FK; j++ {
-			pks[j] = subs[j].PK
+			x.pks[j] = subs[j].PK
 		}
-		x.addSubs[subs[i].FK] = pks[i:j:j]
+		x.addSubs[subs[i].FK] = x.pks[i:j:j]
 		i = j
 	}
-	x.delSubs = map[Key]map[Key]struct{}{}
 	for _, s := range m.DelSubs {
 		if x.delSubs[s.FK] == nil {
 			x.delSubs[s.FK] = map[Key]struct{}{}
@@ -100,14 +133,6 @@ func newPendingIndex(m *Mutations) *pendingIndex {
 		x.delSubs[s.FK][s.PK] = struct{}{}
 	}
 	return x
-}
-
-func keySet(keys []Key) map[Key]struct{} {
-	s := make(map[Key]struct{}, len(keys))
-	for _, k := range keys {
-		s[k] = struct{}{}
-	}
-	return s
 }
 
 // GetLeft implements StateReader: keys the mutations decide are answered

@@ -2,8 +2,6 @@ package join
 
 import (
 	"context"
-	"maps"
-	"slices"
 )
 
 // pending is the resolver's record of a left key the batch's left changes
@@ -151,7 +149,8 @@ func (b *batch) touchLeft(ctx context.Context, pk Key, old, cur *leftEntry) erro
 func (b *batch) flushPending(ctx context.Context) error {
 	r := &b.e.recycled
 	out := Output{Upserts: r.takeRows(), Deletes: r.takeKeys()}
-	for _, pk := range slices.Sorted(maps.Keys(b.seg.pending)) {
+	b.e.sorted = sortedKeys(b.e.sorted, b.seg.pending)
+	for _, pk := range b.e.sorted {
 		p := b.seg.pending[pk]
 		switch {
 		case p.finalOK && (!p.baseOK || !ValuesEqual(p.base, p.final)):

@@ -106,6 +106,7 @@ func (o *overlay) loadLeft(ctx context.Context, keys []Key) error {
 	if err != nil {
 		return fmt.Errorf("get left rows: %w", err)
 	}
+	defer releaseLeftMap(got)
 	for _, k := range keys {
 		st, ok := got[k]
 		if !ok {
@@ -130,6 +131,7 @@ func (o *overlay) loadRight(ctx context.Context, keys []Key) error {
 	if err != nil {
 		return fmt.Errorf("get right rows: %w", err)
 	}
+	defer releaseRightMap(got)
 	states := make([]RightState, 0, len(got)) // one allocation for all
 	for _, k := range keys {
 		if st, ok := got[k]; ok {

@@ -23,6 +23,8 @@ type Pending struct {
 	base StateReader
 	m    *Mutations
 	*pendingIndex
+	// rest holds the keys a read passes to base.
+	rest []Key
 }
 
 // pendingIndex is derived from mutations: deleted keys and, per foreign
@@ -83,7 +85,7 @@ func (p *Pending) SetFrom(m *Mutations, from *Pending) error {
 	if old := p.pendingIndex; old != nil {
 		defer old.release() // after index is held, which may be old
 	}
-	*p = Pending{base: p.base}
+	*p = Pending{base: p.base, rest: p.rest}
 	if m == nil || m.Empty() {
 		return nil
 	}
@@ -141,7 +143,7 @@ func (p *Pending) GetLeft(ctx context.Context, keys []Key) (map[Key]LeftState, e
 	if p.m == nil {
 		return p.base.GetLeft(ctx, keys)
 	}
-	return overlayGet(ctx, keys, p.m.PutLeft, p.delLeft, p.base.GetLeft)
+	return overlayGet(ctx, keys, &p.rest, p.m.PutLeft, p.delLeft, p.base.GetLeft, NewLeftMap)
 }
 
 // GetRight implements StateReader like GetLeft.
@@ -149,18 +151,20 @@ func (p *Pending) GetRight(ctx context.Context, keys []Key) (map[Key]RightState,
 	if p.m == nil {
 		return p.base.GetRight(ctx, keys)
 	}
-	return overlayGet(ctx, keys, p.m.PutRight, p.delRight, p.base.GetRight)
+	return overlayGet(ctx, keys, &p.rest, p.m.PutRight, p.delRight, p.base.GetRight, NewRightMap)
 }
 
-func overlayGet[S any](ctx context.Context, keys []Key, puts map[Key]S, dels map[Key]struct{},
-	get func(context.Context, []Key) (map[Key]S, error)) (map[Key]S, error) {
+// overlayGet reads keys through the puts and deletes of an overlay: the
+// others from get, into scratch's memory.
+func overlayGet[S any](ctx context.Context, keys []Key, scratch *[]Key, puts map[Key]S, dels map[Key]struct{},
+	get func(context.Context, []Key) (map[Key]S, error), newMap func(int) map[Key]S) (map[Key]S, error) {
 	rest := keys
 	for i, k := range keys {
 		_, put := puts[k]
 		_, del := dels[k]
 		if put || del {
 			// Some keys are decided by the overlay: read only the others.
-			rest = slices.Clone(keys[:i])
+			rest = append((*scratch)[:0], keys[:i]...)
 			for _, k := range keys[i:] {
 				_, put := puts[k]
 				_, del := dels[k]
@@ -168,6 +172,7 @@ func overlayGet[S any](ctx context.Context, keys []Key, puts map[Key]S, dels map
 					rest = append(rest, k)
 				}
 			}
+			*scratch = rest
 			break
 		}
 	}
@@ -182,7 +187,7 @@ func overlayGet[S any](ctx context.Context, keys []Key, puts map[Key]S, dels map
 		return out, nil
 	}
 	if out == nil {
-		out = make(map[Key]S, len(keys)-len(rest))
+		out = newMap(len(keys) - len(rest))
 	}
 	for _, k := range keys {
 		if st, ok := puts[k]; ok {

@@ -235,6 +235,7 @@ func (b *batch) prefetchFanOut(ctx context.Context, fks []Key, modes map[Key]fan
 	if err != nil {
 		return nil, fmt.Errorf("get dependent left rows: %w", err)
 	}
+	defer releaseLeftMap(got)
 	for _, pk := range want {
 		if st, ok := got[pk]; ok {
 			pre.lefts[pk] = &st
@@ -425,6 +426,7 @@ func (b *batch) pageLefts(ctx context.Context, fk Key, pks []Key, pre *fanOutPre
 		for pk, st := range read {
 			got[pk] = st
 		}
+		releaseLeftMap(read)
 	}
 	if len(got) == 0 {
 		return lefts, nil

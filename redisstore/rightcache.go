@@ -72,11 +72,11 @@ func (c *rightCache) lookup(gen uint64, keys []join.Key, found map[join.Key]join
 		case !ok:
 			misses = append(misses, k)
 		case e.row != nil:
-			// The caller owns what it gets: share the strings, not the
-			// slices (one slice holds both, each capped at its length).
-			nk := len(e.row.Key)
-			vals := append(append(make([]join.Value, 0, nk+len(e.row.Values)), e.row.Key...), e.row.Values...)
-			found[k] = join.RightState{Key: vals[:nk:nk], Values: vals[nk:]}
+			// A cached row is never changed in place (a write replaces
+			// it), and no reader changes a state's values: the caller
+			// gets the cache's slices, capped so that an append copies.
+			nk, nv := len(e.row.Key), len(e.row.Values)
+			found[k] = join.RightState{Key: e.row.Key[:nk:nk], Values: e.row.Values[:nv:nv]}
 		}
 	}
 	return misses, c.seq

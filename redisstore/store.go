@@ -507,7 +507,7 @@ func (s *Store) GetLeft(ctx context.Context, keys []join.Key) (map[join.Key]join
 	if err != nil {
 		return nil, fmt.Errorf("get left rows: %w", err)
 	}
-	out := make(map[join.Key]join.LeftState, len(keys))
+	out := join.NewLeftMap(len(keys))
 	err = s.hgetAll(ctx, keys, func(k join.Key) string { return s.keys.left(m, string(k)) },
 		func(k join.Key, v string) error {
 			st, err := decodeLeft(string(k), v)
@@ -530,7 +530,7 @@ func (s *Store) GetRight(ctx context.Context, keys []join.Key) (map[join.Key]joi
 	if err != nil {
 		return nil, fmt.Errorf("get right rows: %w", err)
 	}
-	out := make(map[join.Key]join.RightState, len(keys))
+	out := join.NewRightMap(len(keys))
 	misses, start := s.right.lookup(m.RightGen, keys, out)
 	if len(misses) == 0 {
 		return out, nil

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -11,7 +12,7 @@ import (
 const (
 	valueSize  = int(unsafe.Sizeof(Value{}))
 	changeSize = int(unsafe.Sizeof(Change{}))
-	// slabValues and slabBytes size the per-chunk allocation slabs.
+	// slabValues, slabBytes and slabChanges size an arena.
 	slabValues  = 1024
 	slabBytes   = 64 << 10
 	slabChanges = 512
@@ -50,12 +51,9 @@ type assembler struct {
 	skipping bool
 	cur      *Txn
 	pending  []Change // schema changes not yet delivered
-	// values and data are allocation slabs for tuple values and message
-	// bytes, shared by consecutive chunks so that small transactions do not
-	// each hold a whole slab.
-	values  []Value
-	data    []byte
-	changes []Change
+	// ar is the arena chunks are cut from; free holds the emptied ones.
+	ar   *arena
+	free chan *arena
 }
 
 func newAssembler(chunkChanges, chunkBytes int, log *slog.Logger) *assembler {
@@ -338,46 +336,125 @@ func typed(rel *Relation, vals []Value) ([]Value, error) {
 }
 
 // appendChange appends ch to t's changes, which grow in place at the end of
-// the change slab while they are its last slice (the current transaction
-// always is, but for the schema changes begin carries over), instead of
-// doubling a slice of their own. t.Changes is capped at its length: an
-// append by its consumer copies it.
+// the arena's changes while they are its last ones (a chunk's always are,
+// but for the schema changes begin carries over), instead of being copied
+// at every doubling. A chunk of more changes than half an arena holds gets
+// a slice of its own.
 func (a *assembler) appendChange(t *Txn, ch Change) {
 	n := len(t.Changes)
-	last := n == 0 || (len(a.changes) >= n && &a.changes[len(a.changes)-n] == &t.Changes[0])
-	if last && len(a.changes) < cap(a.changes) {
-		a.changes = append(a.changes, ch) // in place: there is room
-		t.Changes = a.changes[len(a.changes)-n-1 : len(a.changes) : len(a.changes)]
+	if t.own != nil || n+1 > slabChanges/2 {
+		if t.own == nil {
+			t.own = append(make([]Change, 0, 2*(n+1)), t.Changes...)
+		}
+		t.own = append(t.own, ch)
+		t.Changes = t.own[: n+1 : n+1]
 		return
 	}
-	a.changes = make([]Change, 0, max(slabChanges, 2*(n+1)))
-	a.changes = append(append(a.changes, t.Changes...), ch)
-	t.Changes = a.changes[: n+1 : n+1]
+	ar := a.ar
+	inPlace := ar != nil && len(ar.changes) < cap(ar.changes) &&
+		(n == 0 || (len(ar.changes) >= n && &ar.changes[len(ar.changes)-n] == &t.Changes[0]))
+	if !inPlace {
+		if ar == nil || cap(ar.changes)-len(ar.changes) < n+1 {
+			a.rotate()
+			ar = a.ar
+		}
+		ar.changes = append(ar.changes, t.Changes...)
+	}
+	a.hold(t)
+	ar.changes = append(ar.changes, ch)
+	t.Changes = ar.changes[len(ar.changes)-n-1 : len(ar.changes) : len(ar.changes)]
 }
 
-// copyData copies a message into the chunk's byte slab: the connection
-// reuses its buffer, and the values of the chunk alias the copy.
+// copyData copies a message into the arena: the connection reuses its
+// buffer, and the values of the chunk alias the copy.
 func (a *assembler) copyData(data []byte) []byte {
 	if len(data) > slabBytes/4 {
 		return append([]byte(nil), data...)
 	}
-	if cap(a.data)-len(a.data) < len(data) {
-		a.data = make([]byte, 0, slabBytes)
+	if a.ar == nil || cap(a.ar.data)-len(a.ar.data) < len(data) {
+		a.rotate()
 	}
-	start := len(a.data)
-	a.data = append(a.data, data...)
-	return a.data[start:len(a.data):len(a.data)]
+	a.hold(a.cur)
+	ar := a.ar
+	start := len(ar.data)
+	ar.data = append(ar.data, data...)
+	return ar.data[start:len(ar.data):len(ar.data)]
 }
 
-// allocValues takes n values from the chunk's value slab.
+// allocValues takes n values from the arena.
 func (a *assembler) allocValues(n int) []Value {
 	if n > slabValues/4 {
 		return make([]Value, n)
 	}
-	if cap(a.values)-len(a.values) < n {
-		a.values = make([]Value, 0, slabValues)
+	if a.ar == nil || cap(a.ar.values)-len(a.ar.values) < n {
+		a.rotate()
 	}
-	start := len(a.values)
-	a.values = a.values[:start+n]
-	return a.values[start : start+n : start+n]
+	a.hold(a.cur)
+	ar := a.ar
+	start := len(ar.values)
+	ar.values = ar.values[:start+n]
+	return ar.values[start : start+n : start+n]
+}
+
+// arena is the memory chunks are cut from: their changes, tuple values and
+// message bytes, shared by consecutive chunks so that small transactions do
+// not each hold a slab. A chunk holds a reference on each arena it was cut
+// from, and the assembler one on the arena it cuts from. Once the consumer
+// released every chunk cut from an arena (Txn.Release) and the assembler
+// moved on, the arena is emptied and cut from again; an arena of chunks
+// never released is left to the garbage collector.
+type arena struct {
+	values  []Value
+	data    []byte
+	changes []Change
+	refs    atomic.Int32
+	free    chan *arena
+}
+
+// keptArenas bounds the arenas kept for reuse (about 150 KB each).
+const keptArenas = 128
+
+// rotate moves the assembler to an arena with room: an emptied one if any,
+// else a new one.
+func (a *assembler) rotate() {
+	if a.ar != nil {
+		a.ar.release()
+	}
+	if a.free == nil {
+		a.free = make(chan *arena, keptArenas)
+	}
+	select {
+	case a.ar = <-a.free:
+	default:
+		a.ar = &arena{values: make([]Value, 0, slabValues), data: make([]byte, 0, slabBytes),
+			changes: make([]Change, 0, slabChanges), free: a.free}
+	}
+	a.ar.refs.Store(1)
+}
+
+// hold makes t hold a reference on the assembler's arena.
+func (a *assembler) hold(t *Txn) {
+	if t == nil {
+		return
+	}
+	if n := len(t.arenas); n > 0 && t.arenas[n-1] == a.ar {
+		return
+	}
+	a.ar.refs.Add(1)
+	t.arenas = append(t.arenas, a.ar)
+}
+
+// release drops a reference; the last one empties the arena and hands it
+// back to its assembler.
+func (ar *arena) release() {
+	if ar.refs.Add(-1) != 0 {
+		return
+	}
+	clear(ar.values)
+	clear(ar.changes)
+	ar.values, ar.data, ar.changes = ar.values[:0], ar.data[:0], ar.changes[:0]
+	select {
+	case ar.free <- ar:
+	default:
+	}
 }

@@ -42,6 +42,26 @@ type Txn struct {
 	// Marker is the id of the switch marker (EmitSwitch) the transaction
 	// carries, if any; such a transaction has no changes of its own.
 	Marker string
+
+	// arenas are the arenas the chunk was cut from (see arena); own,
+	// when set, holds Changes, too many for an arena.
+	arenas []*arena
+	own    []Change
+}
+
+// Release says the consumer is done with the chunk's changes and their
+// values: the memory they were cut from is cut again for later chunks.
+// Changes is nil after; the other fields stay. A chunk the stream did not
+// assemble is left as it is. Using a chunk's changes or values after
+// releasing it, or releasing it twice, is a bug.
+func (t *Txn) Release() {
+	if t.arenas == nil {
+		return
+	}
+	for _, ar := range t.arenas {
+		ar.release()
+	}
+	t.arenas, t.Changes, t.own = nil, nil, nil
 }
 
 // ChangeKind says what a Change is.

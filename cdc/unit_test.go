@@ -1,8 +1,10 @@
 package cdc
 
 import (
+	"bytes"
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -294,6 +296,73 @@ func TestAppendChange(t *testing.T) {
 			if c.LSN != want[tx][j] {
 				t.Fatalf("txn %d change %d: LSN %d, want %d", i, j, c.LSN, want[tx][j])
 			}
+		}
+	}
+}
+
+// TestArenaRelease: a chunk's memory is cut again once every chunk cut
+// from its arena is released and the assembler moved on, never while a
+// chunk still holds it; releasing twice changes nothing.
+func TestArenaRelease(t *testing.T) {
+	a := newAssembler(1<<30, 1<<30, nil)
+	fill := func(tx *Txn, rows int, tag byte) {
+		a.cur = tx
+		for range rows {
+			data := a.copyData(bytes.Repeat([]byte{tag}, 1000))
+			vals := a.allocValues(8)
+			for i := range vals {
+				vals[i] = Value{Kind: ValueText, Data: data[i*100 : i*100+100]}
+			}
+			a.appendChange(tx, Change{Kind: ChangeInsert, New: vals})
+		}
+	}
+	intact := func(tx *Txn, tag byte) {
+		t.Helper()
+		for i, c := range tx.Changes {
+			for _, v := range c.New {
+				if v.Kind != ValueText || !bytes.Equal(v.Data, bytes.Repeat([]byte{tag}, 100)) {
+					t.Fatalf("chunk %c change %d: value %q, want %c's", tag, i, v.Data, tag)
+				}
+			}
+		}
+	}
+	first, second := &Txn{}, &Txn{}
+	fill(first, 200, 'a') // several arenas: 64 KB of data each
+	fill(second, 10, 'b') // shares first's last arena
+	if len(first.arenas) < 3 || second.arenas[0] != first.arenas[len(first.arenas)-1] {
+		t.Fatalf("first holds %d arenas, second %d (sharing: %v)", len(first.arenas), len(second.arenas), second.arenas[0] == first.arenas[len(first.arenas)-1])
+	}
+	freed := map[*arena]bool{}
+	for _, ar := range first.arenas[:len(first.arenas)-1] {
+		freed[ar] = true
+	}
+	first.Release()
+	first.Release()
+	if first.Changes != nil {
+		t.Fatal("a released chunk keeps its changes")
+	}
+	third := &Txn{}
+	fill(third, 200, 'c')
+	reused := 0
+	for _, ar := range third.arenas {
+		if freed[ar] {
+			reused++
+		}
+		if ar == second.arenas[0] && ar != third.arenas[0] {
+			t.Fatal("an arena second holds was handed out again")
+		}
+	}
+	if reused == 0 {
+		t.Fatalf("none of the %d arenas released was cut again", len(freed))
+	}
+	intact(second, 'b')
+	intact(third, 'c')
+	held := append(slices.Clone(third.arenas), second.arenas...)
+	second.Release()
+	third.Release()
+	for _, ar := range held {
+		if n := ar.refs.Load(); n < 0 {
+			t.Fatalf("an arena has %d references", n)
 		}
 	}
 }

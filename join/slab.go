@@ -50,8 +50,10 @@ type valueSlab struct {
 
 const (
 	valueChunk = 4096
-	// maxSpareChunks bounds the chunks a valueSlab keeps for later batches.
-	maxSpareChunks = 64
+	// maxSpareChunks bounds the chunks a valueSlab keeps for later batches
+	// (about 25 MB: the rows of the batches in flight at 4x the change
+	// limit).
+	maxSpareChunks = 256
 )
 
 // take returns a slice of length 0 and capacity n.

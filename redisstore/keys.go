@@ -55,7 +55,7 @@ type nameCache struct {
 }
 
 const (
-	nameBits  = 14
+	nameBits  = 16
 	nameSlots = 1 << nameBits
 )
 
@@ -137,24 +137,27 @@ func (k keys) name(kind byte, gen, bucket uint64) string {
 }
 
 // build builds the name of a data key: kind's hash or set of generation
-// gen at bucket.
+// gen at bucket, in one allocation.
 func (k keys) build(kind byte, gen, bucket uint64) string {
-	b := make([]byte, 0, len(k.prefix)+32)
-	b = append(b, k.prefix...)
-	b = append(b, ':', kind)
-	b = strconv.AppendUint(b, gen, 36)
+	var num [20]byte
+	var b strings.Builder
+	b.Grow(len(k.prefix) + 48)
+	b.WriteString(k.prefix)
+	b.WriteByte(':')
+	b.WriteByte(kind)
+	b.Write(strconv.AppendUint(num[:0], gen, 36))
 	if k.shards != nil {
-		b = append(b, ':')
-		b = strconv.AppendUint(b, bucket, 10)
-		b = append(b, ":{"...)
-		b = append(b, k.shards.tags[bucket%uint64(k.shards.n)]...)
-		b = append(b, '}')
-		return string(b)
+		b.WriteByte(':')
+		b.Write(strconv.AppendUint(num[:0], bucket, 10))
+		b.WriteString(":{")
+		b.WriteString(k.shards.tags[bucket%uint64(k.shards.n)])
+		b.WriteByte('}')
+		return b.String()
 	}
-	b = append(b, ":{"...)
-	b = strconv.AppendUint(b, bucket, 10)
-	b = append(b, '}')
-	return string(b)
+	b.WriteString(":{")
+	b.Write(strconv.AppendUint(num[:0], bucket, 10))
+	b.WriteByte('}')
+	return b.String()
 }
 
 // left returns the hash holding the left row with encoded key pk in state m.

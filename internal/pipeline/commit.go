@@ -137,6 +137,11 @@ func (p *Pipeline) prepare(ctx context.Context, b *batch, inFlight []*commitJob)
 		return nil, err
 	}
 	phase(&b.timing.join)
+	// The changes are joined: their memory goes back to the stream (the
+	// batch keeps its transactions' positions and times).
+	for _, t := range b.txns {
+		t.Release()
+	}
 	fanOut := false
 	for i := range p.joins {
 		fanOut = fanOut || fannedOut(len(perJoin[i]), rows[i])

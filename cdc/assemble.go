@@ -411,8 +411,9 @@ type arena struct {
 	free    chan *arena
 }
 
-// keptArenas bounds the arenas kept for reuse (about 150 KB each).
-const keptArenas = 128
+// keptArenas bounds the arenas kept for reuse (about 150 KB each): the
+// chunks the stream decodes ahead and a batch being joined hold most.
+const keptArenas = 256
 
 // rotate moves the assembler to an arena with room: an emptied one if any,
 // else a new one.

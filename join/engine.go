@@ -31,10 +31,12 @@ type Engine struct {
 	pre     prefetchScratch
 	// recycled are containers of batches the caller gave back (Recycle).
 	recycled recycled
-	// pendings and entries hand out a batch's pending outputs and left
-	// entries, which live for the batch (taken back by the next).
+	// pendings, entries and rights hand out a batch's pending outputs,
+	// left entries and stored right states, which live for the batch
+	// (taken back by the next).
 	pendings slab[pending]
 	entries  slab[leftEntry]
+	rights   slab[RightState]
 	// sorted holds a segment's keys in order (sortedKeys).
 	sorted []Key
 }
@@ -87,7 +89,7 @@ func (e *Engine) takeOverlay(n int) *overlay {
 	} else {
 		o.reset()
 	}
-	o.entries = &e.entries
+	o.entries, o.rights = &e.entries, &e.rights
 	return o
 }
 
@@ -178,6 +180,7 @@ func (e *Engine) Apply(ctx context.Context, changes []Change, emit func(context.
 	// to any more.
 	e.pendings.reset()
 	e.entries.reset()
+	e.rights.reset()
 	defer func() {
 		b.seg.reset()
 		e.spare = b.seg

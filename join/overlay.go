@@ -36,8 +36,10 @@ type overlay struct {
 	subs  map[Key]subSet
 
 	scratch []byte // key encoding buffer
-	// entries hands out the stored rows' entries (the engine's, when set).
+	// entries and rights hand out the stored rows' entries and right
+	// states (the engine's, when set).
 	entries *slab[leftEntry]
+	rights  *slab[RightState]
 }
 
 // newOverlay returns an empty overlay for a batch of about n changes
@@ -132,13 +134,22 @@ func (o *overlay) loadRight(ctx context.Context, keys []Key) error {
 		return fmt.Errorf("get right rows: %w", err)
 	}
 	defer releaseRightMap(got)
-	states := make([]RightState, 0, len(got)) // one allocation for all
+	var states []RightState
+	if o.rights == nil {
+		states = make([]RightState, 0, len(got)) // one allocation for all
+	}
 	for _, k := range keys {
-		if st, ok := got[k]; ok {
+		st, ok := got[k]
+		switch {
+		case !ok:
+			o.storeRight[k] = nil
+		case o.rights != nil:
+			r := o.rights.new()
+			*r = st
+			o.storeRight[k] = r
+		default:
 			states = append(states, st)
 			o.storeRight[k] = &states[len(states)-1]
-		} else {
-			o.storeRight[k] = nil
 		}
 	}
 	return nil

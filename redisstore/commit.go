@@ -209,6 +209,8 @@ type writes struct {
 	// hset holds each hash's fields and values, alternating.
 	hset   map[string][]string
 	unlink []string
+	// args, when set, is the planner's memory for the commands' arguments.
+	args *[]any
 }
 
 // queueData queues w in the MULTI p of a write that leads to next: on one
@@ -238,6 +240,8 @@ type planner struct {
 	// buf holds the rows' encodings; puts says whose they are.
 	buf  []byte
 	puts []put
+	// args holds the commands' arguments (command).
+	args []any
 }
 
 type put struct {
@@ -269,6 +273,9 @@ func (pl *planner) reset(m *join.Mutations) {
 	}
 	pl.puts = pl.puts[:0]
 	pl.buf = pl.buf[:0]
+	clear(pl.args)
+	pl.args = pl.args[:0]
+	pl.w.args = &pl.args
 }
 
 // add appends vs to the list of key k in g.
@@ -363,32 +370,32 @@ func (s *Store) queue(ctx context.Context, p redis.Pipeliner, w writes) subRepli
 	page := s.cfg.PageSize
 	for k, ms := range w.zrem {
 		for chunk := range slices.Chunk(ms, page) {
-			c := redis.NewIntCmd(ctx, command("zrem", k, false, chunk)...)
+			c := redis.NewIntCmd(ctx, command(w.args, "zrem", k, false, chunk)...)
 			_ = p.Process(ctx, c)
 			r.rems = append(r.rems, c)
 		}
 	}
 	for k, fs := range w.hdel {
 		for chunk := range slices.Chunk(fs, page) {
-			_ = p.Process(ctx, redis.NewIntCmd(ctx, command("hdel", k, false, chunk)...))
+			_ = p.Process(ctx, redis.NewIntCmd(ctx, command(w.args, "hdel", k, false, chunk)...))
 		}
 	}
 	for k, ms := range w.zadd {
 		for chunk := range slices.Chunk(ms, page) {
-			c := redis.NewIntCmd(ctx, command("zadd", k, true, chunk)...)
+			c := redis.NewIntCmd(ctx, command(w.args, "zadd", k, true, chunk)...)
 			_ = p.Process(ctx, c)
 			r.adds = append(r.adds, c)
 		}
 	}
-	hsetChunks(ctx, p, w.hset, page)
+	hsetChunks(ctx, p, w.hset, page, w.args)
 	return r
 }
 
 // hsetChunks queues HSETs of the field/value pairs per hash, page pairs each.
-func hsetChunks(ctx context.Context, p redis.Pipeliner, pairs map[string][]string, page int) {
+func hsetChunks(ctx context.Context, p redis.Pipeliner, pairs map[string][]string, page int, slab *[]any) {
 	for k, fv := range pairs {
 		for chunk := range slices.Chunk(fv, 2*page) {
-			_ = p.Process(ctx, redis.NewIntCmd(ctx, command("hset", k, false, chunk)...))
+			_ = p.Process(ctx, redis.NewIntCmd(ctx, command(slab, "hset", k, false, chunk)...))
 		}
 	}
 }
@@ -397,13 +404,25 @@ func hsetChunks(ctx context.Context, p redis.Pipeliner, pairs map[string][]strin
 // ss, each preceded by a score of 0 when scored (ZADD). The strings go in
 // by pointer, which an interface holds without an allocation (go-redis
 // writes a *string as the string): the arguments cost one slice, not one
-// boxed value each. ss must not change until the command is written.
-func command(name, key string, scored bool, ss []string) []any {
+// boxed value each, cut from slab when it is set (a planner's, valid until
+// its next plan). ss must not change until the command is written.
+func command(slab *[]any, name, key string, scored bool, ss []string) []any {
 	n := 2 + len(ss)
 	if scored {
 		n += len(ss)
 	}
-	args := make([]any, 0, n)
+	var args []any
+	if slab == nil {
+		args = make([]any, 0, n)
+	} else {
+		if cap(*slab)-len(*slab) < n {
+			// A new slab; the commands cut from the old one keep it.
+			*slab = make([]any, 0, max(4096, 2*cap(*slab), n))
+		}
+		start := len(*slab)
+		*slab = (*slab)[:start+n]
+		args = (*slab)[start : start : start+n]
+	}
 	args = append(args, name, key)
 	for i := range ss {
 		if scored {

@@ -563,23 +563,26 @@ func (s *Store) hgetAll(ctx context.Context, keys []join.Key, bucket func(join.K
 	if len(keys) == 0 {
 		return nil
 	}
-	seen := make(map[join.Key]struct{}, len(keys))
-	ks := make([]join.Key, 0, len(keys))
+	sc := hgetScratches.Get().(*hgetScratch)
+	defer sc.release()
+	seen, ks := sc.seen, sc.ks[:0]
 	for _, k := range keys {
 		if _, dup := seen[k]; !dup {
 			seen[k] = struct{}{}
 			ks = append(ks, k)
 		}
 	}
+	sc.ks = ks
 	// Each command's arguments: "hget", then its hash and field by pointer
 	// into one slice (an interface holds a pointer without an allocation).
-	strs := make([]string, 2*len(ks))
-	args := make([]any, 3*len(ks))
+	strs := slices.Grow(sc.strs[:0], 2*len(ks))[:2*len(ks)]
+	args := slices.Grow(sc.args[:0], 3*len(ks))[:3*len(ks)]
+	cmds := slices.Grow(sc.cmds[:0], len(ks))[:len(ks)]
+	sc.strs, sc.args, sc.cmds = strs, args, cmds
 	for i, k := range ks {
 		strs[2*i], strs[2*i+1] = bucket(k), string(k)
 		args[3*i], args[3*i+1], args[3*i+2] = "hget", &strs[2*i], &strs[2*i+1]
 	}
-	cmds := make([]*redis.StringCmd, len(ks))
 	err := retryRead(ctx, s.rdb, func() error {
 		p := s.rdb.Pipeline()
 		for i := range ks {
@@ -612,6 +615,30 @@ func (s *Store) hgetAll(ctx context.Context, keys []join.Key, bucket func(join.K
 		}
 	}
 	return nil
+}
+
+// hgetScratch is what one hgetAll works in, kept from call to call.
+type hgetScratch struct {
+	seen map[join.Key]struct{}
+	ks   []join.Key
+	strs []string
+	args []any
+	cmds []*redis.StringCmd
+}
+
+var hgetScratches = sync.Pool{New: func() any { return &hgetScratch{seen: map[join.Key]struct{}{}} }}
+
+// release empties sc and gives it back, unless it grew too big to keep.
+func (sc *hgetScratch) release() {
+	if len(sc.ks) > 1<<16 {
+		return
+	}
+	clear(sc.seen)
+	clear(sc.ks)
+	clear(sc.strs)
+	clear(sc.args)
+	clear(sc.cmds)
+	hgetScratches.Put(sc)
 }
 
 // Dependents returns up to limit encoded left keys subscribed to the encoded

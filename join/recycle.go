@@ -57,39 +57,25 @@ func (e *Engine) Recycle(m *Mutations, outs []Output) {
 }
 
 // takeMutations returns recycled empty mutations, or none.
-func (r *recycled) takeMutations() Mutations {
-	n := len(r.muts)
-	if n == 0 {
-		return Mutations{}
-	}
-	m := r.muts[n-1]
-	r.muts[n-1] = Mutations{}
-	r.muts = r.muts[:n-1]
-	return m
-}
+func (r *recycled) takeMutations() Mutations { return pop(&r.muts) }
 
 // takeRows returns a recycled empty slice of rows, or nil.
-func (r *recycled) takeRows() []Row {
-	n := len(r.rows)
-	if n == 0 {
-		return nil
-	}
-	s := r.rows[n-1]
-	r.rows[n-1] = nil
-	r.rows = r.rows[:n-1]
-	return s
-}
+func (r *recycled) takeRows() []Row { return pop(&r.rows) }
 
 // takeKeys returns a recycled empty slice of keys' values, or nil.
-func (r *recycled) takeKeys() [][]Value {
-	n := len(r.keys)
+func (r *recycled) takeKeys() [][]Value { return pop(&r.keys) }
+
+// pop removes and returns the last of *s, or the zero value.
+func pop[T any](s *[]T) T {
+	var zero T
+	n := len(*s)
 	if n == 0 {
-		return nil
+		return zero
 	}
-	s := r.keys[n-1]
-	r.keys[n-1] = nil
-	r.keys = r.keys[:n-1]
-	return s
+	v := (*s)[n-1]
+	(*s)[n-1] = zero
+	*s = (*s)[:n-1]
+	return v
 }
 
 // putBack returns an output's containers Apply took but did not emit.

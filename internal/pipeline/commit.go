@@ -303,21 +303,20 @@ func (p *Pipeline) commitTarget(ctx context.Context, job *commitJob) error {
 	}
 	b, end := job.b, job.end
 	phase := stopwatch()
+	// The engines' reads are done: if the state was lost or replaced since
+	// the daemon started, they may have seen it empty, and nothing may be
+	// committed. The check reads Redis while the rows are written.
+	checked := make(chan error, 1)
+	go func() { checked <- p.checkStates(ctx, job) }()
 	if job.writeTarget && job.tx == nil {
 		if err := p.beginTarget(ctx, job); err != nil {
+			<-checked
 			return err // startCommit rolls job.tx back
 		}
 	}
 	phase(&b.timing.write)
-	// The engines' reads are done: if the state was lost or replaced since
-	// the daemon started, they may have seen it empty, and nothing may be
-	// committed.
-	for i, j := range p.joins {
-		if job.touched[i] {
-			if err := j.checkState(ctx); err != nil {
-				return err
-			}
-		}
+	if err := <-checked; err != nil {
+		return err
 	}
 	phase(&b.timing.verify)
 	if job.tx != nil {
@@ -326,6 +325,19 @@ func (p *Pipeline) commitTarget(ctx context.Context, job *commitJob) error {
 		}
 	}
 	phase(&b.timing.target)
+	return nil
+}
+
+// checkStates checks that the Redis state of every join the job touched is
+// still the one the run started with.
+func (p *Pipeline) checkStates(ctx context.Context, job *commitJob) error {
+	for i, j := range p.joins {
+		if job.touched[i] {
+			if err := j.checkState(ctx); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 

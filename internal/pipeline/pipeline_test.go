@@ -55,10 +55,12 @@ type fakeWorld struct {
 	// ending at that LSN (once), failState that of table failTable's
 	// state; blockTarget blocks it until released.
 	failTarget, failState cdc.LSN
-	failTable             int
-	blockTarget           cdc.LSN
-	blocked, release      chan struct{}
-	violations            []string
+	// epoch, when set, is the epoch the states' meta shows ("e" else).
+	epoch            string
+	failTable        int
+	blockTarget      cdc.LSN
+	blocked, release chan struct{}
+	violations       []string
 	// counted is the running pipeline's count of changes applied, which
 	// covers every transaction after countFrom up to what it acknowledges.
 	counted   *atomic.Int64
@@ -247,7 +249,11 @@ func (s fakeState) DependentsMany(ctx context.Context, fks []join.Key, limits []
 func (s fakeState) Meta(context.Context) (redisstore.Meta, error) {
 	s.w.mu.Lock()
 	defer s.w.mu.Unlock()
-	return redisstore.Meta{Epoch: "e", Checkpoint: s.w.stateLSNs[s.i]}, nil
+	epoch := "e"
+	if s.w.epoch != "" {
+		epoch = s.w.epoch
+	}
+	return redisstore.Meta{Epoch: epoch, Checkpoint: s.w.stateLSNs[s.i]}, nil
 }
 
 func (s fakeState) Checkpoint() cdc.LSN {
@@ -731,6 +737,37 @@ func TestPipelineFailureDiscardsLater(t *testing.T) {
 			}
 			w.check(want)
 		})
+	}
+}
+
+// TestPipelineStateReplaced: the Redis state is replaced (another epoch)
+// after a batch was joined and before its target commit: the batch's
+// target rows are not committed, nothing after is acknowledged, and run
+// stops with ErrStateChanged. The check runs while the rows are written.
+func TestPipelineStateReplaced(t *testing.T) {
+	t.Parallel()
+	w := newFakeWorld(t, nil)
+	txns, _ := workload(t, 5, 200, w.plan.Spec, false)
+	w.txns = txns
+	at := txns[99].EndLSN
+	var replaced cdc.LSN
+	p := w.pipeline(smallBatches)
+	p.stages = &commitStages{target: func(ctx context.Context, job *commitJob) error {
+		w.mu.Lock()
+		if job.end >= at && replaced == 0 {
+			w.epoch, replaced = "other", job.end
+		}
+		w.mu.Unlock()
+		return p.commitTarget(ctx, job)
+	}, state: p.commitState}
+	err := w.runUntil(p, txns[len(txns)-1].EndLSN)
+	if !errors.Is(err, ErrStateChanged) {
+		t.Fatalf("run = %v, want ErrStateChanged", err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.targetLSN >= replaced || w.acked >= replaced {
+		t.Errorf("the batch ending at %s, joined before its state was replaced, committed: target %s, acked %s", replaced, w.targetLSN, w.acked)
 	}
 }
 

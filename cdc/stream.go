@@ -526,6 +526,9 @@ func (s *Stream) warnIgnored(kind byte) {
 func (ss *session) deliver(ctx context.Context, t *Txn) error {
 	s := ss.s
 	start := time.Now()
+	// Once handed over, the chunk is the consumer's, which may release its
+	// changes at once: what is counted is read before.
+	final, end, changes := t.Final, t.EndLSN, len(t.Changes)
 	if err := s.queue.push(ctx, t, ss.tick, ss.maybeStatus); err != nil {
 		return err
 	}
@@ -534,13 +537,13 @@ func (ss *session) deliver(ctx context.Context, t *Txn) error {
 	}
 	// While the chunk waited, the position reported could only come from
 	// keepalives received before its commit, which lie before it.
-	if t.Final {
+	if final {
 		s.asm.delivered()
-		s.delivered = t.EndLSN
+		s.delivered = end
 		s.stats.txns.Add(1)
-		s.stats.received.Store(uint64(t.EndLSN))
+		s.stats.received.Store(uint64(end))
 	}
-	s.stats.changes.Add(int64(len(t.Changes)))
+	s.stats.changes.Add(int64(changes))
 	return nil
 }
 

@@ -248,3 +248,61 @@ joins:
 		}
 	}
 }
+
+// TestResolveWhilePartitionsChange: partitions created and dropped while
+// the plan is resolved never make a partitioned table with a primary key
+// look as if a partition had none (the leaves and their keys are read in
+// one snapshot; read apart, a partition dropped in between showed no key).
+func TestResolveWhilePartitionsChange(t *testing.T) {
+	tc := testenv.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := tc.Pool.Exec(ctx, `
+		CREATE TABLE customers (id bigint PRIMARY KEY, name text);
+		CREATE TABLE orders (id bigint, customer_id bigint, PRIMARY KEY (id)) PARTITION BY RANGE (id);
+		CREATE TABLE orders_base PARTITION OF orders FOR VALUES FROM (0) TO (1000);`); err != nil {
+		t.Fatal(err)
+	}
+	const yml = `
+joins:
+  - name: oc
+    type: left
+    left: {table: orders, foreign_key: [customer_id]}
+    right: {table: customers}
+    target: {table: orders_customers}
+`
+	stop := make(chan struct{})
+	churned := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				churned <- nil
+				return
+			default:
+			}
+			lo := 1000 * (1 + i%8)
+			if _, err := tc.Pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE orders_p%d PARTITION OF orders FOR VALUES FROM (%d) TO (%d)`, i, lo, lo+1000)); err != nil {
+				churned <- err
+				return
+			}
+			if _, err := tc.Pool.Exec(ctx, fmt.Sprintf(`DROP TABLE orders_p%d`, i)); err != nil {
+				churned <- err
+				return
+			}
+		}
+	}()
+	resolved := 0
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && resolved < 2000; resolved++ {
+		if _, err := resolveYAML(t, tc, yml); err != nil {
+			close(stop)
+			<-churned
+			t.Fatalf("resolve %d, while partitions came and went: %v", resolved, err)
+		}
+	}
+	close(stop)
+	if err := <-churned; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d resolves while partitions came and went", resolved)
+}

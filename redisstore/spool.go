@@ -249,7 +249,13 @@ type spoolWriter struct {
 	restores []spoolRestore
 	lp       listpack
 	payloads []byte
+	// elems are the entries of the key being encoded as a listpack.
+	elems []spoolElem
 }
+
+// spoolElem is an entry decoded: its field and value, and the one of them
+// it is ordered by (the field of a row, the member of a subscription).
+type spoolElem struct{ elem, field, value string }
 
 // spoolRestore is a RESTORE in a pipeline: the key's entries, and the
 // subscriptions it adds (0 for rows).
@@ -287,6 +293,11 @@ func (w *spoolWriter) commands(run []spoolEntry) error {
 	kind, shard := byte(run[0].key>>56), run[0].key&(1<<56-1)
 	key := sp.s.keys.name(kind, sp.meta.gen(kind), shard)
 	page := sp.s.cfg.PageSize
+	if kind != kindSubs {
+		// In the order gathered, so that of a row spooled twice the last
+		// one stays (spoolSort does not keep that order).
+		slices.SortFunc(run, func(a, b spoolEntry) int { return cmp.Compare(a.off, b.off) })
+	}
 	for start := 0; start < len(run); start += page {
 		chunk := run[start:min(start+page, len(run))]
 		_, n := queueEntries(w.ctx, w.pipe, key, kind, len(chunk), page, func(i int) (string, string) { return spoolEntryAt(w.b, chunk[i].off) })
@@ -316,44 +327,53 @@ func (w *spoolWriter) listpack(kind byte, run []spoolEntry) (string, int, bool) 
 		return "", 0, false
 	}
 	// Fields (hashes) and members (sets) in order: Redis keeps a set's
-	// members sorted, and a field given twice is found.
-	elem := func(e spoolEntry) string {
+	// members sorted, and a field given twice is found. Each entry is
+	// decoded once, not at each comparison.
+	w.elems = w.elems[:0]
+	ordered := true
+	for _, e := range run {
 		field, val := spoolEntryAt(w.b, e.off)
+		el := spoolElem{elem: field, field: field, value: val}
 		if kind == kindSubs {
-			return val
+			el.elem = val
 		}
-		return field
+		if n := len(w.elems); n > 0 && w.elems[n-1].elem > el.elem {
+			ordered = false
+		}
+		w.elems = append(w.elems, el)
 	}
-	slices.SortFunc(run, func(a, b spoolEntry) int { return strings.Compare(elem(a), elem(b)) })
+	if !ordered {
+		slices.SortFunc(w.elems, func(a, b spoolElem) int { return strings.Compare(a.elem, b.elem) })
+	}
 	w.lp.reset()
 	typ := byte(rdbTypeHashListpack)
 	if kind == kindSubs {
 		typ = rdbTypeZsetListpack
 	}
-	for i, e := range run {
-		field, val := spoolEntryAt(w.b, e.off)
-		if i > 0 && elem(run[i-1]) == elem(e) {
+	for i, e := range w.elems {
+		if i > 0 && w.elems[i-1].elem == e.elem {
 			if kind != kindSubs {
 				return "", 0, false // HSET keeps one of them
 			}
 			continue // a member added twice is one member
 		}
-		if len(field) > value || len(val) > value {
+		if len(e.field) > value || len(e.value) > value {
 			return "", 0, false
 		}
 		if kind == kindSubs {
-			w.lp.add(val)
+			w.lp.add(e.value)
 			w.lp.add("0")
 		} else {
-			w.lp.add(field)
-			w.lp.add(val)
+			w.lp.add(e.field)
+			w.lp.add(e.value)
 		}
 	}
 	n := w.lp.n / 2 // rows, or members
 	start := len(w.payloads)
 	w.payloads = appendDumpPayload(w.payloads, typ, w.lp.bytes())
 	// The payloads stay unchanged until the pipeline has run (an append
-	// that grows w.payloads leaves the old array as it was).
+	// that grows w.payloads leaves the old array as it was; exec reuses it
+	// once the pipeline ran).
 	p := w.payloads[start:]
 	return unsafe.String(unsafe.SliceData(p), len(p)), n, true
 }
@@ -381,7 +401,9 @@ func (w *spoolWriter) exec() error {
 	}
 	_, err := w.pipe.Exec(w.ctx)
 	restores := w.restores
-	w.pending, w.subs, w.restores, w.payloads = 0, 0, nil, nil
+	// The pipeline ran: nothing refers to the payloads any more, and the
+	// next ones are encoded into the same memory.
+	w.pending, w.subs, w.restores, w.payloads = 0, 0, w.restores[:0], w.payloads[:0]
 	if err == nil {
 		return nil
 	}

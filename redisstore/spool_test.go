@@ -281,3 +281,53 @@ func TestSpoolSort(t *testing.T) {
 		}
 	}
 }
+
+// TestSpoolTwice: a row spooled twice holds its last value, and a
+// subscription spooled twice is one member, whether the key's entries
+// come in order or not.
+func TestSpoolTwice(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, _ := newStore(t, Config{PageSize: 100})
+	sp, err := s.NewSpool(ctx, t.TempDir(), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sp.Close() }()
+	// One bucket and one subscription set hold everything (a fresh state
+	// of 10 rows), so that the entries of a key are both in and out of
+	// order.
+	var subs []join.Subscription
+	for _, pk := range []int64{5, 3, 9, 3, 7, 9} {
+		subs = append(subs, sub(t, 1, pk))
+	}
+	for i, m := range []join.Mutations{
+		{PutLeft: map[join.Key]join.LeftState{intKey(t, 4): leftRow(4, 1, "first"), intKey(t, 2): leftRow(2, 1, "two")}, AddSubs: subs[:3]},
+		{PutLeft: map[join.Key]join.LeftState{intKey(t, 4): leftRow(4, 1, "last")}, AddSubs: subs[3:]},
+	} {
+		if err := sp.Add(ctx, m); err != nil {
+			t.Fatalf("add %d: %v", i, err)
+		}
+	}
+	if err := sp.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	left, err := s.GetLeft(ctx, []join.Key{intKey(t, 4), intKey(t, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := leftRow(4, 1, "last"); !left[intKey(t, 4)].Equal(want) {
+		t.Errorf("row 4 = %v, want %v", left[intKey(t, 4)], want)
+	}
+	if want := leftRow(2, 1, "two"); !left[intKey(t, 2)].Equal(want) {
+		t.Errorf("row 2 = %v, want %v", left[intKey(t, 2)], want)
+	}
+	deps, err := s.Dependents(ctx, intKey(t, 1), "", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []join.Key{intKey(t, 3), intKey(t, 5), intKey(t, 7), intKey(t, 9)}
+	if !slices.Equal(deps, want) {
+		t.Errorf("dependents = %x, want %x", deps, want)
+	}
+}

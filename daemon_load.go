@@ -537,24 +537,39 @@ func selectColumns(table config.TableName, cols []plan.SourceColumn) string {
 // pgoutput sends) and hands them to fn in pages of at most page rows.
 func scanQuery(ctx context.Context, conn *pgx.Conn, query string, page int, fn func([][]join.Value) error) error {
 	rr := conn.PgConn().ExecParams(ctx, query, nil, nil, nil, nil)
-	batch := make([][]join.Value, 0, page)
+	// A page's rows are cut from one slab of values, and a row's values
+	// from one string: two allocations a row rather than one a column.
+	var (
+		batch [][]join.Value
+		slab  []join.Value
+		text  []byte
+	)
 	for rr.NextRow() {
 		raw := rr.Values()
-		row := make([]join.Value, len(raw))
-		for i, b := range raw {
-			if b == nil {
-				row[i] = join.NullValue()
-			} else {
-				row[i] = join.TextValue(string(b))
-			}
+		if batch == nil {
+			batch, slab = make([][]join.Value, 0, page), make([]join.Value, 0, page*len(raw))
 		}
-		batch = append(batch, row)
+		text = text[:0]
+		for _, b := range raw {
+			text = append(text, b...)
+		}
+		all := string(text)
+		start := len(slab)
+		for _, b := range raw {
+			if b == nil {
+				slab = append(slab, join.NullValue())
+				continue
+			}
+			slab = append(slab, join.TextValue(all[:len(b)]))
+			all = all[len(b):]
+		}
+		batch = append(batch, slab[start:len(slab):len(slab)])
 		if len(batch) == page {
 			if err := fn(batch); err != nil {
 				_, _ = rr.Close()
 				return err
 			}
-			batch = make([][]join.Value, 0, page)
+			batch = nil
 		}
 	}
 	if _, err := rr.Close(); err != nil {

@@ -392,25 +392,45 @@ func (l *TreeLayout) Mutations(m join.TreeMutations) (join.Mutations, error) {
 func (l *TreeLayout) Load(t int, rows [][]join.Value) (join.Mutations, error) {
 	nk := len(l.Spec.Tables[t].Key)
 	m := join.Mutations{PutLeft: make(map[join.Key]join.LeftState, len(rows))}
+	// The foreign keys of every row, one after the other: a row's state
+	// holds them so (stateOf), and its references read them from there.
+	width := 0
+	for _, pos := range l.fks[t] {
+		width += len(pos)
+	}
+	fks := make([]join.Value, 0, width*len(rows))
 	for _, r := range rows {
-		row, err := l.row(t, r[:nk], r[nk:])
-		if err != nil {
-			return m, err
+		key, carried := r[:nk], r[nk:]
+		if len(carried) != len(l.carried.Columns[t]) {
+			return m, fmt.Errorf("table %d: %d carried values, want %d", t, len(carried), len(l.carried.Columns[t]))
 		}
-		k, err := join.EncodeKey(l.Spec.Tables[t].Key, row.Key)
+		k, err := join.EncodeKey(l.Spec.Tables[t].Key, key)
 		if err != nil {
 			return m, fmt.Errorf("table %d: key: %w", t, err)
 		}
-		m.PutLeft[k] = stateOf(&row)
+		start := len(fks)
+		for _, pos := range l.fks[t] {
+			for _, p := range pos {
+				fks = append(fks, carried[p])
+			}
+		}
+		st := join.LeftState{PK: key, Values: carried[:l.carried.Shown[t]]}
+		if width > 0 {
+			st.FK = fks[start:len(fks):len(fks)]
+		}
+		m.PutLeft[k] = st
+		fk := st.FK
 		for j, c := range l.children[t] {
-			if hasNullValue(row.FKs[j]) {
+			ref := fk[:len(l.fks[t][j])]
+			fk = fk[len(ref):]
+			if hasNullValue(ref) {
 				continue
 			}
-			fk, err := join.EncodeKey(l.Spec.Tables[c].Key, row.FKs[j])
+			f, err := join.EncodeKey(l.Spec.Tables[c].Key, ref)
 			if err != nil {
 				return m, fmt.Errorf("table %d: foreign key of entry %d: %w", t, c-1, err)
 			}
-			m.AddSubs = append(m.AddSubs, join.Subscription{FK: EdgeKey(c, fk), PK: k})
+			m.AddSubs = append(m.AddSubs, join.Subscription{FK: EdgeKey(c, f), PK: k})
 		}
 	}
 	return m, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -24,6 +25,8 @@ CREATE TABLE nopk (a int, b int);
 CREATE TABLE regions (code numeric PRIMARY KEY, label text);
 CREATE TABLE "Weird ""T""" ("Id" int PRIMARY KEY, "Cust; Id" bigint);
 `
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
 func resolveYAML(t *testing.T, tc *testenv.Case, yml string) ([]*plan.JoinPlan, error) {
 	t.Helper()

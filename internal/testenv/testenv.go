@@ -106,11 +106,17 @@ var (
 	sharedMu  sync.Mutex
 	shared    *Env
 	sharedErr error
+	// inMain says the tests run under Main, which removes the shared
+	// containers once they are done.
+	inMain bool
 )
 
 // Main runs the package's tests and then removes the containers it started.
 // It returns the exit code for os.Exit.
 func Main(m *testing.M) int {
+	sharedMu.Lock()
+	inMain = true
+	sharedMu.Unlock()
 	code := m.Run()
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
@@ -135,6 +141,11 @@ func Shared(t testing.TB) *Env {
 	}
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
+	if !inMain {
+		// Nothing would remove the containers: they would outlive the
+		// test process (Ryuk is off here).
+		t.Fatal("testenv: the package's tests need func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }")
+	}
 	if shared == nil && sharedErr == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()

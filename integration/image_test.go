@@ -66,7 +66,15 @@ func TestImage(t *testing.T) {
 	if out, err := docker(append([]string{"run", "-d", "--name", name}, append(common, "--log-format", "json", "run")...)...); err != nil {
 		t.Fatalf("docker run: %v\n%s", err, out)
 	}
-	t.Cleanup(func() { _, _ = docker("rm", "-f", name) })
+	t.Cleanup(func() {
+		// Not docker(): its context is cancelled when the test returns,
+		// before the cleanups run, and the container would be left.
+		rctx, rcancel := context.WithTimeout(context.Background(), time.Minute)
+		defer rcancel()
+		if out, err := exec.CommandContext(rctx, "docker", "rm", "-f", name).CombinedOutput(); err != nil {
+			t.Errorf("remove container %s: %v\n%s", name, err, out)
+		}
+	})
 	waitCaughtUpMeta(t, tc, tc.Pool, &daemon{})
 	sqlExec(t, tc, `UPDATE customers SET name = 'image' WHERE id < 4`, `INSERT INTO orders VALUES (1000, 2, 1, 'x')`, `DELETE FROM orders WHERE id = 7`)
 	waitCaughtUpMeta(t, tc, tc.Pool, &daemon{})

@@ -246,14 +246,7 @@ func describeTable(ctx context.Context, db Querier, t config.TableName) (*catalo
 	// primary key, and fail the check for a table that is fine.
 	rows, err = db.Query(ctx, `
 		SELECT p.relid::regclass::text, c.relreplident::text,
-			coalesce((SELECT array_agg(a.attname ORDER BY k.ord) FROM pg_index i
-				CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-				JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-				WHERE i.indrelid = c.oid AND i.indisprimary), '{}'),
-			coalesce((SELECT array_agg(a.attname ORDER BY k.ord) FROM pg_index i
-				CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-				JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-				WHERE i.indrelid = c.oid AND i.indisreplident), '{}')
+			(`+indexColumnsSQL("c.oid", "indisprimary")+`), (`+indexColumnsSQL("c.oid", "indisreplident")+`)
 		FROM pg_partition_tree($1::oid) p
 		JOIN pg_class c ON c.oid = p.relid WHERE p.isleaf AND p.relid <> $1::oid ORDER BY 1`, oid)
 	if err != nil {
@@ -277,12 +270,18 @@ func describeTable(ctx context.Context, db Querier, t config.TableName) (*catalo
 // (indisprimary or indisreplident), empty when it has none.
 func indexColumns(ctx context.Context, db Querier, oid uint32, flag string) ([]string, error) {
 	var cols []string
-	err := db.QueryRow(ctx, `
-		SELECT coalesce(array_agg(a.attname ORDER BY k.ord), '{}') FROM pg_index i
+	err := db.QueryRow(ctx, indexColumnsSQL("$1", flag), oid).Scan(&cols)
+	return cols, err
+}
+
+// indexColumnsSQL is the query of the columns, in order, of the index of
+// the relation rel (an expression) that has flag set: an empty array when
+// there is none.
+func indexColumnsSQL(rel, flag string) string {
+	return `SELECT coalesce(array_agg(a.attname ORDER BY k.ord), '{}') FROM pg_index i
 		CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
 		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-		WHERE i.indrelid = $1 AND i.`+flag, oid).Scan(&cols)
-	return cols, err
+		WHERE i.indrelid = ` + rel + ` AND i.` + flag
 }
 
 func resolveJoin(jc config.JoinConfig, lookup func(config.TableName) (*catalogTable, error)) (*JoinPlan, []string, error) {

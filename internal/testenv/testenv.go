@@ -367,12 +367,44 @@ func (e *Env) PauseRedis(ctx context.Context) error { return dockerPause(ctx, "p
 func (e *Env) UnpauseRedis(ctx context.Context) error { return dockerPause(ctx, "unpause", e.rd) }
 
 // dockerPause runs `docker pause|unpause` on c with the docker CLI.
+//
+// On a loaded machine runc's cgroup v1 freezer can give up ("unable to
+// freeze") when a process of the container does not reach the frozen state
+// within its short wait, e.g. Postgres in an fsync; runc thaws the container
+// again in that case. So a failed pause or unpause is retried until the
+// container is in the state asked for, or ctx ends.
 func dockerPause(ctx context.Context, verb string, c *testcontainers.DockerContainer) error {
-	out, err := exec.CommandContext(ctx, "docker", verb, c.GetContainerID()).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("docker %s: %w: %s", verb, err, strings.TrimSpace(string(out)))
+	want := verb == "pause"
+	var last error
+	for attempt := 0; ; attempt++ {
+		out, err := exec.CommandContext(ctx, "docker", verb, c.GetContainerID()).CombinedOutput()
+		if err == nil {
+			return nil
+		}
+		last = fmt.Errorf("docker %s (attempt %d): %w: %s", verb, attempt+1, err, strings.TrimSpace(string(out)))
+		// A retry whose earlier attempt did take effect after all reports
+		// "already paused" or "not paused": the state is what was asked.
+		if paused, serr := containerPaused(ctx, c); serr == nil && paused == want {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(last, ctx.Err())
+		case <-time.After(time.Duration(attempt+1) * 100 * time.Millisecond):
+		}
+		if attempt >= 20 {
+			return last
+		}
 	}
-	return nil
+}
+
+// containerPaused says whether docker reports c as paused.
+func containerPaused(ctx context.Context, c *testcontainers.DockerContainer) (bool, error) {
+	out, err := exec.CommandContext(ctx, "docker", "inspect", "-f", "{{.State.Paused}}", c.GetContainerID()).Output()
+	if err != nil {
+		return false, err
+	}
+	return strings.TrimSpace(string(out)) == "true", nil
 }
 
 func (e *Env) terminate(ctx context.Context) error {

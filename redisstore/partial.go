@@ -327,7 +327,7 @@ func (s *Store) Recover(ctx context.Context) (rolledBack bool, err error) {
 	}
 	if stored.Resizing != [2]uint64{} {
 		// A Resize that never switched: its generations are garbage.
-		if err := s.rdb.HDel(ctx, s.keys.meta(), fieldResize).Err(); err != nil {
+		if err := s.forgetResize(ctx); err != nil {
 			return false, fmt.Errorf("recover redis state: %w", err)
 		}
 		stored.Resizing = [2]uint64{}

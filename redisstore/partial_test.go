@@ -35,6 +35,9 @@ func dump(t *testing.T, s *Store, relative bool) map[string]string {
 		if s.Cluster() && (k == s.keys.redo() || strings.HasPrefix(k, s.keys.prefix+":cp:")) {
 			continue // the bookkeeping of writes on a cluster: each write changes it
 		}
+		if k == s.keys.swept() {
+			continue // Sweep's bookkeeping
+		}
 		name := strings.TrimPrefix(k, s.keys.prefix)
 		if relative {
 			if k == s.keys.meta() {
@@ -52,8 +55,8 @@ func dump(t *testing.T, s *Store, relative bool) map[string]string {
 		switch typ := s.rdb.Type(ctx, k).Val(); typ {
 		case "hash":
 			for f, v := range s.rdb.HGetAll(ctx, k).Val() {
-				if k == s.keys.meta() && f == fieldWrite {
-					continue
+				if k == s.keys.meta() && (f == fieldWrite || f == fieldGenChanges) {
+					continue // bookkeeping: the cluster's last write, Sweep's count of drops
 				}
 				out[name+"/"+f] = v
 			}

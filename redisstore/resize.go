@@ -128,7 +128,7 @@ func (s *Store) Resize(ctx context.Context, sh Shape, fkLen func(member string) 
 	}
 	fail := func(err error) (ResizeStats, error) {
 		// The new generations become garbage for Sweep.
-		_ = s.rdb.HDel(context.WithoutCancel(ctx), s.keys.meta(), fieldResize).Err()
+		_ = s.forgetResize(context.WithoutCancel(ctx))
 		return st, fmt.Errorf("resize redis state: %w", err)
 	}
 	l := &Loader{s: s, meta: next, limit: DefaultLoadBytes, moving: true}

@@ -94,6 +94,14 @@ const (
 	fieldSubs        = "subs"
 	fieldWrite       = "write"
 	fieldResize      = "resize"
+	// fieldGenChanges counts the writes that may have left keys of a
+	// generation no longer in use (a Clear, the first chunk of a partial
+	// transaction that clears, a Resize's switch or abandonment; a Recover
+	// deletes what the chunks wrote, and the count is never restored, so
+	// that a value is never seen twice). Sweep records the epoch and the
+	// count when it last went through the whole keyspace (keys.swept);
+	// equal, there is no garbage to look for.
+	fieldGenChanges = "gen_changes"
 )
 
 var metaFields = []string{fieldEpoch, fieldFingerprint, fieldLayout, fieldCheckpoint, fieldLeftGen, fieldRightGen, fieldInFlight, fieldSubs, fieldWrite, fieldResize}

@@ -780,3 +780,93 @@ func TestSweepConcurrentWithClears(t *testing.T) {
 	close(done)
 	wg.Wait()
 }
+
+// A Sweep looks for garbage only when a generation was dropped since the
+// last sweep that went through the whole keyspace: a daemon restarting over
+// a large state does not SCAN it again.
+func TestSweepOnlyAfterDrops(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, tc := newStore(t, Config{SubShards: 4, RowShards: 4, PageSize: 3})
+	if err := s.Commit(ctx, rowsAt(t, 20, 1), 1); err != nil {
+		t.Fatal(err)
+	}
+	// stray plants a key of a generation not in use, as a crash between a
+	// drop and its sweep leaves; a sweep that scans deletes it.
+	stray := func() string {
+		t.Helper()
+		m, err := s.Meta(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := s.keys.name(kindLeft, newGen(m.LeftGen), 1)
+		if err := s.rdb.HSet(ctx, k, "x", "y").Err(); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	sweep := func(s *Store, what string, k string, scans bool) {
+		t.Helper()
+		if _, err := s.Sweep(ctx); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if left := s.rdb.Exists(ctx, k).Val() == 1; left == scans {
+			t.Fatalf("%s: stray key left %t, want a sweep that scans: %t", what, left, scans)
+		}
+	}
+	// After Init: keys of a lost state may be there.
+	sweep(s, "first sweep after Init", stray(), true)
+	k := stray()
+	sweep(s, "sweep with nothing dropped", k, false)
+	reopened, err := Open(ctx, tc.Redis, s.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sweep(reopened, "sweep of a restarted daemon, nothing dropped", k, false)
+
+	// A TRUNCATE drops the left generation.
+	m := rowsAt(t, 20, 2)
+	m.ClearLeft = true
+	if err := s.Commit(ctx, m, 2); err != nil {
+		t.Fatal(err)
+	}
+	sweep(s, "sweep after a clear", k, true)
+	sweep(s, "second sweep after a clear", stray(), false)
+
+	// A drop during a sweep's pass: the count the sweep records is the one
+	// from before, and the next sweep scans.
+	before, err := s.rdb.HGet(ctx, s.keys.meta(), fieldGenChanges).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m0, err := s.Meta(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(ctx, join.Mutations{ClearRight: true}, 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.markSwept(ctx, m0.Epoch+" "+before); err != nil {
+		t.Fatal(err)
+	}
+	sweep(s, "sweep after a drop during the last sweep", stray(), true)
+
+	// An Init starts the count again, and a state with no drop since its
+	// Init is still another state: the sweep scans.
+	fresh, _ := newStore(t, Config{SubShards: 4, RowShards: 4, PageSize: 3})
+	if _, err := fresh.Sweep(ctx); err != nil { // records the mark of the first state
+		t.Fatal(err)
+	}
+	if err := fresh.Init(ctx, NewEpoch(), "test", Size{}); err != nil {
+		t.Fatal(err)
+	}
+	m1, err := fresh.Meta(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k = fresh.keys.name(kindLeft, newGen(m1.LeftGen), 1)
+	if err := fresh.rdb.HSet(ctx, k, "x", "y").Err(); err != nil {
+		t.Fatal(err)
+	}
+	sweep(fresh, "sweep after an Init", k, true)
+}

@@ -24,32 +24,88 @@ var errPaused = errors.New("sweep paused by a partial transaction")
 // deletes under WATCH of the meta hash, so a generation that a concurrent
 // commit makes current is never deleted. While a partial transaction is in
 // flight (see CommitPartial) Sweep deletes nothing and returns 0: Recover may
-// make a replaced generation current again.
+// make a replaced generation current again. When no generation was dropped
+// since the last sweep that went through the whole keyspace (the meta
+// hash counts the drops), Sweep returns 0 at once, without a SCAN: a
+// restart of the daemon over a large state costs nothing here.
 func (s *Store) Sweep(ctx context.Context) (int, error) {
-	m, err := readMeta(ctx, s.rdb, s.keys.meta())
+	meta := s.keys.meta()
+	m, err := readMeta(ctx, s.rdb, meta)
 	if err != nil {
 		return 0, fmt.Errorf("sweep redis state: %w", err)
 	}
 	if m.InFlight != 0 {
 		return 0, nil
 	}
-	if s.Cluster() {
-		return s.sweepCluster(ctx)
+	// No generation was dropped since the last whole sweep: nothing to
+	// look for, and a restart does not SCAN the keyspace again.
+	changes, err := s.rdb.HGet(ctx, meta, fieldGenChanges).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return 0, fmt.Errorf("sweep redis state: %w", err)
 	}
+	mark := m.Epoch + " " + changes
+	swept, err := s.rdb.Get(ctx, s.keys.swept()).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return 0, fmt.Errorf("sweep redis state: %w", err)
+	}
+	if swept == mark {
+		return 0, nil
+	}
+	var n int
+	if s.Cluster() {
+		n, err = s.sweepCluster(ctx)
+	} else {
+		n, err = s.sweepServer(ctx)
+	}
+	if errors.Is(err, errPaused) {
+		return n, nil
+	}
+	if err != nil {
+		return n, fmt.Errorf("sweep redis state: %w", err)
+	}
+	if err := s.markSwept(ctx, mark); err != nil {
+		return n, fmt.Errorf("sweep redis state: %w", err)
+	}
+	return n, nil
+}
+
+// markSwept records mark, the epoch and the count of drops (fieldGenChanges,
+// "" when absent) read before a sweep that went through the whole state
+// and left no garbage of those drops. A drop or an Init during the pass
+// needs no check: the count has moved past the one recorded, or the epoch
+// is another, and the next sweep scans. Neither does a concurrent sweep
+// that records an older mark: it only costs one more scan.
+func (s *Store) markSwept(ctx context.Context, mark string) error {
+	return s.rdb.Set(ctx, s.keys.swept(), mark, 0).Err()
+}
+
+// forgetResize drops the marker of a Resize that never switched: its
+// generations become garbage for Sweep.
+func (s *Store) forgetResize(ctx context.Context) error {
+	meta := s.keys.meta()
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HDel(ctx, meta, fieldResize)
+		p.HIncrBy(ctx, meta, fieldGenChanges, 1)
+		return nil
+	})
+	return err
+}
+
+// sweepServer is Sweep on one server: it SCANs the keyspace a page at a
+// time and unlinks the garbage of each page (sweepStep). It fails with
+// errPaused when a partial transaction begins.
+func (s *Store) sweepServer(ctx context.Context) (int, error) {
 	var cursor uint64
 	total := 0
 	for {
 		keys, next, err := s.rdb.Scan(ctx, cursor, s.keys.pattern(), int64(s.cfg.PageSize)).Result()
 		if err != nil {
-			return total, fmt.Errorf("sweep redis state: %w", err)
+			return total, err
 		}
 		n, err := s.sweepStep(ctx, keys)
 		total += n
-		if errors.Is(err, errPaused) {
-			return total, nil
-		}
 		if err != nil {
-			return total, fmt.Errorf("sweep redis state: %w", err)
+			return total, err
 		}
 		if next == 0 {
 			return total, nil
@@ -122,7 +178,8 @@ func (s *Store) isStale(key string, m Meta) bool {
 
 // sweepCluster is Sweep on a cluster: it SCANs every primary, and unlinks
 // the garbage of each page in one write of the store (see cluster.go),
-// decided under WATCH of the meta hash like sweepStep.
+// decided under WATCH of the meta hash like sweepStep. It fails with
+// errPaused when a partial transaction begins.
 func (s *Store) sweepCluster(ctx context.Context) (int, error) {
 	var swept atomic.Int64 // the primaries are swept concurrently
 	err := s.scanPages(ctx, func(ctx context.Context, _ redis.Cmdable, keys []string) error {
@@ -130,14 +187,7 @@ func (s *Store) sweepCluster(ctx context.Context) (int, error) {
 		swept.Add(int64(n))
 		return err
 	})
-	total := int(swept.Load())
-	if errors.Is(err, errPaused) {
-		return total, nil
-	}
-	if err != nil {
-		return total, fmt.Errorf("sweep redis state: %w", err)
-	}
-	return total, nil
+	return int(swept.Load()), err
 }
 
 // sweepUnit unlinks the keys among keys whose generation is not current, as

@@ -82,6 +82,9 @@ func (s *Store) writeUnit(ctx context.Context, u unitWrite) error {
 				return err
 			}
 			p.HSet(ctx, key, u.metaFields(next)...)
+			if next.LeftGen != stored.LeftGen || next.RightGen != stored.RightGen || next.Resizing != stored.Resizing {
+				p.HIncrBy(ctx, key, fieldGenChanges, 1) // garbage for Sweep
+			}
 			if s.beforeExec != nil {
 				s.beforeExec(ctx, p)
 			}

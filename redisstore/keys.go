@@ -102,7 +102,7 @@ func (k keys) undo() string { return k.metaSlot("undo") }
 
 func (k keys) redo() string { return k.metaSlot("redo") }
 
-// swept is the string key where Sweep records the state it last went
+// swept is the hash where Sweep records the state it last went
 // through whole (see fieldGenChanges): beside the meta hash, not in it, so
 // that recording it does not fail the commits watching the meta hash.
 func (k keys) swept() string { return k.metaSlot("meta:swept") }

@@ -44,7 +44,7 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("sweep redis state: %w", err)
 	}
 	mark := m.Epoch + " " + changes
-	swept, err := s.rdb.Get(ctx, s.keys.swept()).Result()
+	swept, err := s.rdb.HGet(ctx, s.keys.swept(), sweptField).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return 0, fmt.Errorf("sweep redis state: %w", err)
 	}
@@ -76,8 +76,13 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 // is another, and the next sweep scans. Neither does a concurrent sweep
 // that records an older mark: it only costs one more scan.
 func (s *Store) markSwept(ctx context.Context, mark string) error {
-	return s.rdb.Set(ctx, s.keys.swept(), mark, 0).Err()
+	return s.rdb.HSet(ctx, s.keys.swept(), sweptField, mark).Err()
 }
+
+// sweptField is the field of keys.swept holding the mark: a hash, so that
+// the commands fkmat's Redis ACL user needs stay hash, sorted-set and
+// transaction commands (docs/security.md).
+const sweptField = "mark"
 
 // forgetResize drops the marker of a Resize that never switched: its
 // generations become garbage for Sweep.

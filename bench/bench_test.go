@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -79,7 +80,28 @@ func benchW1(t *testing.T, s sizes, rep *report) {
 	w := w1(s)
 	r := benchStream(t, w, s, 0, w1Paced(s))
 	r.add(rep)
+	benchProcs(t, w, r, rep)
 	t.Run("cluster", func(t *testing.T) { benchCluster(t, w, r, rep) })
+}
+
+// benchProcs measures W1's catch-up once more with the daemon run with
+// Go's default GOMAXPROCS (one per CPU), beside fkmat's default measured
+// in this run (r): one on a machine of at most 2 CPUs, where fkmat shares
+// its cores with Postgres and Redis and Go's idle threads looking for
+// work take CPU the servers need.
+func benchProcs(t *testing.T, w *workload, r *streamResult, rep *report) {
+	d := newDB(t, w)
+	procs := runtime.NumCPU()
+	d.env = append(d.env, fmt.Sprintf("GOMAXPROCS=%d", procs))
+	decode, catchUp, u := d.catchUp(w, "catchup_goprocs")
+	n := float64(w.changes())
+	name := w.name + " " + w.title
+	share, base := decode.Seconds()/catchUp.Seconds(), r.decode.Seconds()/r.catchUp.Seconds()
+	rep.row(name, fmt.Sprintf("fkmat catch-up, GOMAXPROCS=%d (Go's default)", procs), catchUp.Seconds(), "s",
+		fmt.Sprintf("%.2fx the decode limit (%.2fx with fkmat's default); CPU per 1k changes: fkmat %.1f ms (%.1f), redis-server %.1f ms, walsender %.1f ms, target backends %.1f ms",
+			share, base, 1e6*u.cpu/n, 1e6*r.catchUse.cpu/n, 1e6*u.redisCPU/n, 1e6*u.walsenderCPU/n, 1e6*u.backendCPU/n), true)
+	rep.row(name, "catch-up share of the decode limit, fkmat's default GOMAXPROCS / Go's", base/share, "ratio",
+		"same workload, same run, each against its own database's decode limit", false)
 }
 
 func benchW3(t *testing.T, s sizes, rep *report) {

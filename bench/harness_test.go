@@ -60,6 +60,9 @@ func newDB(b testing.TB, w *workload) *db {
 	d.env = append(os.Environ(), "FKMAT_CONFIG="+path, "FKMAT_SOURCE_URL="+d.DatabaseURL,
 		"FKMAT_REDIS_URL="+(&url.URL{Scheme: "redis", Host: d.Env.RedisAddr, Path: "/0"}).String(),
 		"FKMAT_LOG_FORMAT=json")
+	if v := os.Getenv("FKMAT_BENCH_DAEMON_GOMAXPROCS"); v != "" {
+		d.env = append(d.env, "GOMAXPROCS="+v)
+	}
 	return d
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -92,6 +93,15 @@ func TestImage(t *testing.T) {
 		if _, ok := metricValue(body, series); !ok {
 			t.Errorf("/metrics of the daemon in the image lacks %s", series)
 		}
+	}
+	// On a machine of at most 2 CPUs fkmat runs Go code on one thread
+	// (GOMAXPROCS unset); on a larger one, Go's default.
+	want := float64(runtime.NumCPU())
+	if want <= 2 {
+		want = 1
+	}
+	if v, ok := metricValue(body, "go_sched_gomaxprocs_threads"); !ok || v != want {
+		t.Errorf("the daemon in the image runs with GOMAXPROCS %v (present %t), want %v on %d CPUs", v, ok, want, runtime.NumCPU())
 	}
 	if out, err := docker("stop", "-t", "60", name); err != nil {
 		t.Fatalf("docker stop: %v\n%s", err, out)

@@ -156,3 +156,20 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("--version printed %q, want fkmat <version> (<go version>)", got)
 	}
 }
+
+// fkmat runs Go code on one thread on machines of at most 2 CPUs, unless
+// GOMAXPROCS is set; elsewhere it keeps Go's default.
+func TestMaxProcs(t *testing.T) {
+	for _, c := range []struct {
+		env       string
+		goDefault int
+		want      int
+	}{
+		{"", 1, 1}, {"", 2, 1}, {"", 3, 3}, {"", 16, 16},
+		{"2", 2, 2}, {"4", 4, 4}, {"1", 1, 1},
+	} {
+		if got := maxProcs(c.env, c.goDefault); got != c.want {
+			t.Errorf("maxProcs(GOMAXPROCS=%q, Go's default %d) = %d, want %d", c.env, c.goDefault, got, c.want)
+		}
+	}
+}

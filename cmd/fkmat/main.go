@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
 	"slices"
@@ -42,7 +43,30 @@ const (
 	defaultMemoryLimit = 192 << 20
 )
 
+// smallMachineCPUs is the most CPUs (the machine's, or the process's CPU
+// limit) at which fkmat runs Go code on one thread at a time, unless
+// GOMAXPROCS says otherwise. On such a machine fkmat usually shares its
+// cores with Postgres or Redis, and Go's idle threads looking for work
+// between a batch's round trips take CPU those need: on 2 cores, one P
+// cut fkmat's CPU per W1 change by a fifth and sped the catch-up by about
+// a tenth (docs/performance.md). Its Go code needs about one core at the
+// decoder's pace.
+const smallMachineCPUs = 2
+
+// maxProcs returns the GOMAXPROCS fkmat runs with: goDefault (Go's) when
+// env (the GOMAXPROCS variable) is set or the machine is larger than
+// smallMachineCPUs, else 1.
+func maxProcs(env string, goDefault int) int {
+	if env != "" || goDefault > smallMachineCPUs {
+		return goDefault
+	}
+	return 1
+}
+
 func main() {
+	if n := maxProcs(os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)); n != runtime.GOMAXPROCS(0) {
+		runtime.GOMAXPROCS(n)
+	}
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(defaultGCPercent)
 	}

@@ -107,8 +107,7 @@ func benchW6(t *testing.T, s sizes, rep *report) {
 
 	slices.Sort(chain)
 	slices.Sort(two)
-	med := func(ds []time.Duration) time.Duration { return ds[len(ds)/2] }
-	ratio := med(chain).Seconds() / med(two).Seconds()
+	ratio := median(chain).Seconds() / median(two).Seconds()
 	list := func(ds []time.Duration) string {
 		out := ""
 		for _, d := range ds {
@@ -117,9 +116,9 @@ func benchW6(t *testing.T, s sizes, rep *report) {
 		return out
 	}
 	rep.row(name, fmt.Sprintf("region rename → %d customers → %d orders each (median of %d)", s.W6Customers, s.W6PerCustomer, len(chain)),
-		med(chain).Seconds(), "s", fmt.Sprintf("%d target rows; runs (s):%s", n, list(chain)), true)
+		median(chain).Seconds(), "s", fmt.Sprintf("%d target rows; runs (s):%s", n, list(chain)), true)
 	rep.row(name, fmt.Sprintf("two-table fan-out of %d rows, same daemon (median of %d)", n, len(two)),
-		med(two).Seconds(), "s", "an account rename over its payments; runs (s):"+list(two), true)
+		median(two).Seconds(), "s", "an account rename over its payments; runs (s):"+list(two), true)
 	rep.row(name, "grandparent / two-table fan-out time", ratio, "x", "medians, measured alternately in one run", false)
 	rep.row(name, "fkmat peak RSS, backfill", bf.peakRSSMB, "MB", "", false)
 	rep.row(name, "fkmat peak RSS, run (the fan-outs above)", u.peakRSSMB, "MB", "", false)

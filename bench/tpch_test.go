@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"slices"
@@ -191,7 +192,7 @@ func benchW7(t *testing.T, s sizes, rep *report) {
 }
 
 // median returns the median of xs (the upper one of an even count).
-func median(xs []float64) float64 {
+func median[T cmp.Ordered](xs []T) T {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]

@@ -64,7 +64,10 @@ func maxProcs(env string, goDefault int) int {
 }
 
 func main() {
-	if n := maxProcs(os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)); n != runtime.GOMAXPROCS(0) {
+	// Only when it changes: setting it stops Go from following a changed
+	// CPU limit of the container.
+	def := runtime.GOMAXPROCS(0)
+	if n := maxProcs(os.Getenv("GOMAXPROCS"), def); n != def {
 		runtime.GOMAXPROCS(n)
 	}
 	if os.Getenv("GOGC") == "" {

@@ -387,13 +387,13 @@ func dockerPause(ctx context.Context, verb string, c *testcontainers.DockerConta
 		if paused, serr := containerPaused(ctx, c); serr == nil && paused == want {
 			return nil
 		}
+		if attempt == 20 {
+			return last
+		}
 		select {
 		case <-ctx.Done():
 			return errors.Join(last, ctx.Err())
 		case <-time.After(time.Duration(attempt+1) * 100 * time.Millisecond):
-		}
-		if attempt >= 20 {
-			return last
 		}
 	}
 }

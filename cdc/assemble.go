@@ -150,13 +150,11 @@ func (a *assembler) begin(m message) error {
 		return nil
 	}
 	a.cur = &Txn{Xid: m.xid, CommitLSN: m.lsn, CommitTime: m.time}
-	if len(a.pending) > 0 {
-		a.cur.Changes = append(a.cur.Changes, a.pending...)
-		for _, c := range a.pending {
-			a.cur.Bytes += changeSize + relationSize(c.Relation)
-		}
-		a.pending = nil
+	for _, c := range a.pending {
+		a.appendChange(a.cur, c)
+		a.cur.Bytes += changeSize + relationSize(c.Relation)
 	}
+	a.pending = nil
 	return nil
 }
 
@@ -236,7 +234,7 @@ func (a *assembler) relation(lsn LSN, rel *Relation) {
 		}
 		ch := Change{Kind: ChangeSchema, LSN: lsn, Relation: rel, Schema: sc}
 		if a.inTxn && !a.skipping {
-			a.cur.Changes = append(a.cur.Changes, ch)
+			a.appendChange(a.cur, ch)
 			a.cur.Bytes += changeSize + relationSize(rel)
 		} else {
 			a.pending = append(a.pending, ch)
@@ -336,10 +334,11 @@ func typed(rel *Relation, vals []Value) ([]Value, error) {
 }
 
 // appendChange appends ch to t's changes, which grow in place at the end of
-// the arena's changes while they are its last ones (a chunk's always are,
-// but for the schema changes begin carries over), instead of being copied
-// at every doubling. A chunk of more changes than half an arena holds gets
-// a slice of its own.
+// the arena's changes while they are their last ones, instead of being
+// copied at every doubling. A chunk of more changes than half an arena
+// holds gets a slice of its own. Every change of a chunk goes through here,
+// schema changes too: a change appended to t.Changes directly would be lost
+// from t.own, or read past its end.
 func (a *assembler) appendChange(t *Txn, ch Change) {
 	n := len(t.Changes)
 	if t.own != nil || n+1 > slabChanges/2 {

@@ -380,3 +380,66 @@ joins:
 		t.Fatalf("clean shutdown: %v", err)
 	}
 }
+
+// TestSchemaChangeThenBigTransaction: a column dropped from the left table
+// and a joined column of the right one widened while run streams, then one
+// transaction of more than 1,280 changes (more than half a slab of changes,
+// with the new shapes announced inside it), on a plain and on a
+// range-partitioned left table. The daemon must follow it, not panic, and
+// the target end equal to its SQL join.
+func TestSchemaChangeThenBigTransaction(t *testing.T) {
+	const yml = `
+joins:
+  - name: orders_cust
+    type: left
+    left:
+      table: public.orders
+      foreign_key: [customer_id]
+      columns: [id, customer_id, qty]
+    right:
+      table: public.customers
+      columns: [name, score]
+    target:
+      table: public.orders_cust
+`
+	for _, tt := range []struct{ name, orders string }{
+		{"plain", `CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint, qty int, note text)`},
+		{"partitioned", `CREATE TABLE orders (id bigint, customer_id bigint, qty int, note text, PRIMARY KEY (id)) PARTITION BY RANGE (id);
+			CREATE TABLE orders_1 PARTITION OF orders FOR VALUES FROM (MINVALUE) TO (50000);
+			CREATE TABLE orders_2 PARTITION OF orders FOR VALUES FROM (50000) TO (100000);
+			CREATE TABLE orders_3 PARTITION OF orders FOR VALUES FROM (100000) TO (150000);
+			CREATE TABLE orders_4 PARTITION OF orders FOR VALUES FROM (150000) TO (MAXVALUE)`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tc := testenv.New(t)
+			sqlExec(t, tc, `CREATE TABLE customers (id bigint PRIMARY KEY, name text, score int)`, tt.orders,
+				`INSERT INTO customers SELECT g, 'c' || g, g FROM generate_series(1, 1000) g`,
+				`INSERT INTO orders SELECT g, 1 + g % 1100, 1, 'n' FROM generate_series(1, 200000) g`)
+			cfg := daemonConfig(t, tc, yml)
+			d := startDaemon(t, cfg, fkmat.Options{})
+			waitCaughtUp(t, tc, d)
+			// Streamed changes of both tables: the stream knows their
+			// shapes before they change.
+			sqlExec(t, tc, `UPDATE orders SET qty = 2 WHERE id % 1000 = 0`, `UPDATE customers SET name = name || '!' WHERE id % 100 = 0`)
+			waitCaughtUp(t, tc, d)
+			sqlExec(t, tc, `ALTER TABLE orders DROP COLUMN note; ALTER TABLE customers ALTER COLUMN score TYPE bigint`,
+				// 2,247 orders, then customers laid out the new way, in
+				// one transaction.
+				`BEGIN; UPDATE orders SET qty = qty + 1 WHERE id % 89 = 0;
+				 UPDATE customers SET score = score + 5000000000 WHERE id % 7 = 0;
+				 UPDATE orders SET qty = qty + 1 WHERE id % 97 = 0; COMMIT`)
+			waitCaughtUp(t, tc, d)
+			// The shape changes of a transaction that came after a restart.
+			if err := d.stop(t); err != nil {
+				t.Fatalf("clean shutdown returned %v", err)
+			}
+			sqlExec(t, tc, `ALTER TABLE orders ADD COLUMN note2 text; ALTER TABLE customers ADD COLUMN extra int`,
+				`BEGIN; UPDATE orders SET qty = qty + 1, note2 = 'x' WHERE id % 83 = 0;
+				 UPDATE customers SET extra = 1, name = name || '+' WHERE id % 5 = 0;
+				 DELETE FROM orders WHERE id % 101 = 0; COMMIT`)
+			d = startDaemon(t, cfg, fkmat.Options{})
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
+		})
+	}
+}

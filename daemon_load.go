@@ -20,7 +20,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
@@ -93,7 +92,7 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 		add(left, func(ctx context.Context) error { return d.loadLeft(ctx, snapshot, j, left) })
 	}
 	slices.SortStableFunc(loads, func(a, b load) int { return cmp.Compare(b.t.total.Load(), a.t.total.Load()) })
-	g, gctx := errgroup.WithContext(ctx)
+	g, gctx := newGroup(ctx)
 	g.SetLimit(loadsAtOnce)
 	for _, l := range loads {
 		g.Go(func() error { return l.fn(gctx) })
@@ -487,7 +486,7 @@ func scanParallel(ctx context.Context, pool *pgxpool.Pool, snapshot string, tabl
 // scanQueryParallel is scanParallel over the rows of a query.
 func scanQueryParallel(ctx context.Context, pool *pgxpool.Pool, snapshot, query string,
 	fn func(context.Context, [][]join.Value) error) error {
-	g, gctx := errgroup.WithContext(ctx)
+	g, gctx := newGroup(ctx)
 	pages := make(chan [][]join.Value, 1)
 	g.Go(func() error {
 		defer close(pages)

@@ -14,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
@@ -426,7 +425,7 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 	if err := d.recordRebuild(ctx, "catching up"); err != nil {
 		return err
 	}
-	g, gctx := errgroup.WithContext(ctx)
+	g, gctx := newGroup(ctx)
 	streamCtx, stopStream := context.WithCancel(gctx)
 	defer stopStream()
 	g.Go(func() error {

@@ -12,8 +12,6 @@ import (
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/pipeline"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/fkmat/fkmat/cdc"
 )
 
@@ -99,7 +97,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	// first error stops the others, and all have returned before the
 	// caller closes the pools and clients they use. The stream outlives ctx
 	// by a moment so that the last acknowledgement reaches the server.
-	g, gctx := errgroup.WithContext(ctx)
+	g, gctx := newGroup(ctx)
 	streamCtx, stopStream := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopStream()
 	g.Go(func() error {

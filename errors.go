@@ -10,6 +10,7 @@ import (
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/crash"
 	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/redisstore"
 	"github.com/fkmat/fkmat/sink"
@@ -91,7 +92,13 @@ const (
 // server once.
 func recoveryOf(err error, connected bool) recovery {
 	credentials := errors.Is(err, errAuthentication) || errors.Is(err, errCertificate)
+	_, panicked := errors.AsType[*crash.Error](err)
 	switch {
+	case panicked:
+		// A bug met at a source position: retried like any failure, so
+		// that the same panic again is a stall, shown and alerted on, not
+		// a process that dies at every start.
+		return retryOrStall
 	case credentials && !connected:
 		return stopCredentials
 	case credentials:

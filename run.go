@@ -5,14 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
+	"runtime"
 	"sync/atomic"
 	"time"
 
 	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/crash"
 	"github.com/fkmat/fkmat/internal/pipeline"
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/sink"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // ShutdownTimeout bounds how long Run takes to return once ctx is done: the
@@ -128,6 +133,11 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 				wait = 0
 				break
 			}
+			if c, ok := errors.AsType[*crash.Error](err); ok && st.Recurrences == 0 {
+				opts.Logger.Error("panic recovered; restarting from the checkpoints (the same panic again is a stall)",
+					"err", err, "stack", string(c.Stack), "retry_in", wait.Round(time.Millisecond))
+				break
+			}
 			if st.Recurrences == 0 {
 				opts.Logger.Error("pipeline failed; restarting from the checkpoints", "err", err, "retry_in", wait.Round(time.Millisecond))
 				break
@@ -222,4 +232,23 @@ func runOnce(ctx context.Context, cfg *config.Config, opts Options, obs *observe
 		}
 	}
 	return d.stream(ctx, rs)
+}
+
+// group is an errgroup whose goroutines return a panic as a *crash.Error
+// (see recoveryOf), named by the function that panicked.
+type group struct{ *errgroup.Group }
+
+func newGroup(ctx context.Context) (group, context.Context) {
+	g, gctx := errgroup.WithContext(ctx)
+	return group{g}, gctx
+}
+
+// Go runs fn in the group.
+func (g group) Go(fn func() error) {
+	g.Group.Go(func() (err error) {
+		defer crash.Recover(&err, func() (string, uint64) {
+			return "in " + runtime.FuncForPC(reflect.ValueOf(fn).Pointer()).Name(), 0
+		})
+		return fn()
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/crash"
 	"github.com/fkmat/fkmat/internal/pipeline"
 
 	"github.com/fkmat/fkmat/cdc"
@@ -57,6 +58,8 @@ func (t *stallTracker) observe(position cdc.LSN, ok bool, err error) Stall {
 		t.stall = Stall{Position: position, Error: err.Error(), Since: time.Now()}
 		if f, ok := errors.AsType[*pipeline.TxnError](err); ok {
 			t.stall.LSN, t.stall.Join, t.stall.Table, t.stall.KeyColumns = f.LSN, f.Join, f.Table, f.KeyColumns
+		} else if c, ok := errors.AsType[*crash.Error](err); ok {
+			t.stall.LSN = cdc.LSN(c.CommitLSN)
 		}
 		return t.stall
 	}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fkmat/fkmat/internal/crash"
 )
 
 // Sentinel errors. Errors returned by this package wrap one of these when the
@@ -64,6 +66,9 @@ func IsTerminal(err error) bool {
 	}
 	if _, busy := errors.AsType[*slotBusyError](err); busy {
 		return false // retried up to Config.SlotBusyTimeout
+	}
+	if _, panicked := errors.AsType[*crash.Error](err); panicked {
+		return true // the same message would panic again after a reconnect
 	}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		// SQLSTATE 55000 while connecting is "database is not currently

@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/fkmat/fkmat/internal/crash"
 )
 
 // Stream delivers the committed transactions of the slot in commit order and
@@ -482,7 +484,7 @@ func (ss *session) handleCopyData(ctx context.Context, data []byte) error {
 		if err != nil {
 			return fmt.Errorf("%w: parse xlogdata: %w", ErrProtocol, err)
 		}
-		res, err := s.asm.handle(LSN(xld.WALStart), xld.WALData)
+		res, err := ss.decode(LSN(xld.WALStart), xld.WALData)
 		if err != nil {
 			return err
 		}
@@ -507,6 +509,30 @@ func (ss *session) handleCopyData(ctx context.Context, data []byte) error {
 		}
 	}
 	return nil
+}
+
+// decode hands one message to the assembler. A panic in it (a bug) ends
+// the stream with a *crash.Error naming the message's position and its
+// transaction: reconnecting would decode the same message again, so the
+// consumer restarts from its checkpoints and counts it as a stall.
+func (ss *session) decode(lsn LSN, data []byte) (res result, err error) {
+	defer crash.Recover(&err, func() (string, uint64) {
+		where := fmt.Sprintf("decoding the %s message at %s", kindName(data[0]), lsn)
+		t := res.txn
+		if t == nil {
+			t = ss.s.asm.cur
+		}
+		if t != nil {
+			where += fmt.Sprintf(" of the transaction xid %d committed at %s (chunk %d, %d changes in hand)", t.Xid, t.CommitLSN, t.Chunk, len(t.Changes))
+			return where, uint64(t.CommitLSN)
+		}
+		return where, 0
+	})
+	res, err = ss.s.asm.handle(lsn, data)
+	if res.txn != nil {
+		crash.At("decode", []*Txn{res.txn})
+	}
+	return res, err
 }
 
 // warnIgnored logs an ignored message kind at most once a minute per kind.

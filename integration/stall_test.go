@@ -19,6 +19,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/crash"
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
@@ -391,5 +393,122 @@ func metricsGetter(addr *atomic.Value) func(path string) (int, string) {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
+	}
+}
+
+// TestPanicIsAStall: a panic in the stream's decoder, in the pipeline's
+// join or in a batch's commit (injected where a transaction carries a
+// poisoned row) does not kill the process. It becomes an error naming the
+// transaction and its commit LSN, the pipeline restarts from its
+// checkpoints, and the same panic again is a stall: fkmat_pipeline_stalled
+// is 1, /readyz fails, fkmat status shows it, and after
+// --max-stall-restarts recurrences run stops with ErrStalled. Nothing is
+// acknowledged past it; once the cause is gone, run catches up, equal to
+// the SQL join, and the stall is cleared.
+func TestPanicIsAStall(t *testing.T) {
+	for _, point := range []string{"decode", "join", "commit"} {
+		t.Run(point, func(t *testing.T) {
+			tc := testenv.New(t)
+			sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'ann', 'gold')`,
+				`INSERT INTO orders SELECT g, 1, g, 'n' FROM generate_series(1, 20) g`)
+			cfg := daemonConfig(t, tc, leftJoinYAML)
+			poison := "poison-" + tc.Database
+			// The poisoned transaction is found by its row where its changes
+			// are in hand (a batch in its commit has released them), and
+			// panics at point.
+			var poisoned atomic.Uint64
+			crash.SetTestHook(func(at string, arg any) {
+				for _, txn := range arg.([]*cdc.Txn) {
+					for _, c := range txn.Changes {
+						for _, v := range c.New {
+							if string(v.Data) == poison {
+								poisoned.Store(uint64(txn.CommitLSN))
+							}
+						}
+					}
+					if at == point && poisoned.Load() == uint64(txn.CommitLSN) {
+						var m map[string]int
+						m["boom"]++ // a nil map write: a runtime error
+					}
+				}
+			})
+			t.Cleanup(func() { crash.SetTestHook(nil) })
+			logs := &syncBuffer{}
+			var addr atomic.Value
+			opts := fkmat.Options{
+				Logger:      slog.New(slog.NewTextHandler(logs, nil)),
+				MetricsAddr: "127.0.0.1:0", MaxStallRestarts: 3,
+				MetricsBound: func(a net.Addr) { addr.Store(a.String()) },
+			}
+			d := startDaemon(t, cfg, opts)
+			waitCaughtUp(t, tc, d)
+			if _, err := tc.Pool.Exec(context.Background(), `INSERT INTO orders VALUES (100, 1, 5, $1)`, poison); err != nil {
+				t.Fatal(err)
+			}
+			var lsn string
+			if err := tc.Pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+				t.Fatal(err)
+			}
+			get := metricsGetter(&addr)
+			defer func() {
+				if t.Failed() {
+					t.Logf("log:\n%s", tail(logs.String(), 30))
+				}
+			}()
+			waitFor(t, 60*time.Second, "fkmat_pipeline_stalled 1", func() bool {
+				_, body := get("/metrics")
+				if strings.Contains(body, "\nfkmat_pipeline_stalled 1\n") {
+					return true
+				}
+				select {
+				case err := <-d.done:
+					d.cancel = nil
+					t.Fatalf("run stopped before the stall showed: %v\n%s", err, tail(logs.String(), 20))
+				default:
+				}
+				return false
+			})
+			if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "stalled") {
+				t.Errorf("/readyz while stalled: %d %q", code, body)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			st, err := fkmat.Status(ctx, cfg, fkmat.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := st[0].Stall; s == nil || s.LSN == "" || !strings.Contains(s.Error, "panic") || !strings.Contains(s.Error, "xid") {
+				t.Fatalf("status while stalled: %+v", st[0].Stall)
+			}
+			var runErr error
+			select {
+			case runErr = <-d.done:
+				d.cancel = nil
+			case <-time.After(90 * time.Second):
+				t.Fatal("run did not stop after 3 recurrences of the panic")
+			}
+			if !errors.Is(runErr, fkmat.ErrStalled) || !strings.Contains(runErr.Error(), "assignment to entry in nil map") ||
+				!strings.Contains(runErr.Error(), "in the transaction committed at") {
+				t.Fatalf("run stopped with %v, want ErrStalled naming the panic and its transaction", runErr)
+			}
+			out := logs.String()
+			if !strings.Contains(out, "panic recovered") || !strings.Contains(out, "goroutine") {
+				t.Errorf("the panic and its stack are not logged:\n%s", tail(out, 10))
+			}
+			if confirmed := queryInt(t, tc, `SELECT (confirmed_flush_lsn >= $1::pg_lsn)::int FROM pg_replication_slots WHERE slot_name = $2`,
+				lsn, tc.Slot); confirmed != 0 {
+				t.Errorf("the slot acknowledged the transaction that panicked:\n%s", out)
+			}
+
+			// The bug fixed: run goes on from where it stopped.
+			crash.SetTestHook(nil)
+			d = startDaemon(t, cfg, fkmat.Options{})
+			sqlExec(t, tc, `UPDATE customers SET name = 'ann2'`)
+			waitCaughtUp(t, tc, d)
+			assertOracle(t, cfg)
+			if st, err = fkmat.Status(ctx, cfg, fkmat.Options{}); err != nil || st[0].Stall != nil {
+				t.Fatalf("status after the fix: %v, stall %+v", err, st[0].Stall)
+			}
+		})
 	}
 }

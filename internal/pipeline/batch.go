@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -202,3 +203,18 @@ func (s *batchSizer) delay() time.Duration {
 
 // worked records the work of a committed batch.
 func (s *batchSizer) worked(d time.Duration) { s.work.Store(int64(d)) }
+
+// whereTxns names transactions for a recovered panic (crash.Recover): the
+// one in hand, or the range of a batch, with the first one's commit LSN.
+func whereTxns(what string, txns []*cdc.Txn) (string, uint64) {
+	switch len(txns) {
+	case 0:
+		return what + ", between transactions", 0
+	case 1:
+		t := txns[0]
+		return fmt.Sprintf("%s, in the transaction xid %d committed at %s (chunk %d)", what, t.Xid, t.CommitLSN, t.Chunk), uint64(t.CommitLSN)
+	}
+	first, last := txns[0], txns[len(txns)-1]
+	return fmt.Sprintf("%s, in the batch of %d transactions committed from %s (xid %d) to %s (xid %d)",
+		what, len(txns), first.CommitLSN, first.Xid, last.CommitLSN, last.Xid), uint64(first.CommitLSN)
+}

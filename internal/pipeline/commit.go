@@ -9,6 +9,8 @@ import (
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/join"
+
+	"github.com/fkmat/fkmat/internal/crash"
 )
 
 // commitJob is a prepared batch: joined, its target rows and Redis
@@ -34,6 +36,14 @@ type commitJob struct {
 	targetErr  error
 	finished   chan struct{}
 	err        error
+}
+
+// txns are the job's transactions (none for a job without a batch).
+func (job *commitJob) txns() []*cdc.Txn {
+	if job.b == nil {
+		return nil
+	}
+	return job.b.txns
 }
 
 // maxBufferedRows bounds the target rows a prepared batch holds in memory;
@@ -191,9 +201,23 @@ func (p *Pipeline) startCommit(ctx context.Context, cancel context.CancelFunc, j
 	go func() {
 		defer close(job.finished)
 		defer cancel()
+		targetClosed := false
+		var panicked error
+		defer func() {
+			// A panic fails the job like an error of its stage.
+			if panicked == nil {
+				return
+			}
+			if job.err = panicked; !targetClosed {
+				job.targetErr = panicked
+				close(job.targetDone)
+			}
+		}()
+		defer crash.Recover(&panicked, func() (string, uint64) { return whereTxns("committing", job.txns()) })
 		if prev != nil {
 			<-prev.targetDone
 		}
+		crash.At("commit", job.txns())
 		if prev != nil && prev.targetErr != nil {
 			job.targetErr = errEarlierFailed
 		} else {
@@ -203,6 +227,7 @@ func (p *Pipeline) startCommit(ctx context.Context, cancel context.CancelFunc, j
 			_ = job.tx.Rollback(context.WithoutCancel(ctx)) // a no-op once committed
 		}
 		close(job.targetDone)
+		targetClosed = true
 		if job.err = job.targetErr; job.err != nil {
 			return
 		}
@@ -306,8 +331,8 @@ func (p *Pipeline) commitTarget(ctx context.Context, job *commitJob) error {
 	// The engines' reads are done: if the state was lost or replaced since
 	// the daemon started, they may have seen it empty, and nothing may be
 	// committed. The check reads Redis while the rows are written.
-	checked := make(chan error, 1)
-	go func() { checked <- p.checkStates(ctx, job) }()
+	checked := crash.Go(func() error { return p.checkStates(ctx, job) },
+		func() (string, uint64) { return whereTxns("checking the states", job.txns()) })
 	if job.writeTarget && job.tx == nil {
 		if err := p.beginTarget(ctx, job); err != nil {
 			<-checked

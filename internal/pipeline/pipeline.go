@@ -9,6 +9,8 @@ import (
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
+
+	"github.com/fkmat/fkmat/internal/crash"
 )
 
 // Config is what a Pipeline runs on.
@@ -212,6 +214,8 @@ func (p *Pipeline) targetCheckpoint() cdc.LSN { return cdc.LSN(p.targetLSN.Load(
 // for Redis only on the next start).
 func (p *Pipeline) Run(ctx context.Context) (err error) {
 	var inFlight []*commitJob // committing, oldest first
+	// inHand is the transaction or batch being joined, named by a panic.
+	var inHand []*cdc.Txn
 	defer func() {
 		if werr := p.waitAll(inFlight); err == nil {
 			err = werr
@@ -220,6 +224,7 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 			err = fmt.Errorf("%w: %w", ErrFinalBatch, err)
 		}
 	}()
+	defer crash.Recover(&err, func() (string, uint64) { return whereTxns("in the pipeline", inHand) })
 	for {
 		if inFlight, err = p.trim(inFlight); err != nil {
 			return err
@@ -238,6 +243,7 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 			(*fn)(ctx)
 			continue
 		}
+		inHand = nil
 		first, err := p.nextWhile(ctx, inFlight)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -245,6 +251,7 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 			}
 			return err
 		}
+		inHand = append(inHand, first)
 		if !first.Final {
 			// Chunks commit their state as they go: nothing may be overlaid.
 			err := p.settle(inFlight)
@@ -252,6 +259,7 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 			if err != nil {
 				return err
 			}
+			crash.At("join", inHand)
 			if err := p.applyLarge(ctx, first); err != nil {
 				return err
 			}
@@ -260,6 +268,8 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 		start := time.Now()
 		b := p.collect(ctx, first)
 		b.timing.collect = time.Since(start)
+		inHand = b.txns
+		crash.At("join", inHand)
 		// At most two batches in flight while the next is joined: one in
 		// its state commit, one in its target commit.
 		for len(inFlight) > 2 {

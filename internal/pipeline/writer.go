@@ -7,6 +7,8 @@ import (
 
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/sink"
+
+	"github.com/fkmat/fkmat/internal/crash"
 )
 
 // writerDepth is the outputs (pages of a fan-out) an asyncWriter holds
@@ -43,13 +45,20 @@ func startWriter(ctx context.Context, tx TargetTx) *asyncWriter {
 			if w.err != nil {
 				continue // failed: drop the rest, close reports it
 			}
-			if err := tx.Apply(ctx, po.table, po.out); err != nil {
+			if err := apply(ctx, tx, po); err != nil {
 				w.err = err
 				w.failed.Store(true)
 			}
 		}
 	}()
 	return w
+}
+
+// apply writes one output into tx; a panic becomes an error, and the
+// writer drains the rest.
+func apply(ctx context.Context, tx TargetTx, po pendingOutput) (err error) {
+	defer crash.Recover(&err, func() (string, uint64) { return "writing the target " + po.table.Schema + "." + po.table.Name, 0 })
+	return tx.Apply(ctx, po.table, po.out)
 }
 
 // send queues out for table, waiting while the writer holds writerDepth

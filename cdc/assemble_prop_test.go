@@ -34,11 +34,10 @@ type want struct {
 
 // wantTxn is one transaction the stream must deliver.
 type wantTxn struct {
-	xid          uint32
-	commit, end  LSN
-	changes      []want
-	marker       string
-	deliverEmpty bool
+	xid         uint32
+	commit, end LSN
+	changes     []want
+	marker      string
 }
 
 // propRel is a relation of the generated stream.

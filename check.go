@@ -65,6 +65,9 @@ func Check(ctx context.Context, cfg *config.Config, opts Options) error {
 			defer target.Close()
 		}
 	}
+	if target != nil {
+		add(checkOwners(ctx, target, cfg))
+	}
 	if target != nil && plans != nil {
 		probs, err := targetGrantProblems(ctx, target, plans)
 		problems = append(problems, probs...)

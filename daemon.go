@@ -210,6 +210,12 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 	if err := migrate(ctx, d.target); err != nil {
 		return nil, err
 	}
+	if err := checkOwners(ctx, d.target, cfg); err != nil {
+		return nil, err
+	}
+	if err := recordPublication(ctx, d.target, cfg); err != nil {
+		return nil, err
+	}
 	d.writer = sink.NewWriter(d.target)
 	gens := make([]int, len(d.plans))
 	d.phases = map[string]string{}

@@ -265,12 +265,12 @@ func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc
 	for _, j := range d.joins {
 		p := j.Plan()
 		err := tx.Exec(ctx, `
-			INSERT INTO fkmat.join_state AS s (slot, join_name, epoch, fingerprint, definition, target_schema, target_table, phase, consistent_lsn)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, 'backfilling', $8::pg_lsn)
-			ON CONFLICT (slot, join_name) DO UPDATE SET epoch = EXCLUDED.epoch, fingerprint = EXCLUDED.fingerprint,
+			INSERT INTO fkmat.join_state AS s (slot, join_name, epoch, fingerprint, definition, target_schema, target_table, phase, consistent_lsn, publication)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, 'backfilling', $8::pg_lsn, $9)
+			ON CONFLICT (slot, join_name) DO UPDATE SET epoch = EXCLUDED.epoch, fingerprint = EXCLUDED.fingerprint, publication = EXCLUDED.publication,
 				definition = EXCLUDED.definition, widened_lsn = NULL, target_schema = EXCLUDED.target_schema, target_table = EXCLUDED.target_table,
 				phase = 'backfilling', consistent_lsn = EXCLUDED.consistent_lsn, updated_at = now()`,
-			d.cfg.Slot, p.Name, epoch, p.Fingerprint, string(plan.Definition(p)), p.Target.Schema, p.Target.Name, consistent.String())
+			d.cfg.Slot, p.Name, epoch, p.Fingerprint, string(plan.Definition(p)), p.Target.Schema, p.Target.Name, consistent.String(), d.cfg.Publication)
 		if err != nil {
 			return fmt.Errorf("record backfill of join %q: %w", p.Name, err)
 		}

@@ -45,6 +45,11 @@ const ShutdownTimeout = pipeline.ShutdownGrace + 15*time.Second
 func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	opts.setDefaults()
 	opts.online = true
+	// A slot another file's joins own is refused before waiting for it
+	// (open checks again, after the metadata's migrations).
+	if err := ownersBeforeStart(ctx, cfg); err != nil {
+		return err
+	}
 	var obs *observer
 	if opts.MetricsAddr != "" {
 		obs = newObserver(cfg)

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -209,4 +210,93 @@ func TestSlotSafety(t *testing.T) {
 	exec(`UPDATE customers SET name = 'again' WHERE id < 5`, `INSERT INTO orders VALUES (9001, 3, 1, 'after')`)
 	caughtUp()
 	assertOracle(t, cfg)
+}
+
+// TestSlotOwnedByAnotherFile: two configuration files naming the same slot
+// with different joins. The second one's check, backfill and run refuse
+// it, naming the first file's join and the fix, and leave the slot's
+// publication as it was: the first file's join keeps following every
+// change of its tables. So do a file naming the first one's publication
+// with another slot, and one naming its target.
+func TestSlotOwnedByAnotherFile(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop, `CREATE TABLE products (id bigint PRIMARY KEY, title text)`,
+		`ALTER TABLE orders ADD COLUMN product_id bigint`,
+		`INSERT INTO customers SELECT g, 'c' || g, 't' FROM generate_series(1, 20) g`,
+		`INSERT INTO products SELECT g, 'p' || g FROM generate_series(1, 5) g`,
+		`INSERT INTO orders SELECT g, 1 + g % 21, g, 'n', 1 + g % 5 FROM generate_series(1, 200) g`)
+	first := daemonConfig(t, tc, leftJoinYAML)
+	d := startDaemon(t, first, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+
+	other := func(slot, pub, target string) *config.Config {
+		cfg := daemonConfig(t, tc, fmt.Sprintf(`
+joins:
+  - name: orders_products
+    type: left
+    left: {table: public.orders, foreign_key: [product_id], columns: [id, product_id]}
+    right: {table: public.products, columns: [title]}
+    target: {table: %s}
+`, target))
+		cfg.Slot, cfg.Publication = slot, pub
+		return cfg
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pubTables := func() string {
+		var s string
+		if err := tc.Pool.QueryRow(ctx, `SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_publication_tables WHERE pubname = $1`,
+			tc.Publication).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := pubTables()
+	for _, c := range []struct {
+		name string
+		cfg  *config.Config
+		want []string
+	}{
+		{"same slot", other(tc.Slot, tc.Publication, "public.orders_products"),
+			[]string{fmt.Sprintf("replication slot %q belongs to joins this file does not define: \"orders_enriched\"", tc.Slot), "add them to this file"}},
+		{"same publication", other(tc.Slot+"_b", tc.Publication, "public.orders_products"),
+			[]string{fmt.Sprintf("publication %q belongs to joins of another slot: \"orders_enriched\"", tc.Publication), "set another publication"}},
+		{"same target", other(tc.Slot+"_c", tc.Publication+"_c", "public.orders_enriched"),
+			[]string{"target public.orders_enriched is maintained by join \"orders_enriched\"", "choose another target table"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for what, err := range map[string]error{
+				"check":    fkmat.Check(ctx, c.cfg, fkmat.Options{}),
+				"backfill": fkmat.BackfillIfNeeded(ctx, c.cfg, true, fkmat.Options{}),
+				"run":      fkmat.Run(ctx, c.cfg, fkmat.Options{}),
+			} {
+				var ce *config.ConfigError
+				if !errors.As(err, &ce) {
+					t.Fatalf("%s: %v, want a configuration error", what, err)
+				}
+				for _, w := range c.want {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("%s: %v\nwant it to say %q", what, err, w)
+					}
+				}
+			}
+			if got := pubTables(); got != before {
+				t.Errorf("publication %s holds %s, was %s", tc.Publication, got, before)
+			}
+		})
+	}
+	// The first file's join still follows every table it joins.
+	sqlExec(t, tc, `UPDATE customers SET name = name || '+' WHERE id % 3 = 0`, `UPDATE orders SET amount = amount + 1 WHERE id % 7 = 0`)
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, first)
+	// The second file with a slot and publication of its own works beside.
+	second := other(tc.Slot+"_d", tc.Publication+"_d", "public.orders_products")
+	d2 := startDaemon(t, second, fkmat.Options{})
+	sqlExec(t, tc, `UPDATE products SET title = 'x' WHERE id = 2`)
+	tc2 := *tc
+	tc2.Slot = second.Slot
+	waitCaughtUp(t, &tc2, d2)
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, second)
+	assertOracle(t, first)
 }

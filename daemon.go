@@ -108,6 +108,10 @@ type Options struct {
 	// running one (daemon_rebuild.go); rebuildAll builds every join so
 	// (backfill --force while the joins stream).
 	online, rebuildAll bool
+	// VerifyWait bounds how long verify waits for a streaming daemon to
+	// pass the source's position before it compares; zero means
+	// DefaultVerifyWait.
+	VerifyWait time.Duration
 	// MaxInactive is how long status accepts that no daemon streams from a
 	// streaming join's slot before it reports a problem; zero means
 	// DefaultMaxInactive.
@@ -129,6 +133,7 @@ func (o *Options) setDefaults() {
 	orDefault(&o.SlotRetainedWarn, DefaultSlotRetainedWarn)
 	orDefault(&o.SummaryInterval, time.Minute)
 	orDefault(&o.MaxInactive, DefaultMaxInactive)
+	orDefault(&o.VerifyWait, DefaultVerifyWait)
 	orDefault(&o.SlotCheckInterval, 10*time.Second)
 	orDefault(&o.PartitionCheckInterval, DefaultPartitionCheckInterval)
 	orDefault(&o.GrowCheckInterval, DefaultGrowCheckInterval)

@@ -36,7 +36,11 @@ type VerifyReport struct {
 func (r VerifyReport) Equal() bool { return r.Missing == 0 && r.Extra == 0 && r.Different == 0 }
 
 // Verify evaluates each join's SQL on the source and compares it with the
-// target. The source and the target must be the same database.
+// target. It compares only caught-up targets: while a daemon streams from
+// the slot it first waits, up to Options.VerifyWait, until the slot has
+// confirmed the source's position at the call; a target behind the source
+// (no daemon, or still behind at the deadline) is a *BehindError
+// (ErrBehind), and nothing is compared.
 func Verify(ctx context.Context, cfg *config.Config, opts Options) ([]VerifyReport, error) {
 	opts.setDefaults()
 	source, plans, err := resolveSource(ctx, cfg)
@@ -46,6 +50,9 @@ func Verify(ctx context.Context, cfg *config.Config, opts Options) ([]VerifyRepo
 	defer source.Close()
 	reports := make([]VerifyReport, 0, len(plans))
 	if cfg.Target == cfg.Source {
+		if err := awaitCaughtUp(ctx, source, source, cfg, opts.VerifyWait); err != nil {
+			return nil, err
+		}
 		if err := checkTargets(ctx, source, source, cfg.Slot, plans); err != nil {
 			return nil, err
 		}
@@ -63,6 +70,9 @@ func Verify(ctx context.Context, cfg *config.Config, opts Options) ([]VerifyRepo
 		return nil, err
 	}
 	defer target.Close()
+	if err := awaitCaughtUp(ctx, source, target, cfg, opts.VerifyWait); err != nil {
+		return nil, err
+	}
 	if err := checkTargets(ctx, source, target, cfg.Slot, plans); err != nil {
 		return nil, err
 	}

@@ -28,10 +28,12 @@ import (
 	"github.com/fkmat/fkmat/sink"
 )
 
-// Exit codes: 0 ok, 1 failure or difference, 2 bad usage or configuration.
+// Exit codes: 0 ok, 1 failure or difference, 2 bad usage or configuration,
+// 3 (verify) a target behind its source.
 const (
 	exitFailure = 1
 	exitUsage   = 2
+	exitBehind  = 3
 )
 
 // GC defaults, unless GOGC or GOMEMLIMIT say otherwise: fkmat's heap is

@@ -12,13 +12,23 @@ import (
 func verifyCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "verify",
-		Usage: "compare each target with the SQL join evaluated on the source (exit 1 on any difference)",
+		Usage: "compare each caught-up target with the SQL join evaluated on the source (exit 1 on any difference, 3 when behind the source)",
+		Flags: []cli.Flag{
+			&cli.DurationFlag{Name: "wait", Value: fkmat.DefaultVerifyWait,
+				Usage: "how long to wait for a streaming daemon to pass the source's current position before comparing"},
+		},
 		Action: func(c *cli.Context) error {
 			cfg, opts, err := setup(c)
 			if err != nil {
 				return err
 			}
+			if opts.VerifyWait = c.Duration("wait"); opts.VerifyWait <= 0 {
+				return &exitError{code: exitUsage, err: fmt.Errorf("--wait %s: use a positive duration (e.g. 30s)", opts.VerifyWait)}
+			}
 			reports, err := fkmat.Verify(c.Context, cfg, opts)
+			if errors.Is(err, fkmat.ErrBehind) {
+				return &exitError{code: exitBehind, err: err}
+			}
 			if err != nil {
 				return err
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/fkmat/fkmat/internal/plan"
 
 	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/crash"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -117,28 +118,46 @@ func (d *daemon) backfill(ctx context.Context, reason string) error {
 	if err := d.cdc.EnsurePublication(ctx); err != nil {
 		return err
 	}
-	// Before the old slot goes: a fresh slot sits at its consistent point
-	// (confirmed_flush_lsn) before the targets are rebuilt, and nobody may
-	// take it for caught up meanwhile.
+	// The joins are not streamed from until the backfill is done.
 	if _, err := d.target.Exec(ctx, `UPDATE fkmat.join_state SET phase = 'backfilling', updated_at = now() WHERE slot = $1`,
 		d.cfg.Slot); err != nil {
 		return fmt.Errorf("mark the joins backfilling: %w", err)
 	}
-	if err := d.dropSlot(ctx); err != nil {
+	// The snapshot comes from a slot of its own: the configured slot
+	// keeps its position (or stays absent) until the targets hold the
+	// snapshot, then takes the new slot's (CopySlot below). A slot at its
+	// consistent point over targets that do not hold it yet would tell a
+	// reader who waits for it that they are caught up; so would one
+	// created again when a backfill starts over.
+	loader, err := cdc.New(cdc.Config{ConnString: d.cfg.Source, Slot: cdc.BackfillSlot(d.cfg.Slot), Publication: d.cfg.Publication,
+		Tables: d.cdc.Config().Tables, Logger: d.log})
+	if err != nil {
 		return err
 	}
-	slot, err := d.cdc.CreateSlot(ctx, true)
+	if err := loader.DropSlot(ctx); err != nil { // an interrupted backfill's
+		return err
+	}
+	slot, err := loader.CreateSlot(ctx, true)
 	if errors.Is(err, cdc.ErrSlotExists) {
-		// Dropped or missing a moment ago: another process created it
-		// since, and backfills from it.
+		// Dropped a moment ago: another process created it since, and
+		// backfills from it.
 		return fmt.Errorf("%w: another process created replication slot %q as this backfill was about to (another fkmat run?): %w",
-			cdc.ErrSlotInUse, d.cfg.Slot, err)
+			cdc.ErrSlotInUse, cdc.BackfillSlot(d.cfg.Slot), err)
 	}
 	if err != nil {
 		return err
 	}
-	defer func() { _ = slot.Release(context.WithoutCancel(ctx)) }()
-	d.log.Info("backfill started", "slot", d.cfg.Slot, "consistent_point", slot.ConsistentPoint.String(), "joins", len(d.joins))
+	done := false
+	defer func() {
+		_ = slot.Release(context.WithoutCancel(ctx))
+		if !done {
+			if err := loader.DropSlot(context.WithoutCancel(ctx)); err != nil {
+				d.log.Warn("could not drop the backfill's slot; the next backfill drops it", "slot", slot.Name, "err", err)
+			}
+		}
+	}()
+	d.log.Info("backfill started", "slot", slot.Name, "consistent_point", slot.ConsistentPoint.String(), "joins", len(d.joins))
+	crash.At("backfill: slot created", d.cfg.Slot)
 
 	epoch := redisstore.NewEpoch()
 	if err := d.beginBackfill(ctx, epoch, slot.ConsistentPoint, reason); err != nil {
@@ -159,6 +178,7 @@ func (d *daemon) backfill(ctx context.Context, reason string) error {
 	if err != nil {
 		return err
 	}
+	crash.At("backfill: loaded", d.cfg.Slot)
 	leaves, err := d.checkRaced(ctx, slot.SnapshotName)
 	if err != nil {
 		return err
@@ -166,6 +186,22 @@ func (d *daemon) backfill(ctx context.Context, reason string) error {
 	if err := d.finishBackfill(ctx, slot.ConsistentPoint, leaves); err != nil {
 		return err
 	}
+	// The targets hold the snapshot: the configured slot takes its
+	// position. A crash before this leaves the old slot behind them (or
+	// none, and the next start backfills again), never ahead.
+	if err := slot.Release(ctx); err != nil {
+		return err
+	}
+	if err := d.waitSlotFree(ctx); err != nil {
+		return err
+	}
+	if err := d.cdc.CopySlot(ctx, slot.Name); err != nil {
+		return err
+	}
+	if err := loader.DropSlot(ctx); err != nil {
+		return err
+	}
+	done = true
 	d.log.Info("backfill done", "rows", rows, "seconds", time.Since(start).Seconds(), "consistent_point", slot.ConsistentPoint.String())
 	return nil
 }
@@ -210,14 +246,6 @@ func preflightIgnoringSlot(err error) error {
 		}
 	}
 	return errors.Join(keep...)
-}
-
-// dropSlot drops the slot if it exists; a slot in use is an error.
-func (d *daemon) dropSlot(ctx context.Context) error {
-	if err := d.waitSlotFree(ctx); err != nil {
-		return err
-	}
-	return d.cdc.DropSlot(ctx)
 }
 
 // waitSlotFree waits until no other process holds the slot: none streams

@@ -68,6 +68,15 @@ func Teardown(ctx context.Context, cfg *config.Config, dropTarget bool, opts Opt
 	if err := rebuilder.DropSlot(ctx); err != nil {
 		return err
 	}
+	// The slot an interrupted backfill loaded from.
+	loader, err := cdc.New(cdc.Config{ConnString: cfg.Source, Slot: cdc.BackfillSlot(cfg.Slot), Publication: cfg.Publication,
+		Tables: configuredTables(cfg), Logger: opts.Logger})
+	if err != nil {
+		return err
+	}
+	if err := loader.DropSlot(ctx); err != nil {
+		return err
+	}
 	for _, j := range cfg.Joins {
 		// The generations a rebuild beside the running join made.
 		var gen int

@@ -508,6 +508,25 @@ func (c *Client) DropSlot(ctx context.Context) error {
 	return c.dropSlot(ctx, conn)
 }
 
+// CopySlot replaces the slot, which nobody may hold, by a copy of slot
+// from (pg_copy_logical_replication_slot): the same restart and confirmed
+// positions. from stays.
+func (c *Client) CopySlot(ctx context.Context, from string) error {
+	conn, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn(conn)
+	if err := c.dropSlot(ctx, conn); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_copy_logical_replication_slot($1, $2)", from, c.cfg.Slot); err != nil {
+		return fmt.Errorf("copy replication slot %q to %q: %w", from, c.cfg.Slot, c.mapErr(err))
+	}
+	c.log.Info("replication slot copied", "from", from, "slot", c.cfg.Slot)
+	return nil
+}
+
 func (c *Client) dropSlot(ctx context.Context, conn *pgx.Conn) error {
 	_, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", c.cfg.Slot)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -39,6 +40,20 @@ func (h Holder) What() string {
 	return "is backfilling from"
 }
 
+// BackfillSlot is the name of the slot a backfill of slot loads from: the
+// slot itself takes its position only once the targets hold the snapshot
+// (Client.CopySlot), so that it never claims what they do not reflect.
+// The creator of either one holds slot (ReadHolder).
+func BackfillSlot(slot string) string {
+	const suffix = "_backfill"
+	if len(slot)+len(suffix) <= 63 {
+		return slot + suffix
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(slot))
+	return fmt.Sprintf("%s_%08x%s", slot[:63-len(suffix)-9], h.Sum32(), suffix)
+}
+
 // ReadHolder returns the holder of the named slot on conn; ok is false when
 // nobody holds it (or it does not exist). A creator is found by its last
 // command, which pg_stat_activity.query shows for a walsender, and only
@@ -53,10 +68,11 @@ func ReadHolder(ctx context.Context, conn *pgx.Conn, slot string) (h Holder, ok 
 				WHERE slot_name = $1 AND active_pid IS NOT NULL
 			UNION ALL
 			SELECT pid, false FROM pg_stat_activity
-				WHERE backend_type = 'walsender' AND starts_with(query, $2)) AS w
+				WHERE backend_type = 'walsender' AND (starts_with(query, $2) OR starts_with(query, $3))) AS w
 		LEFT JOIN pg_stat_activity a ON a.pid = w.pid
 		ORDER BY w.streaming DESC LIMIT 1`,
-		slot, "CREATE_REPLICATION_SLOT "+quoteIdent(slot)+" ").Scan(&h.PID, &h.Streaming, &addr, &app, &since)
+		slot, "CREATE_REPLICATION_SLOT "+quoteIdent(slot)+" ", "CREATE_REPLICATION_SLOT "+quoteIdent(BackfillSlot(slot))+" ",
+	).Scan(&h.PID, &h.Streaming, &addr, &app, &since)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Holder{}, false, nil
 	}

@@ -1,10 +1,18 @@
 package integration
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/crash"
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
@@ -135,11 +143,122 @@ func TestTruncateDuringBackfill(t *testing.T) {
 	cfg := daemonConfig(t, tc, toastJoinYAML)
 	d := startDaemon(t, cfg, fkmat.Options{})
 	waitFor(t, 60*time.Second, "the backfill's slot", func() bool {
-		return queryInt(t, tc, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, tc.Slot) == 1
+		return queryInt(t, tc, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, cdc.BackfillSlot(tc.Slot)) == 1
 	})
 	sqlExec(t, tc, `UPDATE customers SET tier = 'gold'`, // bio unchanged-TOAST
 		`BEGIN; TRUNCATE orders; INSERT INTO orders SELECT g, 1 + g % 8, g, 'r' FROM generate_series(1, 500) g; COMMIT`,
 		`UPDATE customers SET name = name || '!'`)
 	waitCaughtUp(t, tc, d)
 	assertOracle(t, cfg)
+}
+
+// TestSlotNeverAheadDuringBackfill: a TRUNCATE and reload, or a rewrite
+// of a joined table (VACUUM FULL, CLUSTER, a column's ALTER TYPE), landing
+// as the backfill's slot is created, while it loads, or once it has
+// loaded, with busy loops taking the CPU beside. The backfill may start
+// over; whenever the configured slot's confirmed_flush_lsn covers the
+// change, the target must already hold the SQL join's rows: a reader who
+// waits for the slot reads a right target.
+func TestSlotNeverAheadDuringBackfill(t *testing.T) {
+	testenv.BusyLoops(t, 2)
+	for _, change := range []struct {
+		name string
+		sql  []string
+	}{
+		{"truncate", []string{`BEGIN; TRUNCATE orders; INSERT INTO orders SELECT g, 1 + g % 8, g, 'r' FROM generate_series(1, 500) g; COMMIT`}},
+		{"vacuum full", []string{`DELETE FROM orders WHERE id > 500`, `VACUUM FULL orders`}},
+		{"cluster", []string{`DELETE FROM orders WHERE id > 500`, `CLUSTER orders USING orders_pkey`}},
+		{"alter type", []string{`DELETE FROM orders WHERE id > 500`, `ALTER TABLE orders ALTER COLUMN extra TYPE bigint`}},
+	} {
+		for _, at := range []string{"slot created", "loading", "loaded"} {
+			t.Run(change.name+"/"+at, func(t *testing.T) {
+				tc := testenv.New(t)
+				toastTables(t, tc)
+				sqlExec(t, tc, `ALTER TABLE orders ADD COLUMN extra int DEFAULT 0`,
+					`INSERT INTO orders SELECT g, CASE WHEN g % 100 = 0 THEN 1 + g % 8 END, g, 'n' FROM generate_series(61, 150000) g`)
+				cfg := daemonConfig(t, tc, toastJoinYAML)
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+				defer cancel()
+				// The first backfill stops at the phase until the change is
+				// made (a later one, after a restart, goes on).
+				reached, resume := make(chan struct{}), make(chan struct{})
+				var once sync.Once
+				crash.SetTestHook(func(point string, arg any) {
+					if point == "backfill: "+at && arg == tc.Slot {
+						once.Do(func() {
+							close(reached)
+							<-resume
+						})
+					}
+				})
+				t.Cleanup(func() { crash.SetTestHook(nil) })
+				d := startDaemon(t, cfg, fkmat.Options{})
+				if at == "loading" {
+					waitFor(t, 60*time.Second, "the load", func() bool {
+						return queryInt(t, tc, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%FROM "public"."orders"%' AND state = 'active' AND pid <> pg_backend_pid()`) > 0
+					})
+				} else {
+					select {
+					case <-reached:
+					case <-time.After(2 * time.Minute):
+						t.Fatalf("the backfill did not reach %q", at)
+					}
+				}
+				// VACUUM FULL and the rest wait for the loads' locks: let
+				// the backfill go on meanwhile.
+				done := make(chan error, 1)
+				go func() {
+					for _, q := range change.sql {
+						if _, err := tc.Pool.Exec(ctx, q); err != nil {
+							done <- fmt.Errorf("%s: %w", q, err)
+							return
+						}
+					}
+					done <- nil
+				}()
+				if at != "loading" {
+					// Let the lock waiters queue before the backfill goes on.
+					time.Sleep(100 * time.Millisecond)
+					close(resume)
+				}
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+				var lsn string
+				if err := tc.Pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+					t.Fatal(err)
+				}
+				want := queryInt(t, tc, `SELECT count(*) FROM orders`)
+				// Until caught up: whenever the slot covers the change, the
+				// target holds the join's rows (one per order).
+				for {
+					var covers *bool
+					if err := tc.Pool.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2`,
+						lsn, tc.Slot).Scan(&covers); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+						t.Fatal(err)
+					}
+					if covers != nil && *covers {
+						var got int64
+						if err := tc.Pool.QueryRow(ctx, `SELECT count(*) FROM orders_enriched`).Scan(&got); err != nil {
+							t.Fatal(err)
+						}
+						if got != want {
+							t.Fatalf("the slot's confirmed_flush_lsn covers the change at %s while the target holds %d rows, not %d", lsn, got, want)
+						}
+						break
+					}
+					select {
+					case err := <-d.done:
+						d.cancel = nil
+						t.Fatalf("daemon stopped: %v", err)
+					case <-ctx.Done():
+						t.Fatal("the slot never covered the change")
+					case <-time.After(5 * time.Millisecond):
+					}
+				}
+				waitCaughtUp(t, tc, d)
+				assertOracle(t, cfg)
+			})
+		}
+	}
 }

@@ -418,7 +418,8 @@ func TestPanicIsAStall(t *testing.T) {
 			// panics at point.
 			var poisoned atomic.Uint64
 			crash.SetTestHook(func(at string, arg any) {
-				for _, txn := range arg.([]*cdc.Txn) {
+				txns, _ := arg.([]*cdc.Txn)
+				for _, txn := range txns {
 					for _, c := range txn.Changes {
 						for _, v := range c.New {
 							if string(v.Data) == poison {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"os/exec"
 	"strconv"
 	"testing"
 	"time"
@@ -121,4 +122,21 @@ func runExtra(ctx context.Context, t testing.TB, what, image, containerPort stri
 		t.Fatal(err)
 	}
 	return c
+}
+
+// BusyLoops runs n busy shell loops (separate processes, so that the test's
+// own goroutines are not the ones slowed down by Go's scheduler) until the
+// test ends: the load of a CI machine doing other work.
+func BusyLoops(t testing.TB, n int) {
+	t.Helper()
+	for range n {
+		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("testenv: start a busy loop: %v", err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+	}
 }

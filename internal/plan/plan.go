@@ -164,6 +164,9 @@ type catalogTable struct {
 	// uniques are the table's valid unique indexes on plain columns, not
 	// partial (the primary key among them).
 	uniques []uniqueIndex
+	// generated holds the generation expression of each stored generated
+	// column: logical replication leaves them out of its messages.
+	generated map[string]string
 }
 
 // uniqueIndex is a unique index (or constraint) of a table.
@@ -199,18 +202,27 @@ func describeTable(ctx context.Context, db Querier, t config.TableName) (*catalo
 	}
 	ct.exists = true
 	rows, err := db.Query(ctx, `
-		SELECT attname, format_type(atttypid, atttypmod), atttypid, atttypmod, attnotnull FROM pg_attribute
-		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, oid)
+		SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, a.atttypmod, a.attnotnull,
+			CASE WHEN a.attgenerated <> '' THEN pg_get_expr(d.adbin, d.adrelid) END
+		FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum`, oid)
 	if err != nil {
 		return nil, fmt.Errorf("describe table %s: %w", t, err)
 	}
 	for rows.Next() {
 		c := SourceColumn{HasTypeMod: true}
-		if err := rows.Scan(&c.Name, &c.Type, &c.TypeOID, &c.TypeMod, &c.NotNull); err != nil {
+		var gen *string
+		if err := rows.Scan(&c.Name, &c.Type, &c.TypeOID, &c.TypeMod, &c.NotNull, &gen); err != nil {
 			return nil, err
 		}
 		ct.columns = append(ct.columns, c)
 		ct.byName[c.Name] = c
+		if gen != nil {
+			if ct.generated == nil {
+				ct.generated = map[string]string{}
+			}
+			ct.generated[c.Name] = *gen
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("describe table %s: %w", t, err)
@@ -384,9 +396,26 @@ func resolveColumns(ct *catalogTable, names []string, what string, add func(stri
 			add("%s: table %s has no column %q%s", what, ct.name, n, suggest(ct, n))
 			continue
 		}
+		if expr, gen := ct.generated[n]; gen {
+			add("%s: column %q of %s is generated (GENERATED ALWAYS AS (%s) STORED), and logical replication does not carry "+
+				"generated columns: fkmat cannot follow one as a key or foreign key; use the columns it is computed from", what, n, ct.name, expr)
+			continue
+		}
 		out = append(out, c)
 	}
 	return out
+}
+
+// refuseGenerated says that output column r of ct is generated, which fkmat
+// cannot follow, with the fix.
+func refuseGenerated(ct *catalogTable, r config.ColumnRef, what string, add func(string, ...any)) bool {
+	expr, gen := ct.generated[r.Name]
+	if gen {
+		add("%s: column %q of %s is generated (GENERATED ALWAYS AS (%s) STORED), and logical replication before PostgreSQL 18 "+
+			"does not carry generated columns: fkmat cannot follow it; remove it from %s and compute it over the target, "+
+			"e.g. in a view: (%s) AS %s", what, r.Name, ct.name, expr, what, expr, r.Alias)
+	}
+	return gen
 }
 
 func suggest(ct *catalogTable, name string) string {
@@ -407,8 +436,11 @@ func suggest(ct *catalogTable, name string) string {
 func leftOutput(ct *catalogTable, lc config.LeftConfig, key []SourceColumn, add func(string, ...any)) ([]string, []OutputColumn) {
 	refs := lc.Columns
 	if len(refs) == 0 {
+		// All columns but the generated ones, which the stream lacks.
 		for _, c := range ct.columns {
-			refs = append(refs, config.ColumnRef{Name: c.Name, Alias: c.Name})
+			if _, gen := ct.generated[c.Name]; !gen {
+				refs = append(refs, config.ColumnRef{Name: c.Name, Alias: c.Name})
+			}
 		}
 	}
 	keyNames := make([]string, len(key))
@@ -422,6 +454,9 @@ func leftOutput(ct *catalogTable, lc config.LeftConfig, key []SourceColumn, add 
 		c, ok := ct.byName[r.Name]
 		if !ok {
 			add("left.columns: table %s has no column %q%s", ct.name, r.Name, suggest(ct, r.Name))
+			continue
+		}
+		if refuseGenerated(ct, r, "left.columns", add) {
 			continue
 		}
 		if i, k := isKey[r.Name]; k {
@@ -441,7 +476,7 @@ func rightOutput(ct *catalogTable, rc config.RightConfig, key []SourceColumn, si
 			isKey[k.Name] = true
 		}
 		for _, c := range ct.columns {
-			if !isKey[c.Name] {
+			if _, gen := ct.generated[c.Name]; !isKey[c.Name] && !gen {
 				refs = append(refs, config.ColumnRef{Name: c.Name, Alias: c.Name})
 			}
 		}
@@ -451,6 +486,9 @@ func rightOutput(ct *catalogTable, rc config.RightConfig, key []SourceColumn, si
 		c, ok := ct.byName[r.Name]
 		if !ok {
 			add("%s.columns: table %s has no column %q%s", side, ct.name, r.Name, suggest(ct, r.Name))
+			continue
+		}
+		if refuseGenerated(ct, r, side+".columns", add) {
 			continue
 		}
 		values = append(values, OutputColumn{Source: c, Name: r.Alias})

@@ -420,7 +420,8 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 		Slot: slotName, Publication: d.cfg.Publication, Joins: shadows, Source: stream,
 		Target: pipeline.SinkTarget{W: sink.NewWriter(d.target)}, Limits: d.opts.Batch,
 		Log: log.With("pipeline", "rebuild"), TargetCheckpoint: slot.ConsistentPoint,
-		Ignore: func(config.TableName) bool { return true },
+		Ignore:    func(config.TableName) bool { return true },
+		Generator: d.generator(plansOf(shadows)...),
 	})
 	if err := d.recordRebuild(ctx, "catching up"); err != nil {
 		return err
@@ -741,4 +742,13 @@ func dropGeneration(ctx context.Context, rdb redis.UniversalClient, log *slog.Lo
 		}
 	}
 	return nil
+}
+
+// plansOf returns the joins' plans.
+func plansOf(joins []pipeline.Join) []*plan.JoinPlan {
+	out := make([]*plan.JoinPlan, len(joins))
+	for i, j := range joins {
+		out[i] = j.Plan()
+	}
+	return out
 }

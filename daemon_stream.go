@@ -90,7 +90,8 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		Slot: d.cfg.Slot, Publication: d.cfg.Publication, Joins: d.joins, Source: stream, Target: pipeline.SinkTarget{W: d.writer},
 		Limits: d.opts.Batch, Log: d.log.With("component", "pipeline"), TargetCheckpoint: targetLSN, Cuts: cuts,
 		OnBatch: rs.progress, OnTiming: d.obs.timingHook(),
-		Ignore: func(t config.TableName) bool { return slices.Contains(rebuilding, t) && !slices.Contains(joined, t) },
+		Ignore:    func(t config.TableName) bool { return slices.Contains(rebuilding, t) && !slices.Contains(joined, t) },
+		Generator: d.generator(d.plans...),
 	})
 
 	// The stream, the pipeline and the sweeper are supervised together: the

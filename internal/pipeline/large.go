@@ -104,6 +104,9 @@ func (p *Pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 			break
 		}
 		next, err := p.source.Next(ctx)
+		if err == nil {
+			err = p.fill(ctx, next)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, nil // shutdown: undone by the deferred rollback, replayed on restart

@@ -38,6 +38,9 @@ type Config struct {
 	// expected (published for another pipeline: a rebuild's) and skipped;
 	// a change of any other such table is ErrUnplaced.
 	Ignore func(config.TableName) bool
+	// Generator computes the generated columns the joins output
+	// (plan.JoinPlan.Generated) that the stream lacks; needed only then.
+	Generator Generator
 }
 
 // Pipeline is the batch loop: cdc → join → sink → redisstore → ack.
@@ -51,7 +54,11 @@ type Pipeline struct {
 	sizer       batchSizer
 	// stages, when set (by tests), replace commitTarget and commitState.
 	stages *commitStages
-	log    *slog.Logger
+	// generated fills the generated columns the stream lacks (nil: none).
+	generated *generated
+	// heldErr is the error of filling held, returned in its place.
+	heldErr error
+	log     *slog.Logger
 
 	// targetLSN is the slot's checkpoint in the target database: every
 	// transaction with EndLSN <= targetLSN is already in the target.
@@ -114,6 +121,9 @@ func New(cfg Config) *Pipeline {
 		p.cuts[c] = true
 	}
 	p.targetLSN.Store(uint64(cfg.TargetCheckpoint))
+	if cfg.Generator != nil {
+		p.generated = newGenerated(cfg.Generator, cfg.Joins)
+	}
 	return p
 }
 
@@ -367,13 +377,31 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 func (p *Pipeline) next(ctx context.Context) (*cdc.Txn, error) {
 	if t := p.held; t != nil {
 		p.held = nil
+		if err := p.heldErr; err != nil {
+			p.heldErr = nil
+			return nil, err
+		}
 		return t, nil
 	}
 	t, err := p.source.Next(ctx)
 	if err == nil && !t.CommitTime.IsZero() {
 		p.firstSeen.CompareAndSwap(0, t.CommitTime.UnixNano())
 	}
+	if err == nil {
+		err = p.fill(ctx, t)
+	}
 	return t, err
+}
+
+// fill computes the generated columns the stream left out of t's changes.
+func (p *Pipeline) fill(ctx context.Context, t *cdc.Txn) error {
+	if p.generated == nil {
+		return nil
+	}
+	if err := p.generated.fill(ctx, t); err != nil {
+		return &TxnError{LSN: t.CommitLSN, err: err}
+	}
+	return nil
 }
 
 // checkPlaced returns an error for the first row change of t on a relation

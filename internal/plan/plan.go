@@ -74,6 +74,10 @@ type JoinPlan struct {
 	// widening the daemon followed (fkmat.join_state.widened_lsn); 0 when
 	// none. Not part of the definition.
 	WidenedBefore uint64
+	// Generated are the stored generated columns each source table
+	// outputs, which the daemon computes (the stream lacks them). Not part
+	// of the definition: their columns are.
+	Generated map[config.TableName][]GeneratedColumn
 }
 
 // tables returns the join's source tables: the left one, then the right
@@ -125,6 +129,14 @@ func Resolve(ctx context.Context, db Querier, cfg *config.Config) ([]*JoinPlan, 
 		}
 		problems = append(problems, probs...)
 		if p != nil {
+			err := resolveGenerated(p, lookup, func(format string, args ...any) {
+				problems = append(problems, fmt.Sprintf("join %q: ", jc.Name)+fmt.Sprintf(format, args...))
+			})
+			if err != nil {
+				return nil, err
+			}
+		}
+		if p != nil {
 			plans = append(plans, p)
 		}
 	}
@@ -165,8 +177,10 @@ type catalogTable struct {
 	// partial (the primary key among them).
 	uniques []uniqueIndex
 	// generated holds the generation expression of each stored generated
-	// column: logical replication leaves them out of its messages.
+	// column, and genInputs the columns each reads: logical replication
+	// leaves them out of its messages.
 	generated map[string]string
+	genInputs []genInput
 }
 
 // uniqueIndex is a unique index (or constraint) of a table.
@@ -226,6 +240,11 @@ func describeTable(ctx context.Context, db Querier, t config.TableName) (*catalo
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("describe table %s: %w", t, err)
+	}
+	if len(ct.generated) > 0 {
+		if ct.genInputs, err = readGeneratedInputs(ctx, db, oid); err != nil {
+			return nil, fmt.Errorf("describe table %s: %w", t, err)
+		}
 	}
 	err = db.QueryRow(ctx, `
 		SELECT coalesce(array_agg(a.attname ORDER BY k.ord), '{}') FROM pg_index i
@@ -397,25 +416,13 @@ func resolveColumns(ct *catalogTable, names []string, what string, add func(stri
 			continue
 		}
 		if expr, gen := ct.generated[n]; gen {
-			add("%s: column %q of %s is generated (GENERATED ALWAYS AS (%s) STORED), and logical replication does not carry "+
-				"generated columns: fkmat cannot follow one as a key or foreign key; use the columns it is computed from", what, n, ct.name, expr)
+			add("%s: column %q of %s is generated (GENERATED ALWAYS AS (%s) STORED): fkmat follows generated columns in the output, "+
+				"not as a key or foreign key; use the columns it is computed from", what, n, ct.name, expr)
 			continue
 		}
 		out = append(out, c)
 	}
 	return out
-}
-
-// refuseGenerated says that output column r of ct is generated, which fkmat
-// cannot follow, with the fix.
-func refuseGenerated(ct *catalogTable, r config.ColumnRef, what string, add func(string, ...any)) bool {
-	expr, gen := ct.generated[r.Name]
-	if gen {
-		add("%s: column %q of %s is generated (GENERATED ALWAYS AS (%s) STORED), and logical replication before PostgreSQL 18 "+
-			"does not carry generated columns: fkmat cannot follow it; remove it from %s and compute it over the target, "+
-			"e.g. in a view: (%s) AS %s", what, r.Name, ct.name, expr, what, expr, r.Alias)
-	}
-	return gen
 }
 
 func suggest(ct *catalogTable, name string) string {
@@ -436,11 +443,8 @@ func suggest(ct *catalogTable, name string) string {
 func leftOutput(ct *catalogTable, lc config.LeftConfig, key []SourceColumn, add func(string, ...any)) ([]string, []OutputColumn) {
 	refs := lc.Columns
 	if len(refs) == 0 {
-		// All columns but the generated ones, which the stream lacks.
 		for _, c := range ct.columns {
-			if _, gen := ct.generated[c.Name]; !gen {
-				refs = append(refs, config.ColumnRef{Name: c.Name, Alias: c.Name})
-			}
+			refs = append(refs, config.ColumnRef{Name: c.Name, Alias: c.Name})
 		}
 	}
 	keyNames := make([]string, len(key))
@@ -454,9 +458,6 @@ func leftOutput(ct *catalogTable, lc config.LeftConfig, key []SourceColumn, add 
 		c, ok := ct.byName[r.Name]
 		if !ok {
 			add("left.columns: table %s has no column %q%s", ct.name, r.Name, suggest(ct, r.Name))
-			continue
-		}
-		if refuseGenerated(ct, r, "left.columns", add) {
 			continue
 		}
 		if i, k := isKey[r.Name]; k {
@@ -476,7 +477,7 @@ func rightOutput(ct *catalogTable, rc config.RightConfig, key []SourceColumn, si
 			isKey[k.Name] = true
 		}
 		for _, c := range ct.columns {
-			if _, gen := ct.generated[c.Name]; !isKey[c.Name] && !gen {
+			if !isKey[c.Name] {
 				refs = append(refs, config.ColumnRef{Name: c.Name, Alias: c.Name})
 			}
 		}
@@ -486,9 +487,6 @@ func rightOutput(ct *catalogTable, rc config.RightConfig, key []SourceColumn, si
 		c, ok := ct.byName[r.Name]
 		if !ok {
 			add("%s.columns: table %s has no column %q%s", side, ct.name, r.Name, suggest(ct, r.Name))
-			continue
-		}
-		if refuseGenerated(ct, r, side+".columns", add) {
 			continue
 		}
 		values = append(values, OutputColumn{Source: c, Name: r.Alias})

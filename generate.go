@@ -1,0 +1,97 @@
+package fkmat
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/pipeline"
+	"github.com/fkmat/fkmat/internal/plan"
+)
+
+// sourceGenerator computes generated columns in the source database, with
+// the table's own expressions and types: one query per call, over the
+// rows' inputs in arrays.
+type sourceGenerator struct {
+	db  *pgxpool.Pool
+	mu  sync.Mutex
+	sql map[config.TableName]string
+}
+
+var _ pipeline.Generator = (*sourceGenerator)(nil)
+
+// generator returns the Generator of the plans' generated columns, nil
+// when they output none.
+func (d *daemon) generator(plans ...*plan.JoinPlan) pipeline.Generator {
+	for _, p := range plans {
+		if p != nil && len(p.Generated) > 0 {
+			return &sourceGenerator{db: d.source, sql: map[config.TableName]string{}}
+		}
+	}
+	return nil
+}
+
+// Generate evaluates, as
+//
+//	SELECT (CAST((expr) AS type))::text, ... FROM (SELECT u.i0::t0 AS "in0", ...
+//	  FROM unnest($1::text[], ..., $n::int[]) WITH ORDINALITY AS u(i0, ..., n, ord)) t ORDER BY ord
+func (g *sourceGenerator) Generate(ctx context.Context, table config.TableName, cols []plan.GeneratedColumn,
+	inputs []plan.GeneratedInput, rows [][]*string) ([][]*string, error) {
+	g.mu.Lock()
+	q, ok := g.sql[table]
+	if !ok {
+		q = generateSQL(cols, inputs)
+		g.sql[table] = q
+	}
+	g.mu.Unlock()
+	args := make([]any, 0, len(inputs)+1)
+	for i := range inputs {
+		col := make([]*string, len(rows))
+		for r, row := range rows {
+			col[r] = row[i]
+		}
+		args = append(args, col)
+	}
+	args = append(args, make([]int32, len(rows))) // the row count, when no column is read
+	res, err := g.db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	out, err := pgx.CollectRows(res, func(r pgx.CollectableRow) ([]*string, error) {
+		vals := make([]*string, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		return vals, r.Scan(ptrs...)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(out) != len(rows) {
+		return nil, fmt.Errorf("%d values for %d rows", len(out), len(rows))
+	}
+	return out, nil
+}
+
+func generateSQL(cols []plan.GeneratedColumn, inputs []plan.GeneratedInput) string {
+	var sel, typed, arrays, names []string
+	for _, c := range cols {
+		sel = append(sel, fmt.Sprintf("(CAST((%s) AS %s))::text", c.Expr, c.Type))
+	}
+	for i, in := range inputs {
+		typed = append(typed, fmt.Sprintf("u.i%d::%s AS %s", i, in.Type, pgx.Identifier{in.Name}.Sanitize()))
+		arrays = append(arrays, fmt.Sprintf("$%d::text[]", i+1))
+		names = append(names, fmt.Sprintf("i%d", i))
+	}
+	arrays = append(arrays, fmt.Sprintf("$%d::int[]", len(inputs)+1))
+	names = append(names, "n", "ord")
+	typed = append(typed, "u.ord")
+	return "SELECT " + strings.Join(sel, ", ") + " FROM (SELECT " + strings.Join(typed, ", ") +
+		" FROM unnest(" + strings.Join(arrays, ", ") + ") WITH ORDINALITY AS u(" + strings.Join(names, ", ") + ")) AS t ORDER BY t.ord"
+}

@@ -1,0 +1,252 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/plan"
+)
+
+// Generator computes the values of stored generated columns, which logical
+// replication before PostgreSQL 18 leaves out of its messages, from the
+// other columns of each row.
+type Generator interface {
+	// Generate evaluates cols of table over rows: row i holds the values of
+	// inputs in text form (nil for NULL). It returns, per row, each
+	// column's value in text form (nil for NULL).
+	Generate(ctx context.Context, table config.TableName, cols []plan.GeneratedColumn, inputs []plan.GeneratedInput,
+		rows [][]*string) ([][]*string, error)
+}
+
+// generated fills the generated columns the joins output into the changes
+// of the stream: each relation that lacks them gets an extended copy
+// (their columns appended), and each row their values, computed by a
+// Generator in one call per table and transaction.
+type generated struct {
+	gen    Generator
+	tables map[config.TableName]*genTable
+	rels   map[*cdc.Relation]*genRelation
+}
+
+// genTable is what a table's generated columns need: the columns, and the
+// union of their inputs.
+type genTable struct {
+	name   config.TableName
+	cols   []plan.GeneratedColumn
+	inputs []plan.GeneratedInput
+	// uses[i] are the positions in inputs of cols[i]'s inputs.
+	uses [][]int
+}
+
+// genRelation is a relation of the stream with generated columns to fill.
+type genRelation struct {
+	t *genTable
+	// ext is the relation with the missing columns appended; nil when the
+	// stream carries them all (PostgreSQL 18's publish_generated_columns).
+	ext *cdc.Relation
+	// missing are the columns of t to fill, in ext's order; inputs the
+	// positions of t.inputs in the relation (-1: not in it).
+	missing []int
+	inputs  []int
+}
+
+func newGenerated(gen Generator, joins []Join) *generated {
+	g := &generated{gen: gen, tables: map[config.TableName]*genTable{}, rels: map[*cdc.Relation]*genRelation{}}
+	for _, j := range joins {
+		for name, cols := range j.Plan().Generated {
+			t := g.tables[name]
+			if t == nil {
+				t = &genTable{name: name}
+				g.tables[name] = t
+			}
+			for _, c := range cols {
+				if slices.ContainsFunc(t.cols, func(h plan.GeneratedColumn) bool { return h.Name == c.Name }) {
+					continue
+				}
+				var uses []int
+				for _, in := range c.Inputs {
+					i := slices.IndexFunc(t.inputs, func(h plan.GeneratedInput) bool { return h.Name == in.Name })
+					if i < 0 {
+						i = len(t.inputs)
+						t.inputs = append(t.inputs, in)
+					}
+					uses = append(uses, i)
+				}
+				t.cols, t.uses = append(t.cols, c), append(t.uses, uses)
+			}
+		}
+	}
+	if len(g.tables) == 0 {
+		return nil
+	}
+	return g
+}
+
+// relation returns what to fill in rel's rows (nil: nothing).
+func (g *generated) relation(rel *cdc.Relation) *genRelation {
+	if r, ok := g.rels[rel]; ok {
+		return r
+	}
+	var r *genRelation
+	if t := g.tables[config.TableName{Schema: rel.Namespace, Name: rel.Name}]; t != nil {
+		r = &genRelation{t: t}
+		for i, c := range t.cols {
+			if rel.ColumnIndex(c.Name) < 0 {
+				r.missing = append(r.missing, i)
+			}
+		}
+		if len(r.missing) > 0 {
+			ext := *rel
+			ext.Columns = slices.Clone(rel.Columns)
+			for _, i := range r.missing {
+				ext.Columns = append(ext.Columns, cdc.Column{Name: t.cols[i].Name, Type: t.cols[i].TypeOID, TypeMod: -1})
+			}
+			r.ext = &ext
+			for _, in := range t.inputs {
+				r.inputs = append(r.inputs, rel.ColumnIndex(in.Name))
+			}
+		}
+	}
+	g.rels[rel] = r
+	return r
+}
+
+// extend returns rel extended, or rel.
+func (g *generated) extend(rel *cdc.Relation) *cdc.Relation {
+	if rel == nil {
+		return nil
+	}
+	if r := g.relation(rel); r != nil && r.ext != nil {
+		return r.ext
+	}
+	return rel
+}
+
+// pendingRow is a row whose generated values are computed.
+type pendingRow struct {
+	vals []cdc.Value // the extended tuple
+	r    *genRelation
+	// compute[k] says r.missing[k] is computed (else set already).
+	compute []bool
+	inputs  []*string
+}
+
+// fill fills the generated columns of t's changes.
+func (g *generated) fill(ctx context.Context, t *cdc.Txn) error {
+	var pending map[*genTable][]pendingRow
+	for i := range t.Changes {
+		c := &t.Changes[i]
+		switch c.Kind {
+		case cdc.ChangeSchema:
+			sc := *c.Schema
+			sc.Old, sc.New = g.extend(sc.Old), g.extend(sc.New)
+			c.Schema, c.Relation = &sc, g.extend(c.Relation)
+			continue
+		case cdc.ChangeTruncate:
+			continue
+		}
+		r := g.relation(c.Relation)
+		if r == nil || r.ext == nil {
+			continue
+		}
+		c.Relation = r.ext
+		if c.Old != nil {
+			c.Old = widen(c.Old, len(r.missing), cdc.Value{Kind: cdc.ValueNull})
+		}
+		if c.New == nil {
+			continue
+		}
+		row, err := g.row(c, r)
+		if err != nil {
+			return err
+		}
+		c.New = row.vals
+		if slices.Contains(row.compute, true) {
+			if pending == nil {
+				pending = map[*genTable][]pendingRow{}
+			}
+			pending[r.t] = append(pending[r.t], row)
+		}
+	}
+	for tab, rows := range pending {
+		in := make([][]*string, len(rows))
+		for i, row := range rows {
+			in[i] = row.inputs
+		}
+		out, err := g.gen.Generate(ctx, tab.name, tab.cols, tab.inputs, in)
+		if err != nil {
+			return fmt.Errorf("compute the generated columns of %s: %w", tab.name, err)
+		}
+		for i, row := range rows {
+			base := len(row.vals) - len(row.r.missing)
+			for k, ci := range row.r.missing {
+				if !row.compute[k] {
+					continue
+				}
+				v := cdc.Value{Kind: cdc.ValueNull, Type: tab.cols[ci].TypeOID}
+				if s := out[i][ci]; s != nil {
+					v.Kind, v.Data = cdc.ValueText, []byte(*s)
+				}
+				row.vals[base+k] = v
+			}
+		}
+	}
+	return nil
+}
+
+// row extends c.New with r's missing columns: unchanged when every input
+// of a column is an unchanged TOASTed value (its value is then unchanged
+// too), else computed from the inputs, an unchanged one taken from the old
+// row when the stream sent it whole.
+func (g *generated) row(c *cdc.Change, r *genRelation) (pendingRow, error) {
+	row := pendingRow{vals: widen(c.New, len(r.missing), cdc.Value{Kind: cdc.ValueUnchanged}), r: r,
+		compute: make([]bool, len(r.missing)), inputs: make([]*string, len(r.t.inputs))}
+	have := make([]bool, len(r.t.inputs))
+	for i, pos := range r.inputs {
+		if pos < 0 {
+			continue
+		}
+		v := c.New[pos]
+		if v.Kind == cdc.ValueUnchanged && c.OldKind == cdc.OldFull && pos < len(c.Old) {
+			v = c.Old[pos]
+		}
+		switch v.Kind {
+		case cdc.ValueText, cdc.ValueBinary:
+			s := string(v.Data)
+			row.inputs[i], have[i] = &s, true
+		case cdc.ValueNull:
+			have[i] = true
+		}
+	}
+	for k, ci := range r.missing {
+		all, none := true, true
+		for _, u := range r.t.uses[ci] {
+			all, none = all && have[u], none && !have[u]
+		}
+		switch {
+		case all:
+			row.compute[k] = true
+		case none && len(r.t.uses[ci]) > 0:
+			// Every input unchanged: so is the value (left unchanged).
+		default:
+			return row, fmt.Errorf("%w: %s of %s.%s: an update changed some inputs of generated column %q and left another "+
+				"one's out-of-line (TOASTed) value unchanged, which the stream does not send; set REPLICA IDENTITY FULL on the table "+
+				"(its old rows then come whole), then run fkmat backfill --force", ErrSchemaChanged, c.Kind, c.Relation.Namespace,
+				c.Relation.Name, r.t.cols[ci].Name)
+		}
+	}
+	return row, nil
+}
+
+// widen returns vals with n values v appended, in a new slice.
+func widen(vals []cdc.Value, n int, v cdc.Value) []cdc.Value {
+	out := make([]cdc.Value, len(vals), len(vals)+n)
+	copy(out, vals)
+	for range n {
+		out = append(out, v)
+	}
+	return out
+}

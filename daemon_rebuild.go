@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"os"
 	"slices"
@@ -68,15 +67,7 @@ type rebuild struct {
 var errRebuilt = errors.New("rebuilt joins switched in")
 
 // rebuildSlot is the name of the second slot of slot's rebuilds.
-func rebuildSlot(slot string) string {
-	const suffix = "_rebuild"
-	if len(slot)+len(suffix) <= 63 {
-		return slot + suffix
-	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(slot))
-	return fmt.Sprintf("%s_%08x%s", slot[:63-len(suffix)-9], h.Sum32(), suffix)
-}
+func rebuildSlot(slot string) string { return cdc.DerivedSlot(slot, "_rebuild") }
 
 // planRebuild says whether join p, whose state st records, is built anew
 // beside the running join: its definition changed since it was built

@@ -44,8 +44,12 @@ func (h Holder) What() string {
 // slot itself takes its position only once the targets hold the snapshot
 // (Client.CopySlot), so that it never claims what they do not reflect.
 // The creator of either one holds slot (ReadHolder).
-func BackfillSlot(slot string) string {
-	const suffix = "_backfill"
+func BackfillSlot(slot string) string { return DerivedSlot(slot, "_backfill") }
+
+// DerivedSlot is the name of a second slot of slot's: slot with suffix, the
+// end of slot replaced by its hash when that is longer than Postgres's 63
+// bytes.
+func DerivedSlot(slot, suffix string) string {
 	if len(slot)+len(suffix) <= 63 {
 		return slot + suffix
 	}

@@ -50,10 +50,10 @@ func Verify(ctx context.Context, cfg *config.Config, opts Options) ([]VerifyRepo
 	defer source.Close()
 	reports := make([]VerifyReport, 0, len(plans))
 	if cfg.Target == cfg.Source {
-		if err := awaitCaughtUp(ctx, source, source, cfg, opts.VerifyWait); err != nil {
+		if err := checkTargets(ctx, source, source, cfg.Slot, plans); err != nil {
 			return nil, err
 		}
-		if err := checkTargets(ctx, source, source, cfg.Slot, plans); err != nil {
+		if err := awaitCaughtUp(ctx, source, source, cfg, opts.VerifyWait); err != nil {
 			return nil, err
 		}
 		for _, p := range plans {
@@ -70,10 +70,10 @@ func Verify(ctx context.Context, cfg *config.Config, opts Options) ([]VerifyRepo
 		return nil, err
 	}
 	defer target.Close()
-	if err := awaitCaughtUp(ctx, source, target, cfg, opts.VerifyWait); err != nil {
+	if err := checkTargets(ctx, source, target, cfg.Slot, plans); err != nil {
 		return nil, err
 	}
-	if err := checkTargets(ctx, source, target, cfg.Slot, plans); err != nil {
+	if err := awaitCaughtUp(ctx, source, target, cfg, opts.VerifyWait); err != nil {
 		return nil, err
 	}
 	for _, p := range plans {

@@ -115,10 +115,6 @@ func (p *Pipeline) collect(ctx context.Context, first *cdc.Txn) *batch {
 		if err != nil {
 			break // idle, delay passed, shutdown, or the stream stopped: run sees it next
 		}
-		if err := p.fill(ctx, t); err != nil {
-			p.held, p.heldErr = t, err // run sees it next
-			break
-		}
 		if !t.Final || (t.EndLSN <= p.targetCheckpoint()) != replay {
 			p.held = t
 			break

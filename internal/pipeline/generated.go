@@ -134,9 +134,21 @@ type pendingRow struct {
 	inputs  []*string
 }
 
-// fill fills the generated columns of t's changes.
-func (g *generated) fill(ctx context.Context, t *cdc.Txn) error {
+// fill fills the generated columns of the transactions' changes, with one
+// Generate call per table.
+func (g *generated) fill(ctx context.Context, txns []*cdc.Txn) error {
 	var pending map[*genTable][]pendingRow
+	for _, t := range txns {
+		if err := g.scan(t, &pending); err != nil {
+			return err
+		}
+	}
+	return g.compute(ctx, pending)
+}
+
+// scan extends t's changes on tables with generated columns, and adds the
+// rows whose values are computed to pending.
+func (g *generated) scan(t *cdc.Txn, pending *map[*genTable][]pendingRow) error {
 	for i := range t.Changes {
 		c := &t.Changes[i]
 		switch c.Kind {
@@ -165,12 +177,17 @@ func (g *generated) fill(ctx context.Context, t *cdc.Txn) error {
 		}
 		c.New = row.vals
 		if slices.Contains(row.compute, true) {
-			if pending == nil {
-				pending = map[*genTable][]pendingRow{}
+			if *pending == nil {
+				*pending = map[*genTable][]pendingRow{}
 			}
-			pending[r.t] = append(pending[r.t], row)
+			(*pending)[r.t] = append((*pending)[r.t], row)
 		}
 	}
+	return nil
+}
+
+// compute evaluates the pending rows' generated columns and sets them.
+func (g *generated) compute(ctx context.Context, pending map[*genTable][]pendingRow) error {
 	for tab, rows := range pending {
 		in := make([][]*string, len(rows))
 		for i, row := range rows {

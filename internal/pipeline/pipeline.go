@@ -56,8 +56,6 @@ type Pipeline struct {
 	stages *commitStages
 	// generated fills the generated columns the stream lacks (nil: none).
 	generated *generated
-	// heldErr is the error of filling held, returned in its place.
-	heldErr error
 	log     *slog.Logger
 
 	// targetLSN is the slot's checkpoint in the target database: every
@@ -270,6 +268,9 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 				return err
 			}
 			crash.At("join", inHand)
+			if err := p.fill(ctx, first); err != nil {
+				return err
+			}
 			if err := p.applyLarge(ctx, first); err != nil {
 				return err
 			}
@@ -280,6 +281,9 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 		b.timing.collect = time.Since(start)
 		inHand = b.txns
 		crash.At("join", inHand)
+		if err := p.fill(ctx, b.txns...); err != nil {
+			return err
+		}
 		// At most two batches in flight while the next is joined: one in
 		// its state commit, one in its target commit.
 		for len(inFlight) > 2 {
@@ -377,29 +381,24 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 func (p *Pipeline) next(ctx context.Context) (*cdc.Txn, error) {
 	if t := p.held; t != nil {
 		p.held = nil
-		if err := p.heldErr; err != nil {
-			p.heldErr = nil
-			return nil, err
-		}
 		return t, nil
 	}
 	t, err := p.source.Next(ctx)
 	if err == nil && !t.CommitTime.IsZero() {
 		p.firstSeen.CompareAndSwap(0, t.CommitTime.UnixNano())
 	}
-	if err == nil {
-		err = p.fill(ctx, t)
-	}
 	return t, err
 }
 
-// fill computes the generated columns the stream left out of t's changes.
-func (p *Pipeline) fill(ctx context.Context, t *cdc.Txn) error {
-	if p.generated == nil {
+// fill computes the generated columns the stream left out of the
+// transactions' changes (a batch, or a chunk of a large one), in one round
+// trip per table.
+func (p *Pipeline) fill(ctx context.Context, txns ...*cdc.Txn) error {
+	if p.generated == nil || len(txns) == 0 {
 		return nil
 	}
-	if err := p.generated.fill(ctx, t); err != nil {
-		return &TxnError{LSN: t.CommitLSN, err: err}
+	if err := p.generated.fill(ctx, txns); err != nil {
+		return &TxnError{LSN: txns[0].CommitLSN, err: err}
 	}
 	return nil
 }

@@ -56,7 +56,7 @@ type Pipeline struct {
 	stages *commitStages
 	// generated fills the generated columns the stream lacks (nil: none).
 	generated *generated
-	log     *slog.Logger
+	log       *slog.Logger
 
 	// targetLSN is the slot's checkpoint in the target database: every
 	// transaction with EndLSN <= targetLSN is already in the target.

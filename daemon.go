@@ -108,6 +108,10 @@ type Options struct {
 	// running one (daemon_rebuild.go); rebuildAll builds every join so
 	// (backfill --force while the joins stream).
 	online, rebuildAll bool
+	// StuckAfter is how long the stream may stand still while changes wait
+	// before /readyz says not ready (a hung Redis, a frozen target); zero
+	// means DefaultStuckAfter.
+	StuckAfter time.Duration
 	// VerifyWait bounds how long verify waits for a streaming daemon to
 	// pass the source's position before it compares; zero means
 	// DefaultVerifyWait.
@@ -117,6 +121,9 @@ type Options struct {
 	// DefaultMaxInactive.
 	MaxInactive time.Duration
 }
+
+// DefaultStuckAfter is the default Options.StuckAfter.
+const DefaultStuckAfter = 30 * time.Second
 
 // DefaultMaxInactive is the default Options.MaxInactive.
 const DefaultMaxInactive = 5 * time.Minute
@@ -134,6 +141,7 @@ func (o *Options) setDefaults() {
 	orDefault(&o.SummaryInterval, time.Minute)
 	orDefault(&o.MaxInactive, DefaultMaxInactive)
 	orDefault(&o.VerifyWait, DefaultVerifyWait)
+	orDefault(&o.StuckAfter, DefaultStuckAfter)
 	orDefault(&o.SlotCheckInterval, 10*time.Second)
 	orDefault(&o.PartitionCheckInterval, DefaultPartitionCheckInterval)
 	orDefault(&o.GrowCheckInterval, DefaultGrowCheckInterval)

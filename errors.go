@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
@@ -65,26 +66,33 @@ type redactedError struct {
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
 
-// recovery is what Run does after an error.
+// recovery is what Run does after an error. docs/semantics.md has the
+// table ("Errors, by what they mean").
 type recovery int
 
 const (
-	// stopRun: retrying cannot fix it (the configuration, a schema change
+	// stopRun: retrying can never fix it, only a change of the
+	// configuration or a rebuild: a configuration error, a schema change
 	// the join cannot follow, lost state under --on-lost-state refuse, a
-	// terminal replication error).
+	// slot or publication gone or invalidated.
 	stopRun recovery = iota
 	// stopCredentials: a server refused the credentials or certificate
 	// before run ever connected: a configuration error naming the fix.
 	// After a first connection they may be being rotated, and run retries.
 	stopCredentials
-	// retryConnection: a server down, restarting, unreachable or slow, or
-	// saying "not now" (Redis LOADING, CLUSTERDOWN, TRYAGAIN, MASTERDOWN),
-	// or the state replaced under the daemon: retried for as long as it
-	// lasts, and never counted as a stall.
+	// retryConnection: what passes by itself: a server down, restarting,
+	// unreachable or slow, or saying "not now" (Redis LOADING, CLUSTERDOWN,
+	// TRYAGAIN, MASTERDOWN), a session lost (idle-in-transaction timeout,
+	// terminated), a deadlock or serialization failure, a lock timeout, or
+	// the state replaced under the daemon: retried for as long as it lasts,
+	// and never counted as a stall.
 	retryConnection
-	// retryOrStall: anything else is retried from the checkpoints; the same
-	// error at the same source position again is a stall, and run stops
-	// after Options.MaxStallRestarts of them.
+	// retryOrStall: what needs a person but may pass once they act (a
+	// constraint or trigger on the target, a permission revoked, a full
+	// disk), and anything not known: retried from the checkpoints; the same
+	// error at the same source position again is a stall, shown in
+	// fkmat.stall, status, /readyz and the alert, and run stops after
+	// Options.MaxStallRestarts of them.
 	retryOrStall
 )
 
@@ -109,15 +117,18 @@ func recoveryOf(err error, connected bool) recovery {
 	case connectionError(err), errors.Is(err, pipeline.ErrStateChanged), errors.Is(err, errBackfillRaced), errors.Is(err, errTargetBusy):
 		return retryConnection
 	}
+	if r, ok := pgRecovery(err); ok {
+		return r
+	}
 	return retryOrStall
 }
 
-// stops reports whether retrying cannot fix err.
+// stops reports whether retrying can never fix err.
 func stops(err error) bool {
 	_, isConfig := errors.AsType[*config.ConfigError](err)
 	return isConfig || errors.Is(err, pipeline.ErrSchemaChanged) || errors.Is(err, ErrLostState) ||
 		errors.Is(err, ErrPartitionsChanged) || errors.Is(err, sink.ErrShapeMismatch) || errors.Is(err, sink.ErrCannotSwap) ||
-		errors.Is(err, sink.ErrCheckpointBackwards) || errors.Is(err, sink.ErrFenced) || cdc.IsTerminal(err)
+		errors.Is(err, sink.ErrCheckpointBackwards) || errors.Is(err, sink.ErrFenced) || cdc.Unrecoverable(err)
 }
 
 // connectionError reports whether err is a connection problem: a server
@@ -133,14 +144,33 @@ func connectionError(err error) bool {
 	if _, ok := errors.AsType[net.Error](err); ok {
 		return true
 	}
-	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
-		return true
+	_, ok := errors.AsType[*pgconn.ConnectError](err)
+	return ok
+}
+
+// pgRecovery classifies a Postgres error by what its SQLSTATE means; ok is
+// false when err holds none.
+func pgRecovery(err error) (r recovery, ok bool) {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	if !ok {
+		return 0, false
 	}
-	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && len(pgErr.Code) >= 2 {
-		switch pgErr.Code[:2] {
-		case "08", "53", "57", "58":
-			return true
-		}
+	code := pgErr.Code
+	switch {
+	case code == "53100": // disk full: a person makes room
+		return retryOrStall, true
+	case code == "57014":
+		// A statement timeout (fkmat cancels nothing while it runs): the
+		// same statement at the same position again is a stall.
+		return retryOrStall, true
+	case code == "25P03", code == "25P04", // a session ended by a timeout
+		code == "55P03",                                                                             // lock_timeout
+		strings.HasPrefix(code, "40"),                                                               // deadlock, serialization failure
+		strings.HasPrefix(code, "08"), strings.HasPrefix(code, "53"), strings.HasPrefix(code, "57"), // connection, resources, shutdown
+		strings.HasPrefix(code, "58"): // system error (I/O)
+		return retryConnection, true
 	}
-	return false
+	// Constraints and triggers (23, P0), privileges and missing objects
+	// (42), data the target refuses (22), and anything else.
+	return retryOrStall, true
 }

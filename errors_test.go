@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/redisstore"
@@ -54,7 +55,19 @@ func TestRecoveryOf(t *testing.T) {
 		{&pgconn.PgError{Code: "57P01"}, true, retryConnection}, // admin shutdown
 		{&pgconn.PgError{Code: "53300"}, true, retryConnection}, // too many connections
 		{fmt.Errorf("join %q: %w", "j", pipeline.ErrStateChanged), true, retryConnection},
-		{&pgconn.PgError{Code: "42703"}, true, stopRun}, // undefined column
+		{&pgconn.PgError{Code: "42703"}, true, retryOrStall},    // undefined column: a person adds it
+		{&pgconn.PgError{Code: "23514"}, true, retryOrStall},    // a CHECK constraint on the target
+		{&pgconn.PgError{Code: "42501"}, true, retryOrStall},    // a grant revoked
+		{&pgconn.PgError{Code: "P0001"}, true, retryOrStall},    // a trigger raising
+		{&pgconn.PgError{Code: "53100"}, true, retryOrStall},    // disk full
+		{&pgconn.PgError{Code: "57014"}, true, retryOrStall},    // statement timeout
+		{&pgconn.PgError{Code: "25P03"}, true, retryConnection}, // idle-in-transaction timeout
+		{&pgconn.PgError{Code: "55P03"}, true, retryConnection}, // lock timeout
+		{&pgconn.PgError{Code: "40P01"}, true, retryConnection}, // deadlock
+		{&pgconn.PgError{Code: "40001"}, true, retryConnection}, // serialization failure
+		{&pgconn.PgError{Code: "57P02"}, true, retryConnection}, // crash shutdown
+		{fmt.Errorf("stream: %w", cdc.ErrSlotInvalidated), true, stopRun},
+		{fmt.Errorf("publication: %w", cdc.ErrPermission), true, retryOrStall},
 		{fmt.Errorf("join %q: %w", "j", errors.New("value too long")), true, retryOrStall},
 		{replyErr("BUSYKEY Target key name already exists."), true, retryOrStall},
 		{replyErr("NOPERM this user has no permissions"), true, retryOrStall},

@@ -61,6 +61,30 @@ type observer struct {
 	rebuilt  map[string]int
 	// moves counts, per partitioned table, the partition changes followed.
 	moves map[string]moveCounts
+	// stuckAfter is how long the stream may stand still while changes wait
+	// before the daemon says it is not ready (0: never); confirmed and
+	// movedAt are the stream's confirmable position at the last look, and
+	// when it last moved.
+	stuckAfter time.Duration
+	confirmed  cdc.LSN
+	movedAt    time.Time
+}
+
+// stuckLocked says how long the stream has stood still while changes wait
+// (0: it moves, or nothing waits). o.mu is held.
+func (o *observer) stuckLocked(now time.Time) time.Duration {
+	if o.p == nil || o.phase != "streaming" || o.stuckAfter <= 0 {
+		return 0
+	}
+	st := o.p.SourceStats()
+	if st.ConfirmableLSN != o.confirmed || o.movedAt.IsZero() {
+		o.confirmed, o.movedAt = st.ConfirmableLSN, now
+	}
+	waiting := st.BufferedChanges > 0 || st.ReceivedLSN > st.AckedLSN || st.ServerWALEnd > st.ConfirmableLSN
+	if still := now.Sub(o.movedAt); waiting && still >= o.stuckAfter {
+		return still
+	}
+	return 0
 }
 
 // moveCounts are the partition changes followed on one table.
@@ -300,6 +324,7 @@ var (
 	mAcked      = desc("fkmat_cdc_acked_lsn", "Highest acknowledged LSN (committed in the target).")
 	mBuffered   = desc("fkmat_cdc_buffered_changes", "Changes received and not yet taken by the pipeline.")
 	mReady      = desc("fkmat_ready", "1 while streaming.")
+	mStuck      = desc("fkmat_stream_stuck_seconds", "How long the stream has stood still while changes wait, once past --stuck-after (0 otherwise): the daemon is not ready meanwhile.")
 	mStalled    = desc("fkmat_pipeline_stalled", "1 while the pipeline fails with the same error at the same source position after restarts.")
 	mStallCount = desc("fkmat_pipeline_stall_recurrences", "Recurrences of the current stall's error (0 when not stalled).")
 	mRestarts   = desc("fkmat_pipeline_restarts_total", "Pipeline restarts from the checkpoints after an error (connection losses, stalls...).")
@@ -340,6 +365,7 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	c := o.countersLocked()
 	joins := o.joinNamesLocked(c)
 	p, phase, stall, slot, restarts, verify := o.p, o.phase, o.stall, o.slot, o.restarts, o.verify
+	stuck := o.stuckLocked(time.Now())
 	builds, moves := maps.Clone(o.builds), maps.Clone(o.moves)
 	rebuilds, rebuilt := maps.Clone(o.rebuilds), maps.Clone(o.rebuilt)
 	resizes := make(map[string]resizeCounts, len(o.resizes))
@@ -401,9 +427,10 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 		counter(mVerifyRuns, float64(verify.rounds.Load()))
 	}
 	ready, stalled, recurrences := 0.0, 0.0, 0.0
-	if phase == "streaming" && stall == nil {
+	if phase == "streaming" && stall == nil && stuck == 0 {
 		ready = 1
 	}
+	gaugeOf(mStuck, stuck.Seconds())
 	if stall != nil {
 		stalled, recurrences = 1, float64(stall.Recurrences)
 	}
@@ -464,8 +491,13 @@ func serveMetrics(ctx context.Context, addr string, o *observer, log *slog.Logge
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		o.mu.Lock()
-		phase, stall := o.phase, o.stall
+		phase, stall, stuck := o.phase, o.stall, o.stuckLocked(time.Now())
 		o.mu.Unlock()
+		if stuck > 0 {
+			http.Error(w, fmt.Sprintf("not ready: the stream has not moved for %s while changes wait (a server hung or slow?)",
+				stuck.Round(time.Second)), http.StatusServiceUnavailable)
+			return
+		}
 		if stall != nil {
 			http.Error(w, fmt.Sprintf("not ready: stalled at %s (%d recurrences of the same error)", stall.Position, stall.Recurrences),
 				http.StatusServiceUnavailable)

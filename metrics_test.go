@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/pipeline"
 )
 
 // TestMetricsLabels: /metrics carries the Go runtime's and the process's
@@ -80,5 +82,49 @@ func TestMetricsLabels(t *testing.T) {
 		if strings.Contains(body, name+"{join=") {
 			t.Errorf("%s has a join label", name)
 		}
+	}
+}
+
+// statsSource is a pipeline.Source whose stats a test sets.
+type statsSource struct{ st cdc.StreamStats }
+
+func (s *statsSource) Next(ctx context.Context) (*cdc.Txn, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+func (s *statsSource) Ack(cdc.LSN)            {}
+func (s *statsSource) Stats() cdc.StreamStats { return s.st }
+
+// TestStuck: the stream standing still for stuckAfter while changes wait
+// (queued, delivered but not acknowledged, or WAL past the confirmable
+// position) makes the daemon not ready; standing still with nothing to do
+// does not; moving again clears it at once.
+func TestStuck(t *testing.T) {
+	t.Parallel()
+	src := &statsSource{}
+	o := newObserver(&config.Config{})
+	o.stuckAfter = 30 * time.Second
+	o.attach(pipeline.New(pipeline.Config{Source: src}))
+	o.setPhase("streaming")
+	now := time.Now()
+	look := func(at time.Duration) time.Duration {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return o.stuckLocked(now.Add(at))
+	}
+	src.st = cdc.StreamStats{ConfirmableLSN: 100, ServerWALEnd: 100}
+	if look(0) != 0 || look(time.Minute) != 0 {
+		t.Fatal("an idle stream is stuck")
+	}
+	src.st = cdc.StreamStats{ConfirmableLSN: 100, ServerWALEnd: 100, ReceivedLSN: 200, AckedLSN: 100}
+	if look(90*time.Second) != 90*time.Second {
+		t.Fatalf("a delivered transaction never acknowledged for 90 s: stuck %s", look(90*time.Second))
+	}
+	src.st = cdc.StreamStats{ConfirmableLSN: 250, ServerWALEnd: 300}
+	if look(91*time.Second) != 0 || look(100*time.Second) != 0 {
+		t.Fatal("a moving stream is stuck")
+	}
+	if got := look(130 * time.Second); got != 39*time.Second {
+		t.Fatalf("WAL waiting past the confirmable position for 39 s: stuck %s", got)
 	}
 }

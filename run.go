@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/crash"
 	"github.com/fkmat/fkmat/internal/pipeline"
@@ -53,6 +55,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	var obs *observer
 	if opts.MetricsAddr != "" {
 		obs = newObserver(cfg)
+		obs.stuckAfter = opts.StuckAfter
 		mctx, stopMetrics := context.WithCancel(ctx)
 		addr, wait, err := serveMetrics(mctx, opts.MetricsAddr, obs, opts.Logger)
 		if err != nil {
@@ -115,11 +118,14 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			delay = time.Second
 			continue
 		}
-		if time.Since(started) > time.Minute {
+		class := recoveryOf(err, connected)
+		if time.Since(started) > time.Minute || (class == retryConnection && rs.streaming) {
+			// It had run well, or connected and streamed: this is a new
+			// outage, not the same one going on.
 			delay = time.Second
 		}
-		wait := delay/2 + rand.N(delay)
-		switch recoveryOf(err, connected) {
+		wait := retryWait(delay)
+		switch class {
 		case stopRun:
 			return err
 		case stopCredentials:
@@ -160,13 +166,73 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			opts.Logger.Error("pipeline stalled: the same error recurs at the same source position; restarting",
 				append(stallAttrs(st, opts.MaxStallRestarts), "retry_in", wait.Round(time.Millisecond))...)
 		}
-		select {
-		case <-ctx.Done():
+		if class == retryConnection {
+			// Back as soon as the servers answer again, not at the end of
+			// the wait.
+			if !waitForServers(ctx, cfg, wait) {
+				return nil
+			}
+		} else if !sleepCtx(ctx, wait) {
 			return nil
-		case <-time.After(wait):
 		}
-		delay = min(2*delay, 30*time.Second)
+		delay = min(2*delay, maxRetryDelay)
 	}
+}
+
+// maxRetryDelay caps the wait between restarts after an error.
+const maxRetryDelay = 30 * time.Second
+
+// retryWait is the wait before a restart at backoff delay d: uniform in
+// [d/2, d), so that daemons that failed together do not retry together,
+// and never above maxRetryDelay.
+func retryWait(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2)
+}
+
+// probeInterval is how often a daemon waiting out an outage checks whether
+// the servers answer again.
+const probeInterval = time.Second
+
+// waitForServers waits up to wait, returning early once the source, the
+// target and Redis all answer a probe; false when ctx is done.
+func waitForServers(ctx context.Context, cfg *config.Config, wait time.Duration) bool {
+	deadline := time.Now().Add(wait)
+	for {
+		step := min(time.Until(deadline), probeInterval)
+		if step <= 0 {
+			return true
+		}
+		if !sleepCtx(ctx, step) {
+			return false
+		}
+		if time.Now().Before(deadline) && serversAnswer(ctx, cfg) {
+			return true
+		}
+	}
+}
+
+// serversAnswer reports whether the source, the target and Redis accept a
+// connection and answer within a second each.
+func serversAnswer(ctx context.Context, cfg *config.Config) bool {
+	pctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	for _, url := range []string{cfg.Source, cfg.Target} {
+		conn, err := pgx.Connect(pctx, url)
+		if err != nil {
+			return false
+		}
+		err = conn.Ping(pctx)
+		_ = conn.Close(context.WithoutCancel(pctx))
+		if err != nil {
+			return false
+		}
+	}
+	rdb, err := newRedisClient(cfg.Redis)
+	if err != nil {
+		return false
+	}
+	defer func() { _ = rdb.Close() }()
+	return rdb.Ping(pctx).Err() == nil
 }
 
 // credentialsError is the configuration error run stops with when a server

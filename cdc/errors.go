@@ -55,6 +55,20 @@ var terminal = []error{
 	ErrPublicationMissing, ErrTableMissing, ErrProtocol,
 }
 
+// Unrecoverable reports whether err wraps one of the sentinels that
+// retrying can never fix (a slot or publication gone, wal_level, the
+// REPLICATION privilege...); ErrPermission is not one of them. Unlike IsTerminal, it says nothing of other
+// Postgres errors: their SQLSTATE says what they mean to the consumer.
+func Unrecoverable(err error) bool {
+	for _, t := range terminal {
+		// A permission may be granted back: the consumer's stall.
+		if t != ErrPermission && errors.Is(err, t) {
+			return true
+		}
+	}
+	return false
+}
+
 // IsTerminal reports whether err cannot go away by reconnecting: a
 // misconfiguration, a missing object or a protocol error. Network errors,
 // server restarts and exhausted connections are not terminal.

@@ -513,3 +513,43 @@ func TestPanicIsAStall(t *testing.T) {
 		})
 	}
 }
+
+// TestTargetConstraintStalls: a CHECK constraint added to the target that
+// a change violates needs a person, and may pass once they act: run does
+// not exit; it retries from its checkpoints, shows the stall (status,
+// /readyz, fkmat.stall) and goes on once the constraint is dropped, equal
+// to the SQL join.
+func TestTargetConstraintStalls(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'ann', 'gold')`,
+		`INSERT INTO orders SELECT g, 1, g, 'n' FROM generate_series(1, 20) g`)
+	cfg := daemonConfig(t, tc, leftJoinYAML)
+	var addr atomic.Value
+	d := startDaemon(t, cfg, fkmat.Options{MetricsAddr: "127.0.0.1:0", MetricsBound: func(a net.Addr) { addr.Store(a.String()) }})
+	waitCaughtUp(t, tc, d)
+	sqlExec(t, tc, `ALTER TABLE orders_enriched ADD CONSTRAINT small CHECK (amount < 1000)`,
+		`UPDATE orders SET amount = 5000 WHERE id = 3`)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	get := metricsGetter(&addr)
+	waitFor(t, time.Minute, "the stall", func() bool {
+		select {
+		case err := <-d.done:
+			d.cancel = nil
+			t.Fatalf("run stopped on a constraint of the target: %v", err)
+		default:
+		}
+		st, err := fkmat.Status(ctx, cfg, fkmat.Options{})
+		return err == nil && st[0].Stall != nil && strings.Contains(st[0].Stall.Error, "23514")
+	})
+	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "stalled") {
+		t.Errorf("/readyz while stalled: %d %q", code, body)
+	}
+	sqlExec(t, tc, `ALTER TABLE orders_enriched DROP CONSTRAINT small`)
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+	waitFor(t, time.Minute, "the stall cleared", func() bool {
+		st, err := fkmat.Status(ctx, cfg, fkmat.Options{})
+		return err == nil && st[0].Stall == nil
+	})
+}

@@ -32,6 +32,8 @@ func runCommand() *cli.Command {
 				Usage: "wait without limit, changing nothing, while another fkmat run holds the replication slot, and take over when it stops or dies (run one on each of two hosts; --slot-busy-timeout does not apply)"},
 			&cli.DurationFlag{Name: "grow-check-interval", Value: fkmat.DefaultGrowCheckInterval, EnvVars: []string{"FKMAT_GROW_CHECK_INTERVAL"},
 				Usage: "how often to compare the joined tables' sizes with their Redis states' layouts, and resize the states they outgrew (the stream waits about a second per million rows moved)"},
+			&cli.DurationFlag{Name: "stuck-after", Value: fkmat.DefaultStuckAfter, EnvVars: []string{"FKMAT_STUCK_AFTER"},
+				Usage: "say not ready on /readyz when the stream has not moved for this long while changes wait (a server hung or slow)"},
 			&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"FKMAT_METRICS_ADDR"},
 				Usage: "serve Prometheus /metrics, /healthz and /readyz on this address (e.g. 127.0.0.1:9187)"},
 		},
@@ -55,6 +57,9 @@ func runCommand() *cli.Command {
 			}
 			if opts.GrowCheckInterval = c.Duration("grow-check-interval"); opts.GrowCheckInterval <= 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--grow-check-interval %s: use a positive duration (e.g. 1m)", opts.GrowCheckInterval)}
+			}
+			if opts.StuckAfter = c.Duration("stuck-after"); opts.StuckAfter <= 0 {
+				return &exitError{code: exitUsage, err: fmt.Errorf("--stuck-after %s: use a positive duration (e.g. 30s)", opts.StuckAfter)}
 			}
 			if opts.VerifyInterval = c.Duration("verify-interval"); opts.VerifyInterval < 0 {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--verify-interval %s: use a positive duration, or leave it out", opts.VerifyInterval)}

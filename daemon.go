@@ -2,8 +2,10 @@ package fkmat
 
 import (
 	"context"
+	cryptorand "crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -469,6 +471,26 @@ func uniqueTables(tables []config.TableName) []cdc.TableName {
 	return out
 }
 
+// processSession tells this process's Postgres sessions from another
+// fkmat's: their application_name is "fkmat <processSession>", which the
+// slot's owner records (sink.Writer.Fence) so that a run taking the slot
+// over can end them (endSessions).
+var processSession = func() string {
+	b := make([]byte, 4)
+	_, _ = cryptorand.Read(b)
+	return hex.EncodeToString(b)
+}()
+
+// sessionLimits are the limits fkmat sets on its Postgres sessions: an
+// idle transaction (a frozen process's) ends after a minute, a lock is
+// waited for 30 s (then the batch is retried), a statement runs at most
+// an hour (a backfill's INSERT … SELECT of a large join included).
+var sessionLimits = map[string]string{
+	"idle_in_transaction_session_timeout": "60s",
+	"lock_timeout":                        "30s",
+	"statement_timeout":                   "1h",
+}
+
 func connectPostgres(ctx context.Context, url, what string) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -476,7 +498,15 @@ func connectPostgres(ctx context.Context, url, what string) (*pgxpool.Pool, erro
 	}
 	pc.MaxConns = 8
 	if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
-		pc.ConnConfig.RuntimeParams["application_name"] = "fkmat"
+		pc.ConnConfig.RuntimeParams["application_name"] = "fkmat " + processSession
+	}
+	// A session of a process that froze (a GC pause, a stopped VM) must not
+	// hold locks for ever: the server ends it. These bound fkmat's own
+	// statements too; a setting of the URL's (options=-c...) wins.
+	for name, value := range sessionLimits {
+		if _, ok := pc.ConnConfig.RuntimeParams[name]; !ok {
+			pc.ConnConfig.RuntimeParams[name] = value
+		}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

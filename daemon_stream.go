@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/pipeline"
 
@@ -188,8 +190,23 @@ var errTakenOverLate = errors.New("the replication slot's previous holder commit
 // Writer.Fence) and checks that the target's checkpoint is still read,
 // the one the run starts from.
 func (d *daemon) fence(ctx context.Context, read cdc.LSN) error {
+	// The previous owner may be frozen holding locks (rows of a batch it
+	// was writing, the owner row its commit reads): end its sessions
+	// first, or the fence and this run's first writes would wait for it.
+	prev, err := d.writer.Owner(ctx, d.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	if prev != "" && prev != processSession {
+		if n, err := endSessions(ctx, d.target, "fkmat "+prev); err != nil {
+			d.log.Warn("could not end the sessions of the slot's previous owner; its locks, if any, end with its idle-in-transaction timeout",
+				"session", prev, "err", err)
+		} else if n > 0 {
+			d.log.Info("ended the sessions of the slot's previous owner", "session", prev, "sessions", n)
+		}
+	}
 	host, _ := os.Hostname()
-	if err := d.writer.Fence(ctx, d.cfg.Slot, host, os.Getpid()); err != nil {
+	if err := d.writer.Fence(ctx, d.cfg.Slot, host, os.Getpid(), processSession); err != nil {
 		return err
 	}
 	now, err := d.writer.Checkpoint(ctx, d.cfg.Slot)
@@ -200,6 +217,15 @@ func (d *daemon) fence(ctx context.Context, read cdc.LSN) error {
 		return fmt.Errorf("%w (checkpoint %s, read %s); starting again from the checkpoints", errTakenOverLate, now, read)
 	}
 	return nil
+}
+
+// endSessions terminates the target database's sessions named app (a
+// previous owner's) and returns how many.
+func endSessions(ctx context.Context, db *pgxpool.Pool, app string) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = $1 AND pid <> pg_backend_pid() AND datname = current_database()`, app).Scan(&n)
+	return n, err
 }
 
 // flushAck waits (briefly) until the stream has reported its last

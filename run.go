@@ -111,6 +111,12 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			opts.Logger.Error("shutdown failed", "err", err)
 			return err
 		}
+		if errors.Is(err, sink.ErrFenced) && !opts.Standby {
+			// Another process took the slot over (this one froze, or lost
+			// its connection): taking it back would only make them thrash.
+			opts.Logger.Info("another process took the replication slot over; this run waits for it as a standby from now on", "slot", cfg.Slot)
+			opts.Standby = true
+		}
 		if opts.Standby && (errors.Is(err, cdc.ErrSlotInUse) || errors.Is(err, sink.ErrCheckpointBackwards) || errors.Is(err, sink.ErrFenced)) {
 			// Another process took the slot first, or took it over (and
 			// committed past a batch this run still had in hand).

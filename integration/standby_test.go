@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,9 +104,9 @@ func TestStandbyTakeover(t *testing.T) {
 // TestStandbyFrozenActive: the active daemon A freezes (SIGSTOP: a host
 // that stops answering, a VM paused) under a workload. Its walsender ends
 // after wal_sender_timeout (5 s here, by the connection string) and the
-// standby B takes over. When A thaws, its stream finds the slot taken: A
-// stops streaming and waits as a standby, and the target equals the SQL
-// join.
+// standby B takes over. When A thaws, its stream finds the slot taken (or
+// its target sessions ended by B): A stops streaming and waits as a
+// standby, and the target equals the SQL join.
 func TestStandbyFrozenActive(t *testing.T) {
 	tc := testenv.New(t)
 	sqlExec(t, tc, shop,
@@ -134,8 +135,9 @@ func TestStandbyFrozenActive(t *testing.T) {
 	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("A thawed: %s", waitLog(t, a, "standby: another process holds the replication slot; waiting for it again"))
-	waitLog(t, a, "standby: replication slot "+tc.Slot+" is held by")
+	// Its stream finds the slot taken, or its target sessions ended by B:
+	// either way it waits as a standby.
+	t.Logf("A thawed: %s", waitLog(t, a, "standby: replication slot "+tc.Slot+" is held by"))
 	if code, body := probe(aAddr, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "standby") {
 		t.Errorf("thawed A's /readyz = %d %q; want 503 naming the standby", code, body)
 	}
@@ -447,5 +449,80 @@ func (w *standbyWorkload) waitOps(t *testing.T, n int64) {
 			t.Fatalf("the workload made %d statements in 3 minutes; want %d", w.ops(), n)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestStandbyFrozenMidBatch: the active daemon A freezes (SIGSTOP, by
+// FKMAT_TEST_FREEZE_AT) at each point of a batch's commit: before its
+// target write, with its rows written and the target transaction open
+// (holding their locks), between the target commit and the Redis commit,
+// and before the acknowledgement. The standby B takes the slot after
+// wal_sender_timeout (5 s here), ends A's sessions, and applies changes
+// at once, never waiting on A's locks. Thawed, A writes nothing and waits
+// as a standby; the target equals the SQL join.
+func TestStandbyFrozenMidBatch(t *testing.T) {
+	for _, point := range []string{"commit", "target written", "target committed", "state committed"} {
+		t.Run(point, func(t *testing.T) {
+			tc := testenv.New(t)
+			sqlExec(t, tc, shop,
+				`INSERT INTO customers SELECT g, 'c' || g, NULL FROM generate_series(1, 30) g`,
+				`INSERT INTO orders SELECT g, g % 35, g, 'n' FROM generate_series(1, 300) g`)
+			env := cliEnv(t, tc, leftJoinYAML)
+			env = withEnv(env, "FKMAT_SOURCE_URL", tc.DatabaseURL+"&wal_sender_timeout=5s")
+			cfg := daemonConfig(t, tc, leftJoinYAML)
+
+			a, aAddr := startMetricsRun(t, withEnv(env, "FKMAT_TEST_FREEZE_AT", point), "--standby")
+			t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) })
+			waitCaughtUp(t, tc, a.daemon)
+			waitReady(t, a, aAddr)
+			aWalsender := slotHolder(t, tc)
+			b, bAddr := startMetricsRun(t, env, "--standby")
+			waitLog(t, b, "standby: replication slot "+tc.Slot+" is held by fkmat pid "+strconv.Itoa(a.cmd.Process.Pid))
+
+			// A freezes at its first batch's point.
+			w := startStandbyWorkload(t, tc)
+			waitFor(t, time.Minute, "A to freeze at "+point, func() bool {
+				stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", a.cmd.Process.Pid))
+				return err == nil && strings.Contains(string(stat), ") T ")
+			})
+			frozen := time.Now()
+			tk := waitTakeover(t, tc, b, bAddr, aWalsender, frozen)
+			// B applies a change at once, A still frozen.
+			sqlExec(t, tc, `INSERT INTO orders VALUES (99999, 1, 1, 'after the takeover')`)
+			waitFor(t, time.Minute, "B to apply a change", func() bool {
+				return queryInt(t, tc, `SELECT count(*) FROM orders_enriched WHERE id = 99999`) == 1
+			})
+			applied := time.Since(frozen)
+			t.Logf("A frozen at %q: B took the slot after %s, applied a change %s after the freeze", point, tk, applied.Round(10*time.Millisecond))
+			if applied > 25*time.Second {
+				t.Errorf("B applied its first change %s after A froze; want it within seconds of wal_sender_timeout (5 s)", applied)
+			}
+			var owner int
+			if err := tc.Pool.QueryRow(context.Background(), `SELECT pid FROM fkmat.owner WHERE slot = $1`, tc.Slot).Scan(&owner); err != nil || owner != b.cmd.Process.Pid {
+				t.Fatalf("the slot's owner is pid %d (%v), want B's %d", owner, err, b.cmd.Process.Pid)
+			}
+
+			// Thawed, A writes nothing and waits as a standby.
+			if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+			waitLog(t, a, "standby: replication slot "+tc.Slot+" is held by")
+			w.waitOps(t, w.ops()+100)
+			if err := tc.Pool.QueryRow(context.Background(), `SELECT pid FROM fkmat.owner WHERE slot = $1`, tc.Slot).Scan(&owner); err != nil || owner != b.cmd.Process.Pid {
+				t.Fatalf("after A thawed the slot's owner is pid %d (%v), want B's %d", owner, err, b.cmd.Process.Pid)
+			}
+			if code, body := probe(aAddr, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "standby") {
+				t.Errorf("thawed A's /readyz = %d %q; want 503 naming the standby", code, body)
+			}
+			w.stop(t)
+			waitCaughtUp(t, tc, b.daemon)
+			assertOracle(t, cfg)
+			if err := b.term(t); err != nil {
+				t.Fatalf("B after SIGTERM: %v\n%s", err, tail(b.stderr.String(), 4000))
+			}
+			if err := a.term(t); err != nil {
+				t.Fatalf("A after SIGTERM: %v\n%s", err, tail(a.stderr.String(), 4000))
+			}
+		})
 	}
 }

@@ -60,9 +60,10 @@ func (t *Table) Ident() string { return pgx.Identifier{t.Schema, t.Name}.Sanitiz
 // Writer writes joined rows to target tables.
 type Writer struct {
 	pool *pgxpool.Pool
-	// owner is the token Fence wrote: every Commit checks that the slot is
-	// still this writer's. Empty until Fence: no check.
-	owner string
+	// owner is the token Fence wrote for slot: every Begin and Commit
+	// checks that the slot is still this writer's. Empty until Fence: no
+	// check.
+	owner, slot string
 }
 
 // NewWriter returns a Writer on pool.
@@ -86,11 +87,23 @@ type Stats struct {
 	Truncates int64
 }
 
-// Begin starts a target transaction.
+// Begin starts a target transaction. After Fence, it first checks that
+// no other writer fenced the slot since (ErrFenced): a run that was frozen
+// and comes back writes nothing, not even rows its commit would refuse.
 func (w *Writer) Begin(ctx context.Context) (*Tx, error) {
 	tx, err := w.pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin target transaction: %w", err)
+	}
+	if w.owner != "" {
+		var owner string
+		if err := tx.QueryRow(ctx, `SELECT token FROM fkmat.owner WHERE slot = $1`, w.slot).Scan(&owner); err != nil || owner != w.owner {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return nil, fmt.Errorf("begin target transaction: check the slot's owner: %w", err)
+			}
+			return nil, fmt.Errorf("slot %s: %w; this run stops (with --standby it waits for the slot again)", w.slot, ErrFenced)
+		}
 	}
 	return &Tx{tx: tx, owner: w.owner}, nil
 }
@@ -297,20 +310,38 @@ var ErrFenced = errors.New("another fkmat run took the replication slot over")
 // once the replication stream holds the slot, before the first commit; a
 // commit of the old owner in flight finishes first (its FOR SHARE lock),
 // so read the checkpoint after Fence.
-func (w *Writer) Fence(ctx context.Context, slot, host string, pid int) error {
+//
+// session names this writer's process's sessions (their application_name
+// is "fkmat <session>"), for the next owner to end them (Owner).
+func (w *Writer) Fence(ctx context.Context, slot, host string, pid int, session string) error {
 	b := make([]byte, 16)
 	if _, err := rand.Read(b); err != nil {
 		return fmt.Errorf("fence slot %s: %w", slot, err)
 	}
 	token := hex.EncodeToString(b)
 	if _, err := w.pool.Exec(ctx, `
-		INSERT INTO fkmat.owner (slot, token, host, pid) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (slot) DO UPDATE SET token = EXCLUDED.token, host = EXCLUDED.host, pid = EXCLUDED.pid, since = now()`,
-		slot, token, host, pid); err != nil {
+		INSERT INTO fkmat.owner (slot, token, host, pid, session) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (slot) DO UPDATE SET token = EXCLUDED.token, host = EXCLUDED.host, pid = EXCLUDED.pid,
+			session = EXCLUDED.session, since = now()`,
+		slot, token, host, pid, session); err != nil {
 		return fmt.Errorf("fence slot %s: %w", slot, err)
 	}
-	w.owner = token
+	w.owner, w.slot = token, slot
 	return nil
+}
+
+// Owner returns the session the slot's owner recorded at its Fence ("" if
+// none), without waiting for its commits.
+func (w *Writer) Owner(ctx context.Context, slot string) (string, error) {
+	var session *string
+	err := w.pool.QueryRow(ctx, `SELECT session FROM fkmat.owner WHERE slot = $1`, slot).Scan(&session)
+	if errors.Is(err, pgx.ErrNoRows) || session == nil {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read the owner of slot %s: %w", slot, err)
+	}
+	return *session, nil
 }
 
 // Commit records lsn as the slot's checkpoint and commits. The checkpoint

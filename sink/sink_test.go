@@ -206,11 +206,12 @@ func TestCheckpointNeverBackwards(t *testing.T) {
 
 // TestFence: once a second writer fenced the slot, the first writer's
 // commits are refused (ErrFenced), a transaction begun before the fence
-// included, and the target keeps the first writer's committed rows; the
-// second writer commits; an older lsn is still ErrCheckpointBackwards.
+// included, and so is a new transaction, at its Begin; the target keeps
+// the first writer's committed rows; the second writer commits and is the
+// slot's owner; an older lsn is still ErrCheckpointBackwards.
 func TestFence(t *testing.T) {
 	tc, w, tbl, ctx := setup(t)
-	if err := w.Fence(ctx, "slot_a", "host-a", 1); err != nil {
+	if err := w.Fence(ctx, "slot_a", "host-a", 1, "s1"); err != nil {
 		t.Fatal(err)
 	}
 	apply(t, ctx, w, tbl, 1000, join.Output{Upserts: []join.Row{{v("1"), v("1"), null, null, null}}})
@@ -224,18 +225,18 @@ func TestFence(t *testing.T) {
 		t.Fatal(err)
 	}
 	next := sink.NewWriter(tc.Pool)
-	if err := next.Fence(ctx, "slot_a", "host-b", 2); err != nil {
+	if err := next.Fence(ctx, "slot_a", "host-b", 2, "s2"); err != nil {
 		t.Fatal(err)
 	}
 	if err := old.Commit(ctx, "slot_a", cdc.LSN(2000)); !errors.Is(err, sink.ErrFenced) {
 		t.Fatalf("a commit begun before the fence = %v, want ErrFenced", err)
 	}
-	tx, err := w.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
+	// A transaction begun after the fence is refused before it writes.
+	if _, err := w.Begin(ctx); !errors.Is(err, sink.ErrFenced) {
+		t.Fatalf("a transaction begun after the fence = %v, want ErrFenced", err)
 	}
-	if err := tx.Commit(ctx, "slot_a", cdc.LSN(3000)); !errors.Is(err, sink.ErrFenced) {
-		t.Fatalf("a commit after the fence = %v, want ErrFenced", err)
+	if s, err := w.Owner(ctx, "slot_a"); err != nil || s != "s2" {
+		t.Fatalf("the slot's owner session = %q, %v; want s2", s, err)
 	}
 	if got := dump(t, ctx, tc, tbl); got != "1|1.00|<null>|<null>|<null>" {
 		t.Fatalf("target changed by a fenced commit: %q", got)
@@ -245,7 +246,7 @@ func TestFence(t *testing.T) {
 	}
 	apply(t, ctx, next, tbl, 2000, join.Output{Upserts: []join.Row{{v("2"), v("2"), null, null, null}}})
 	// Backwards stays backwards, not fenced, for the owner.
-	tx, err = next.Begin(ctx)
+	tx, err := next.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

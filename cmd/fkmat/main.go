@@ -14,6 +14,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/fkmat/fkmat/internal/config"
@@ -25,6 +26,7 @@ import (
 	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/buildinfo"
+	"github.com/fkmat/fkmat/internal/crash"
 	"github.com/fkmat/fkmat/sink"
 )
 
@@ -65,6 +67,22 @@ func maxProcs(env string, goDefault int) int {
 	return 1
 }
 
+// freezeForTests makes the process stop itself (SIGSTOP) the first time a
+// batch reaches the named point of its commit (crash.At): the integration
+// tests freeze an active daemon there, as a long GC pause or a stopped VM
+// would, and check that its standby takes over. Unset, it does nothing.
+func freezeForTests(point string) {
+	if point == "" {
+		return
+	}
+	var once sync.Once
+	crash.SetTestHook(func(at string, _ any) {
+		if at == point {
+			once.Do(func() { _ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) })
+		}
+	})
+}
+
 func main() {
 	// Only when it changes: setting it stops Go from following a changed
 	// CPU limit of the container.
@@ -78,6 +96,7 @@ func main() {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(defaultMemoryLimit)
 	}
+	freezeForTests(os.Getenv("FKMAT_TEST_FREEZE_AT"))
 	os.Exit(profiled(func() int { return run(os.Args, os.Stdout, os.Stderr) }))
 }
 

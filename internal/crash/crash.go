@@ -80,7 +80,9 @@ func SetTestHook(fn func(point string, arg any)) {
 // At calls the test hook, if any, at a named point of a goroutine, with
 // what the goroutine holds there: the points are "decode" (a chunk the
 // stream assembled), "join" (a batch taken by the pipeline) and "commit"
-// (a batch in its commit), each with its []*cdc.Txn; "backfill: slot
+// (a batch's commit begins), "target written" (its rows are written, the
+// target transaction open), "target committed" and "state committed"
+// (before the acknowledgement), each with its []*cdc.Txn; "backfill: slot
 // created" and "backfill: loaded", with the configured slot's name.
 func At(point string, arg any) {
 	if h := hook.Load(); h != nil {

@@ -345,6 +345,7 @@ func (p *Pipeline) commitTarget(ctx context.Context, job *commitJob) error {
 	}
 	phase(&b.timing.verify)
 	if job.tx != nil {
+		crash.At("target written", job.txns())
 		if err := p.commitTargetTx(ctx, job.tx, job.truncations, end); err != nil {
 			return err
 		}
@@ -416,6 +417,7 @@ func (p *Pipeline) commitState(ctx context.Context, job *commitJob) error {
 		p.acknowledge(len(b.txns), b.changes, b.txns[len(b.txns)-1], end, false)
 		return nil
 	}
+	crash.At("target committed", job.txns())
 	phase := stopwatch()
 	for i, j := range p.joins {
 		if !job.touched[i] && j.state().Checkpoint() >= end {
@@ -431,6 +433,7 @@ func (p *Pipeline) commitState(ctx context.Context, job *commitJob) error {
 	phase(&b.timing.redis)
 	t := &b.timing
 	p.sizer.worked(t.mapping + t.join + t.write + t.verify + t.target + t.redis)
+	crash.At("state committed", job.txns())
 	p.acknowledge(len(b.txns), b.changes, b.txns[len(b.txns)-1], end, true)
 	if p.onTiming != nil {
 		p.onTiming(b.timing)

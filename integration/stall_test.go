@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -551,5 +552,67 @@ func TestTargetConstraintStalls(t *testing.T) {
 	waitFor(t, time.Minute, "the stall cleared", func() bool {
 		st, err := fkmat.Status(ctx, cfg, fkmat.Options{})
 		return err == nil && st[0].Stall == nil
+	})
+}
+
+// TestErrorClassesThroughServer: a grant revoked on the target needs a
+// person and may pass once they act: run stalls (status shows it) and goes
+// on once the grant is back. A session the server ends for idling in a
+// transaction (idle_in_transaction_session_timeout, here 300 ms from the
+// URL, while a batch's target transaction waits) is retried at once and is
+// no stall. Both end equal to the SQL join.
+func TestErrorClassesThroughServer(t *testing.T) {
+	t.Run("revoked grant", func(t *testing.T) {
+		tc := testenv.New(t)
+		sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'ann', 'gold'), (2, 'bob', NULL)`,
+			`INSERT INTO orders SELECT g, 1 + g % 3, g, 'n' FROM generate_series(1, 30) g`)
+		role, roleURL := createRole(t, tc, "REPLICATION", minimalGrants(tc)...)
+		cfg := daemonConfig(t, tc, leftJoinYAML)
+		cfg.Source, cfg.Target = roleURL, roleURL
+		d := startDaemon(t, cfg, fkmat.Options{MaxStallRestarts: 100})
+		waitCaughtUp(t, tc, d)
+		q := pgx.Identifier{role}.Sanitize()
+		sqlExec(t, tc, `REVOKE INSERT, UPDATE ON orders_enriched FROM `+q, `UPDATE customers SET name = 'ANN' WHERE id = 1`)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		waitFor(t, time.Minute, "the stall", func() bool {
+			select {
+			case err := <-d.done:
+				d.cancel = nil
+				t.Fatalf("run stopped on a revoked grant: %v", err)
+			default:
+			}
+			st, err := fkmat.Status(ctx, cfg, fkmat.Options{})
+			return err == nil && st[0].Stall != nil && strings.Contains(st[0].Stall.Error, "42501")
+		})
+		sqlExec(t, tc, `GRANT INSERT, UPDATE ON orders_enriched TO `+q)
+		waitCaughtUp(t, tc, d)
+		assertOracle(t, cfg)
+	})
+	t.Run("idle in transaction timeout", func(t *testing.T) {
+		tc := testenv.New(t)
+		sqlExec(t, tc, shop, `INSERT INTO customers VALUES (1, 'ann', 'gold'), (2, 'bob', NULL)`,
+			`INSERT INTO orders SELECT g, 1 + g % 3, g, 'n' FROM generate_series(1, 30) g`)
+		cfg := daemonConfig(t, tc, leftJoinYAML)
+		cfg.Target = tc.DatabaseURL + "&idle_in_transaction_session_timeout=300ms"
+		// The first batch's target transaction waits a second with its
+		// rows written.
+		var once sync.Once
+		crash.SetTestHook(func(at string, _ any) {
+			if at == "target written" {
+				once.Do(func() { time.Sleep(time.Second) })
+			}
+		})
+		t.Cleanup(func() { crash.SetTestHook(nil) })
+		logs := &syncBuffer{}
+		d := startDaemon(t, cfg, fkmat.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		waitCaughtUp(t, tc, d)
+		sqlExec(t, tc, `UPDATE customers SET name = 'ANN' WHERE id = 1`, `INSERT INTO orders VALUES (31, 2, 1, 'x')`)
+		waitCaughtUp(t, tc, d)
+		assertOracle(t, cfg)
+		out := logs.String()
+		if !strings.Contains(out, "cannot reach a server, or it is not ready") || strings.Contains(out, "pipeline stalled") {
+			t.Errorf("the session the server ended was not retried as a connection loss:\n%s", tail(out, 10))
+		}
 	})
 }

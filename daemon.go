@@ -484,11 +484,12 @@ var processSession = func() string {
 // sessionLimits are the limits fkmat sets on its Postgres sessions: an
 // idle transaction (a frozen process's) ends after a minute, a lock is
 // waited for 30 s (then the batch is retried), a statement runs at most
-// an hour (a backfill's INSERT … SELECT of a large join included).
+// 12 hours (a backfill's INSERT … SELECT of a join of 10^8 rows included).
+// A parameter of the same name in the URL wins.
 var sessionLimits = map[string]string{
 	"idle_in_transaction_session_timeout": "60s",
 	"lock_timeout":                        "30s",
-	"statement_timeout":                   "1h",
+	"statement_timeout":                   "12h",
 }
 
 func connectPostgres(ctx context.Context, url, what string) (*pgxpool.Pool, error) {
@@ -502,7 +503,7 @@ func connectPostgres(ctx context.Context, url, what string) (*pgxpool.Pool, erro
 	}
 	// A session of a process that froze (a GC pause, a stopped VM) must not
 	// hold locks for ever: the server ends it. These bound fkmat's own
-	// statements too; a setting of the URL's (options=-c...) wins.
+	// statements too; a parameter of the URL's wins.
 	for name, value := range sessionLimits {
 		if _, ok := pc.ConnConfig.RuntimeParams[name]; !ok {
 			pc.ConnConfig.RuntimeParams[name] = value

@@ -11,7 +11,8 @@ import (
 // version is set by the build: -ldflags "-X github.com/fkmat/fkmat/internal/buildinfo.version=v1.2.3".
 var version string
 
-// Version is the build's version: the one embedded at build time, or
+// Version is the build's version: the one embedded at build time, or the
+// module's version Go records for `go install …@v1.2.3`, or
 // "dev-<commit>[-dirty]" from the VCS information Go records, or "dev".
 func Version() string {
 	if version != "" {
@@ -20,6 +21,14 @@ func Version() string {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "dev"
+	}
+	return fromInfo(info)
+}
+
+// fromInfo is Version from what Go recorded in the binary.
+func fromInfo(info *debug.BuildInfo) string {
+	if v := info.Main.Version; v != "" && v != "(devel)" {
+		return v
 	}
 	return fromSettings(info.Settings)
 }

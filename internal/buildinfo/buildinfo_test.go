@@ -28,3 +28,23 @@ func TestEmbedded(t *testing.T) {
 		t.Fatalf("Version() = %q, want the embedded one", got)
 	}
 }
+
+// TestModuleVersion: a binary built by `go install …@v0.2.0` says v0.2.0;
+// one built from a checkout says what its commit is.
+func TestModuleVersion(t *testing.T) {
+	rev := []debug.BuildSetting{{Key: "vcs.revision", Value: "0123456789abcdef0123"}}
+	for _, c := range []struct {
+		main string
+		want string
+	}{
+		{"v0.2.0", "v0.2.0"},
+		{"v0.2.1-0.20261206120000-0123456789ab", "v0.2.1-0.20261206120000-0123456789ab"},
+		{"(devel)", "dev-0123456789ab"},
+		{"", "dev-0123456789ab"},
+	} {
+		info := &debug.BuildInfo{Main: debug.Module{Path: "github.com/fkmat/fkmat", Version: c.main}, Settings: rev}
+		if got := fromInfo(info); got != c.want {
+			t.Errorf("fromInfo(main %q) = %q, want %q", c.main, got, c.want)
+		}
+	}
+}

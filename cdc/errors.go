@@ -57,12 +57,18 @@ var terminal = []error{
 
 // Unrecoverable reports whether err wraps one of the sentinels that
 // retrying can never fix (a slot or publication gone, wal_level, the
-// REPLICATION privilege...); ErrPermission is not one of them. Unlike IsTerminal, it says nothing of other
-// Postgres errors: their SQLSTATE says what they mean to the consumer.
+// REPLICATION privilege...); ErrPermission is not one of them: a
+// permission may be granted back. Unlike IsTerminal, it says nothing of
+// other Postgres errors: their SQLSTATE says what they mean to the
+// consumer.
 func Unrecoverable(err error) bool {
+	return terminalSentinel(err) && !errors.Is(err, ErrPermission)
+}
+
+// terminalSentinel reports whether err wraps one of terminal.
+func terminalSentinel(err error) bool {
 	for _, t := range terminal {
-		// A permission may be granted back: the consumer's stall.
-		if t != ErrPermission && errors.Is(err, t) {
+		if errors.Is(err, t) {
 			return true
 		}
 	}
@@ -73,10 +79,8 @@ func Unrecoverable(err error) bool {
 // misconfiguration, a missing object or a protocol error. Network errors,
 // server restarts and exhausted connections are not terminal.
 func IsTerminal(err error) bool {
-	for _, t := range terminal {
-		if errors.Is(err, t) {
-			return true
-		}
+	if terminalSentinel(err) {
+		return true
 	}
 	if _, busy := errors.AsType[*slotBusyError](err); busy {
 		return false // retried up to Config.SlotBusyTimeout

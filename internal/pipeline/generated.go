@@ -166,7 +166,7 @@ func (g *generated) scan(t *cdc.Txn, pending *map[*genTable][]pendingRow) error 
 		}
 		c.Relation = r.ext
 		if c.Old != nil {
-			c.Old = widen(c.Old, len(r.missing), cdc.Value{Kind: cdc.ValueNull})
+			c.Old = withValues(c.Old, len(r.missing), cdc.Value{Kind: cdc.ValueNull})
 		}
 		if c.New == nil {
 			continue
@@ -219,7 +219,7 @@ func (g *generated) compute(ctx context.Context, pending map[*genTable][]pending
 // too), else computed from the inputs, an unchanged one taken from the old
 // row when the stream sent it whole.
 func (g *generated) row(c *cdc.Change, r *genRelation) (pendingRow, error) {
-	row := pendingRow{vals: widen(c.New, len(r.missing), cdc.Value{Kind: cdc.ValueUnchanged}), r: r,
+	row := pendingRow{vals: withValues(c.New, len(r.missing), cdc.Value{Kind: cdc.ValueUnchanged}), r: r,
 		compute: make([]bool, len(r.missing)), inputs: make([]*string, len(r.t.inputs))}
 	have := make([]bool, len(r.t.inputs))
 	for i, pos := range r.inputs {
@@ -258,8 +258,8 @@ func (g *generated) row(c *cdc.Change, r *genRelation) (pendingRow, error) {
 	return row, nil
 }
 
-// widen returns vals with n values v appended, in a new slice.
-func widen(vals []cdc.Value, n int, v cdc.Value) []cdc.Value {
+// withValues returns vals with n values v appended, in a new slice.
+func withValues(vals []cdc.Value, n int, v cdc.Value) []cdc.Value {
 	out := make([]cdc.Value, len(vals), len(vals)+n)
 	copy(out, vals)
 	for range n {

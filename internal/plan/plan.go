@@ -135,8 +135,6 @@ func Resolve(ctx context.Context, db Querier, cfg *config.Config) ([]*JoinPlan, 
 			if err != nil {
 				return nil, err
 			}
-		}
-		if p != nil {
 			plans = append(plans, p)
 		}
 	}

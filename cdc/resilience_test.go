@@ -70,6 +70,12 @@ func TestStreamLargeTransactionBounded(t *testing.T) {
 	var xid uint32
 	for {
 		txn := next(t, s, time.Minute)
+		if txn.Chunk == 0 && chunks > 0 && txn.Xid == xid {
+			// The connection dropped (a loaded machine) and the stream
+			// sends the transaction again from its start, as Txn says.
+			t.Logf("xid %d sent again from chunk 0 after %d chunks", xid, chunks)
+			want, chunks = 1, 0
+		}
 		if txn.Chunk != chunks || (chunks > 0 && txn.Xid != xid) {
 			t.Fatalf("chunk %d of xid %d after %d chunks of xid %d", txn.Chunk, txn.Xid, chunks, xid)
 		}

@@ -33,7 +33,7 @@ func Check(ctx context.Context, cfg *config.Config, opts Options) error {
 		}
 	}
 	var plans []*plan.JoinPlan
-	source, err := connectPostgres(ctx, cfg.Source, "source")
+	source, err := connectPostgres(ctx, cfg.Source, "source", cfg.TimeZone)
 	if err != nil {
 		add(fmt.Errorf("%v; check the source URL and that Postgres is running", err))
 	} else {
@@ -58,7 +58,7 @@ func Check(ctx context.Context, cfg *config.Config, opts Options) error {
 	}
 	target := source
 	if cfg.Target != cfg.Source {
-		target, err = connectPostgres(ctx, cfg.Target, "target")
+		target, err = connectPostgres(ctx, cfg.Target, "target", cfg.TimeZone)
 		if err != nil {
 			add(fmt.Errorf("%v; check the target URL", err))
 		} else {

@@ -101,7 +101,7 @@ const estimateBasis = "rows: max(pg_class.reltuples, n_live_tup); widths: pg_sta
 // errors as they come, not every problem at once.
 func Plan(ctx context.Context, cfg *config.Config, opts Options) (*RunPlan, error) {
 	opts.setDefaults()
-	source, err := connectPostgres(ctx, cfg.Source, "source")
+	source, err := connectPostgres(ctx, cfg.Source, "source", cfg.TimeZone)
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +112,7 @@ func Plan(ctx context.Context, cfg *config.Config, opts Options) (*RunPlan, erro
 	}
 	target := source
 	if cfg.Target != cfg.Source {
-		if target, err = connectPostgres(ctx, cfg.Target, "target"); err != nil {
+		if target, err = connectPostgres(ctx, cfg.Target, "target", cfg.TimeZone); err != nil {
 			return nil, err
 		}
 		defer target.Close()

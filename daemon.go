@@ -210,10 +210,10 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 			d.close()
 		}
 	}()
-	if d.source, err = connectPostgres(ctx, cfg.Source, "source"); err != nil {
+	if d.source, err = connectPostgres(ctx, cfg.Source, "source", cfg.TimeZone); err != nil {
 		return nil, err
 	}
-	if d.target, err = connectPostgres(ctx, cfg.Target, "target"); err != nil {
+	if d.target, err = connectPostgres(ctx, cfg.Target, "target", cfg.TimeZone); err != nil {
 		return nil, err
 	}
 	if d.rdb, err = connectRedis(ctx, cfg.Redis); err != nil {
@@ -492,7 +492,18 @@ var sessionLimits = map[string]string{
 	"statement_timeout":                   "12h",
 }
 
-func connectPostgres(ctx context.Context, url, what string) (*pgxpool.Pool, error) {
+// textSettings are the settings fkmat fixes on its Postgres sessions: its
+// filters and computed columns are evaluated under them, and values read
+// in text form do not depend on the server's or the URL's. TimeZone is the
+// configuration's (timezone:, UTC by default).
+func textSettings(tz string) map[string]string {
+	if tz == "" {
+		tz = "UTC"
+	}
+	return map[string]string{"TimeZone": tz, "DateStyle": "ISO, MDY", "IntervalStyle": "postgres", "extra_float_digits": "1"}
+}
+
+func connectPostgres(ctx context.Context, url, what, tz string) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("%s database URL %s: %w", what, config.RedactURL(url), redactErr(err, url))
@@ -508,6 +519,9 @@ func connectPostgres(ctx context.Context, url, what string) (*pgxpool.Pool, erro
 		if _, ok := pc.ConnConfig.RuntimeParams[name]; !ok {
 			pc.ConnConfig.RuntimeParams[name] = value
 		}
+	}
+	for name, value := range textSettings(tz) {
+		pc.ConnConfig.RuntimeParams[name] = value
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -566,7 +580,7 @@ func connectRedis(ctx context.Context, url string) (redis.UniversalClient, error
 // resolveSource connects to the source database and resolves the joins
 // against its catalog; the caller closes the pool.
 func resolveSource(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, []*plan.JoinPlan, error) {
-	source, err := connectPostgres(ctx, cfg.Source, "source")
+	source, err := connectPostgres(ctx, cfg.Source, "source", cfg.TimeZone)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -581,7 +595,7 @@ func resolveSource(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, []*p
 // openTarget connects to the target database and brings fkmat's metadata
 // schema up to date; the caller closes the pool.
 func openTarget(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
-	target, err := connectPostgres(ctx, cfg.Target, "target")
+	target, err := connectPostgres(ctx, cfg.Target, "target", cfg.TimeZone)
 	if err != nil {
 		return nil, err
 	}

@@ -73,11 +73,11 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 			// references to the entries it references.
 			layout := pipeline.TreeLayoutOf(p)
 			for tab := range len(p.Edges) + 1 {
-				name, table := p.Left.Table.String(), p.Left.Table
+				name, table := p.Left.Table.String(), &p.Left
 				if tab > 0 {
-					name, table = p.Edges[tab-1].Alias, p.Edges[tab-1].Table.Table
+					name, table = p.Edges[tab-1].Alias, &p.Edges[tab-1].Table
 				}
-				task := prog.add(p.Name, "table "+name, d.estimate(ctx, table))
+				task := prog.add(p.Name, "table "+name, d.estimate(ctx, table.Table))
 				add(task, func(ctx context.Context) error {
 					return d.loadRows(ctx, snapshot, table, layout.Columns(p, tab), j.Stores()[tab], task,
 						func(rows [][]join.Value) (join.Mutations, error) { return layout.Load(tab, rows) },
@@ -389,7 +389,7 @@ func (d *daemon) loadRight(ctx context.Context, snapshot string, j pipeline.Join
 	p := j.Plan()
 	cols := append(append([]plan.SourceColumn{}, p.Right.Key...), outputSources(p.Right.Values)...)
 	nk := len(p.Right.Key)
-	return d.loadRows(ctx, snapshot, p.Right.Table, cols, j.Stores()[0], t, func(rows [][]join.Value) (join.Mutations, error) {
+	return d.loadRows(ctx, snapshot, &p.Right, cols, j.Stores()[0], t, func(rows [][]join.Value) (join.Mutations, error) {
 		m := join.Mutations{PutRight: make(map[join.Key]join.RightState, len(rows))}
 		for _, r := range rows {
 			k, err := join.EncodeKey(p.Spec.RightKey, r[:nk])
@@ -409,7 +409,7 @@ func (d *daemon) loadLeft(ctx context.Context, snapshot string, j pipeline.Join,
 	p := j.Plan()
 	cols := append(append(append([]plan.SourceColumn{}, p.Left.Key...), p.Left.ForeignKey...), outputSources(p.Left.Values)...)
 	nk, nf := len(p.Left.Key), len(p.Left.ForeignKey)
-	return d.loadRows(ctx, snapshot, p.Left.Table, cols, j.Stores()[0], t, func(rows [][]join.Value) (join.Mutations, error) {
+	return d.loadRows(ctx, snapshot, &p.Left, cols, j.Stores()[0], t, func(rows [][]join.Value) (join.Mutations, error) {
 		m := join.Mutations{PutLeft: make(map[join.Key]join.LeftState, len(rows))}
 		for _, r := range rows {
 			pk, fk, vals := r[:nk], r[nk:nk+nf], r[nk+nf:]
@@ -435,7 +435,7 @@ func (d *daemon) loadLeft(ctx context.Context, snapshot string, j pipeline.Join,
 // mutations muts returns, counted in t. The rows go through a spool
 // (redisstore.Spool), written to Redis grouped by key once the table is
 // read. what names the load in its error.
-func (d *daemon) loadRows(ctx context.Context, snapshot string, table config.TableName, cols []plan.SourceColumn, store *redisstore.Store,
+func (d *daemon) loadRows(ctx context.Context, snapshot string, table *plan.TablePlan, cols []plan.SourceColumn, store *redisstore.Store,
 	t *task, muts func(rows [][]join.Value) (join.Mutations, error), what string) error {
 	err := func() error {
 		sp, err := store.NewSpool(ctx, "", t.total.Load())
@@ -478,7 +478,7 @@ const loadWorkers = 3
 
 // scanParallel streams cols of table (scanQuery) and hands its pages to
 // loadWorkers goroutines running fn; the first error stops everything.
-func scanParallel(ctx context.Context, pool *pgxpool.Pool, snapshot string, table config.TableName, cols []plan.SourceColumn,
+func scanParallel(ctx context.Context, pool *pgxpool.Pool, snapshot string, table *plan.TablePlan, cols []plan.SourceColumn,
 	fn func(context.Context, [][]join.Value) error) error {
 	return scanQueryParallel(ctx, pool, snapshot, selectColumns(table, cols), fn)
 }
@@ -523,13 +523,14 @@ func anyNull(vs []join.Value) bool {
 	return false
 }
 
-// selectColumns is the query of cols of table.
-func selectColumns(table config.TableName, cols []plan.SourceColumn) string {
+// selectColumns is the query of cols of table's rows (plan.FromSQL: those
+// its filter keeps, with its computed columns).
+func selectColumns(table *plan.TablePlan, cols []plan.SourceColumn) string {
 	names := make([]string, len(cols))
 	for i, c := range cols {
 		names[i] = ident(c.Name)
 	}
-	return "SELECT " + strings.Join(names, ", ") + " FROM " + tableIdent(table)
+	return "SELECT " + strings.Join(names, ", ") + " FROM " + plan.FromSQL(table) + " t"
 }
 
 // scanQuery streams the rows of query in Postgres text form (the same form

@@ -83,19 +83,19 @@ func BenchmarkTreeStateBytes(b *testing.B) {
 		}
 		var total float64
 		for tab := range len(p.Edges) + 1 {
-			table, name := p.Left.Table, "orders"
+			table, name := &p.Left, "orders"
 			if tab > 0 {
-				table, name = p.Edges[tab-1].Table.Table, p.Edges[tab-1].Alias
+				table, name = &p.Edges[tab-1].Table, p.Edges[tab-1].Alias
 			}
 			prefix := RedisTablePrefix(tc.Slot, p.Name, tab)
 			s, err := redisstore.Open(ctx, tc.Redis, redisstore.Config{Prefix: prefix})
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := s.Init(ctx, redisstore.NewEpoch(), p.Fingerprint, redisstore.Size{LeftRows: int64(rows[table.Name])}); err != nil {
+			if err := s.Init(ctx, redisstore.NewEpoch(), p.Fingerprint, redisstore.Size{LeftRows: int64(rows[table.Table.Name])}); err != nil {
 				b.Fatal(err)
 			}
-			sp, err := s.NewSpool(ctx, "", int64(rows[table.Name]))
+			sp, err := s.NewSpool(ctx, "", int64(rows[table.Table.Name]))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -138,7 +138,7 @@ func BenchmarkTreeStateBytes(b *testing.B) {
 				all += float64(usage[k].Val())
 			}
 			total += all
-			n := float64(rows[table.Name])
+			n := float64(rows[table.Table.Name])
 			b.ReportMetric(bytes[redisstore.KindLeft]/n, name+"_B/row")
 			b.Logf("table %d (%s): %.0f B per row, %.0f B of references per row (%d keys)",
 				tab, name, bytes[redisstore.KindLeft]/n, bytes[redisstore.KindSubs]/n, len(keys))

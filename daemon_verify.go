@@ -355,7 +355,7 @@ func (q *verifyQueries) chunk(ctx context.Context, source, target *pgxpool.Pool,
 	var order []string
 	err := inSnapshotText(ctx, source, func(read func(sql string, args [][]byte) (*textRows, error)) error {
 		var args [][]byte
-		rs, err := read("SELECT "+strings.Join(q.leftKey, ", ")+" FROM "+tableIdent(q.plan.Left.Table)+" l WHERE "+
+		rs, err := read("SELECT "+strings.Join(q.leftKey, ", ")+" FROM "+plan.FromSQL(&q.plan.Left)+" l WHERE "+
 			q.rangeCond(q.leftKey, lo, nil, &args)+" ORDER BY "+strings.Join(q.leftKey, ", ")+
 			" LIMIT 1 OFFSET "+strconv.Itoa(verifyChunkRows-1), args)
 		if err != nil {
@@ -487,7 +487,7 @@ func inSnapshotText(ctx context.Context, pool *pgxpool.Pool, fn func(read func(s
 		return err
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "+textSettings); err != nil {
+	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "+textSettingsSQL); err != nil {
 		return err
 	}
 	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK") }()

@@ -38,14 +38,17 @@ func (d *daemon) generator(plans ...*plan.JoinPlan) pipeline.Generator {
 
 // Generate evaluates, as
 //
-//	SELECT (CAST((expr) AS type))::text, ... FROM (SELECT u.i0::t0 AS "in0", ...
-//	  FROM unnest($1::text[], ..., $n::int[]) WITH ORDINALITY AS u(i0, ..., n, ord)) t ORDER BY ord
+//	SELECT (CAST((expr) AS type))::text, ... FROM (SELECT u.i0::t0 AS "in0", ..., u.ord AS "?fkmat:ord"
+//	  FROM unnest($1::text[], ..., $n::int[]) WITH ORDINALITY AS u(i0, ..., n, ord)) AS "table" ORDER BY "?fkmat:ord"
+//
+// The expressions see the inputs under their names, unqualified or
+// qualified by the table's name, as in the backfill's SQL (plan.FromSQL).
 func (g *sourceGenerator) Generate(ctx context.Context, table config.TableName, cols []plan.GeneratedColumn,
 	inputs []plan.GeneratedInput, rows [][]*string) ([][]*string, error) {
 	g.mu.Lock()
 	q, ok := g.sql[table]
 	if !ok {
-		q = generateSQL(cols, inputs)
+		q = generateSQL(table, cols, inputs)
 		g.sql[table] = q
 	}
 	g.mu.Unlock()
@@ -79,7 +82,7 @@ func (g *sourceGenerator) Generate(ctx context.Context, table config.TableName, 
 	return out, nil
 }
 
-func generateSQL(cols []plan.GeneratedColumn, inputs []plan.GeneratedInput) string {
+func generateSQL(table config.TableName, cols []plan.GeneratedColumn, inputs []plan.GeneratedInput) string {
 	var sel, typed, arrays, names []string
 	for _, c := range cols {
 		sel = append(sel, fmt.Sprintf("(CAST((%s) AS %s))::text", c.Expr, c.Type))
@@ -91,7 +94,9 @@ func generateSQL(cols []plan.GeneratedColumn, inputs []plan.GeneratedInput) stri
 	}
 	arrays = append(arrays, fmt.Sprintf("$%d::int[]", len(inputs)+1))
 	names = append(names, "n", "ord")
-	typed = append(typed, "u.ord")
+	typed = append(typed, `u.ord AS "?fkmat:ord"`)
+	alias := pgx.Identifier{table.Name}.Sanitize()
 	return "SELECT " + strings.Join(sel, ", ") + " FROM (SELECT " + strings.Join(typed, ", ") +
-		" FROM unnest(" + strings.Join(arrays, ", ") + ") WITH ORDINALITY AS u(" + strings.Join(names, ", ") + ")) AS t ORDER BY t.ord"
+		" FROM unnest(" + strings.Join(arrays, ", ") + ") WITH ORDINALITY AS u(" + strings.Join(names, ", ") + ")) AS " + alias +
+		` ORDER BY ` + alias + `."?fkmat:ord"`
 }

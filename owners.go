@@ -115,7 +115,7 @@ func recordPublication(ctx context.Context, target *pgxpool.Pool, cfg *config.Co
 func ownersBeforeStart(ctx context.Context, cfg *config.Config) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	target, err := connectPostgres(cctx, cfg.Target, "target")
+	target, err := connectPostgres(cctx, cfg.Target, "target", cfg.TimeZone)
 	if err != nil {
 		return nil
 	}

@@ -132,7 +132,7 @@ func stallAttrs(s Stall, max int) []any {
 func recordStall(ctx context.Context, cfg *config.Config, s *Stall) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	db, err := connectPostgres(ctx, cfg.Target, "target")
+	db, err := connectPostgres(ctx, cfg.Target, "target", cfg.TimeZone)
 	if err != nil {
 		return err
 	}

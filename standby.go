@@ -38,12 +38,12 @@ func waitForSlot(ctx context.Context, cfg *config.Config, log *slog.Logger, obs 
 	} else {
 		obs.setPhase("standby")
 	}
-	source, err := connectPostgres(ctx, cfg.Source, "source")
+	source, err := connectPostgres(ctx, cfg.Source, "source", cfg.TimeZone)
 	if err != nil {
 		return err
 	}
 	defer source.Close()
-	target, err := connectPostgres(ctx, cfg.Target, "target")
+	target, err := connectPostgres(ctx, cfg.Target, "target", cfg.TimeZone)
 	if err != nil {
 		return err
 	}

@@ -111,14 +111,14 @@ type StallStatus struct {
 // missing metadata schema, a missing target or a target of the wrong shape.
 func Status(ctx context.Context, cfg *config.Config, opts Options) ([]JoinStatus, error) {
 	opts.setDefaults()
-	source, err := connectPostgres(ctx, cfg.Source, "source")
+	source, err := connectPostgres(ctx, cfg.Source, "source", cfg.TimeZone)
 	if err != nil {
 		return nil, err
 	}
 	defer source.Close()
 	target := source
 	if cfg.Target != cfg.Source {
-		if target, err = connectPostgres(ctx, cfg.Target, "target"); err != nil {
+		if target, err = connectPostgres(ctx, cfg.Target, "target", cfg.TimeZone); err != nil {
 			return nil, err
 		}
 		defer target.Close()

@@ -156,7 +156,7 @@ func droppableTarget(ctx context.Context, cfg *config.Config, target plan.Querie
 	}
 	one := *cfg
 	one.Joins = []config.JoinConfig{j}
-	source, err := connectPostgres(ctx, cfg.Source, "source")
+	source, err := connectPostgres(ctx, cfg.Source, "source", cfg.TimeZone)
 	if err != nil {
 		return nil, err
 	}

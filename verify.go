@@ -65,7 +65,7 @@ func Verify(ctx context.Context, cfg *config.Config, opts Options) ([]VerifyRepo
 		}
 		return reports, nil
 	}
-	target, err := connectPostgres(ctx, cfg.Target, "target")
+	target, err := connectPostgres(ctx, cfg.Target, "target", cfg.TimeZone)
 	if err != nil {
 		return nil, err
 	}
@@ -157,14 +157,14 @@ func OracleSQL(p *plan.JoinPlan) string {
 	if p.Type == config.JoinInner {
 		kind = "JOIN"
 	}
-	return "SELECT " + strings.Join(sel, ", ") + " FROM " + tableIdent(p.Left.Table) + " l " + kind + " " +
-		tableIdent(p.Right.Table) + " r ON " + strings.Join(on, " AND ")
+	return "SELECT " + strings.Join(sel, ", ") + " FROM " + plan.FromSQL(&p.Left) + " l " + kind + " " +
+		plan.FromSQL(&p.Right) + " r ON " + strings.Join(on, " AND ")
 }
 
 // listFrom is the FROM clause of a list-form join's SQL with its first n
 // entries.
 func listFrom(p *plan.JoinPlan, n int) string {
-	from := tableIdent(p.Left.Table) + " l"
+	from := plan.FromSQL(&p.Left) + " l"
 	for i, e := range p.Edges[:n] {
 		var on []string
 		for k, fk := range e.Table.ForeignKey {
@@ -174,7 +174,7 @@ func listFrom(p *plan.JoinPlan, n int) string {
 		if e.Type == config.JoinInner {
 			kind = "JOIN"
 		}
-		from += " " + kind + " " + tableIdent(e.Table.Table) + " " + entryAlias(i) + " ON " + strings.Join(on, " AND ")
+		from += " " + kind + " " + plan.FromSQL(&e.Table) + " " + entryAlias(i) + " ON " + strings.Join(on, " AND ")
 	}
 	return from
 }
@@ -321,8 +321,9 @@ type textRows struct {
 	fail error
 }
 
-// textSettings make text forms independent of session settings.
-const textSettings = "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, MDY'; SET extra_float_digits = 1"
+// textSettingsSQL sets what connectPostgres sets (textSettingsSQL) but
+// TimeZone, which the pool's sessions have from the configuration.
+const textSettingsSQL = "SET DateStyle = 'ISO, MDY'; SET IntervalStyle = 'postgres'; SET extra_float_digits = 1"
 
 func openRows(ctx context.Context, pool *pgxpool.Pool, sql string) (*textRows, error) {
 	return openRowsArgs(ctx, pool, sql, nil)
@@ -334,7 +335,7 @@ func openRowsArgs(ctx context.Context, pool *pgxpool.Pool, sql string, args [][]
 	if err != nil {
 		return nil, err
 	}
-	if _, err := conn.Exec(ctx, textSettings); err != nil {
+	if _, err := conn.Exec(ctx, textSettingsSQL); err != nil {
 		conn.Release()
 		return nil, err
 	}

@@ -350,6 +350,11 @@ func (b *batch) prefetch(ctx context.Context, changes []Change) ([]changeKeys, e
 
 // apply runs one change through the stages; k holds its encoded keys.
 func (b *batch) apply(ctx context.Context, c Change, k changeKeys) error {
+	if c.IfPresent {
+		if present, err := b.present(ctx, c, k); err != nil || !present {
+			return err
+		}
+	}
 	switch c.Kind {
 	case LeftUpsert:
 		return b.leftUpsert(ctx, k.key, c.Left)
@@ -367,6 +372,28 @@ func (b *batch) apply(ctx context.Context, c Change, k changeKeys) error {
 		return b.truncate(ctx, c.Kind)
 	}
 	return fmt.Errorf("unknown change kind %d", c.Kind)
+}
+
+// present reports whether the state holds the row an upsert or a key
+// change (at its old key) applies to.
+func (b *batch) present(ctx context.Context, c Change, k changeKeys) (bool, error) {
+	switch c.Kind {
+	case LeftUpsert, LeftKeyChange:
+		at := k.key
+		if c.Kind == LeftKeyChange {
+			at = k.old
+		}
+		e, err := b.ov.leftOf(ctx, at)
+		return e != nil, err
+	case RightUpsert, RightKeyChange:
+		at := k.key
+		if c.Kind == RightKeyChange {
+			at = k.old
+		}
+		r, err := b.ov.rightOf(ctx, at)
+		return r != nil, err
+	}
+	return true, nil
 }
 
 // endSegment resolves the segment's queued responses, fans out its dirty

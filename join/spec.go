@@ -145,6 +145,11 @@ type Change struct {
 	// the key's state at the batch start is known to be absent, and the
 	// engine does not read it.
 	Insert bool
+	// IfPresent marks an upsert or key change that applies only to a row
+	// the state holds (at the key change's old key): an update of a
+	// filtered table that left every input of the filter unchanged, so the
+	// row stays in the join, or out of it, as it was.
+	IfPresent bool
 }
 
 // Output is one ordered piece of a batch's effect on the target table. The

@@ -116,6 +116,8 @@ type TreeChange struct {
 	// INSERT): when it is its key's first change in the batch, the key's
 	// stored state is not read.
 	Insert bool
+	// IfPresent: see Change.IfPresent.
+	IfPresent bool
 }
 
 // TreeStateReader reads a Tree's state as of the last committed batch.
@@ -364,6 +366,9 @@ func (a *treeApply) fold(ctx context.Context, changes []TreeChange) error {
 		ch := a.changed[c.Table][k]
 		switch c.Kind {
 		case TreeUpsert:
+			if c.IfPresent && ch.new == nil {
+				continue // a filtered row that stays out
+			}
 			row, err := tr.fill(c.Table, c.Row, ch.new)
 			if ch.new == nil && tr.spec.Tables[c.Table].Partitioned && errors.Is(err, ErrNoToastState) {
 				continue // its partition's move writes it whole
@@ -376,6 +381,9 @@ func (a *treeApply) fold(ctx context.Context, changes []TreeChange) error {
 			ch.new = nil
 		case TreeKeyChange:
 			from := a.changed[c.Table][encoded[i][1]]
+			if c.IfPresent && from.new == nil {
+				continue // a filtered row that stays out
+			}
 			row, err := tr.fill(c.Table, c.Row, from.new)
 			if from.new == nil && tr.spec.Tables[c.Table].Partitioned && errors.Is(err, ErrNoToastState) {
 				continue // its partition's move writes it whole

@@ -26,7 +26,10 @@ type Config struct {
 	Redis       string
 	Slot        string
 	Publication string
-	Joins       []JoinConfig
+	// TimeZone is the TimeZone setting of fkmat's Postgres sessions, under
+	// which filters and computed columns are evaluated (default UTC).
+	TimeZone string
+	Joins    []JoinConfig
 
 	// unread holds the keys of the file whose values could not be read,
 	// or were misspelled ("0/left.foreign_key": of joins[0]; "-1/joins":
@@ -65,6 +68,9 @@ type LeftConfig struct {
 	Key        []string
 	ForeignKey []string
 	Columns    []ColumnRef
+	// Where filters the table's rows before the join: a SQL boolean
+	// expression over its own columns ("" keeps every row).
+	Where string
 }
 
 // RightConfig is a referenced side (customers): the one of a two-table
@@ -73,6 +79,8 @@ type RightConfig struct {
 	Table   TableName
 	Key     []string
 	Columns []ColumnRef
+	// Where filters the table's rows before the join (LeftConfig.Where).
+	Where string
 	// The list form only (README, "Joins of more than two tables"):
 	// From names the table holding the foreign key: the left table
 	// (default) or an earlier entry, by its As or its table name.
@@ -131,33 +139,40 @@ func ParseTableName(s string) (TableName, error) {
 	}
 }
 
-// ColumnRef is one `columns` item: a source column and its output name.
+// ColumnRef is one `columns` item: a source column, or a SQL expression
+// over the table's columns, and its output name.
 type ColumnRef struct {
-	Name  string
+	Name  string // the source column; "" for an expression
 	Alias string // output column name; equals Name when no AS was given
+	// Expr is the item's SQL scalar expression (`amount * qty AS total`),
+	// "" for a column.
+	Expr string
 }
 
-var asSeparator = regexp.MustCompile(`(?i)\s+as\s+`)
-
-// ParseColumnRef parses `col` or `col AS alias`; either side may be a
-// double-quoted identifier.
+// ParseColumnRef parses `col`, `col AS alias` (either side may be a
+// double-quoted identifier) or `expression AS alias`.
 func ParseColumnRef(s string) (ColumnRef, error) {
 	s = strings.TrimSpace(s)
 	nameText, aliasText := s, ""
-	// Find " AS " outside double quotes.
-	for _, loc := range asSeparator.FindAllStringIndex(s, -1) {
-		if strings.Count(s[:loc[0]], `"`)%2 == 0 {
-			nameText, aliasText = s[:loc[0]], s[loc[1]:]
-			break
-		}
-	}
-	if strings.Count(s, `"`) == 0 && strings.ContainsAny(nameText, "()*+-/|") {
-		return ColumnRef{}, fmt.Errorf("column %q: expressions and aggregates (sum(x), count(*), a || b) are not supported; "+
-			"list column names, optionally \"name AS alias\", and compute in a view over the target", s)
+	if at, end := topLevelAs(s); at >= 0 {
+		nameText, aliasText = strings.TrimSpace(s[:at]), s[end:]
 	}
 	name, err := oneIdentifier(nameText)
-	if err != nil {
-		return ColumnRef{}, fmt.Errorf("column %q: %w", s, err)
+	if err != nil || looksLikeExpression(nameText) {
+		if aliasText == "" {
+			if looksLikeExpression(nameText) {
+				return ColumnRef{}, fmt.Errorf("column %q: name the expression's output column with AS, e.g. %q", s, nameText+" AS total")
+			}
+			return ColumnRef{}, fmt.Errorf("column %q: %w", s, err)
+		}
+		if strings.TrimSpace(nameText) == "" {
+			return ColumnRef{}, fmt.Errorf("column %q: nothing before AS", s)
+		}
+		alias, err := oneIdentifier(aliasText)
+		if err != nil {
+			return ColumnRef{}, fmt.Errorf("column %q: alias: %w", s, err)
+		}
+		return ColumnRef{Alias: alias, Expr: nameText}, nil
 	}
 	alias := name
 	if aliasText != "" {
@@ -168,9 +183,51 @@ func ParseColumnRef(s string) (ColumnRef, error) {
 	return ColumnRef{Name: name, Alias: alias}, nil
 }
 
+// looksLikeExpression reports whether s is more than a name: it holds an
+// operator, a call, a cast or a space outside double quotes.
+func looksLikeExpression(s string) bool {
+	return strings.Count(s, `"`) == 0 && strings.ContainsAny(s, "()*+-/|:' <>=")
+}
+
+// topLevelAs finds the last " AS " of s outside quotes, parentheses and
+// brackets: the start of its leading space and the end of its trailing
+// one, or -1.
+func topLevelAs(s string) (at, end int) {
+	at = -1
+	depth := 0
+	var quote byte
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		switch {
+		case quote != 0:
+			if ch == quote {
+				quote = 0
+			}
+		case ch == '"' || ch == '\'':
+			quote = ch
+		case ch == '(' || ch == '[':
+			depth++
+		case ch == ')' || ch == ']':
+			depth--
+		case depth == 0 && isSpace(ch) && i+3 < len(s) && strings.EqualFold(s[i+1:i+3], "as") && isSpace(s[i+3]):
+			j := i + 3
+			for j < len(s) && isSpace(s[j]) {
+				j++
+			}
+			at, end = i, j
+		}
+	}
+	return at, end
+}
+
+func isSpace(ch byte) bool { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' }
+
 // String renders the reference as written in the file.
 func (c ColumnRef) String() string {
-	if c.Alias == c.Name {
+	switch {
+	case c.Expr != "":
+		return c.Expr + " AS " + quoteIfNeeded(c.Alias)
+	case c.Alias == c.Name:
 		return quoteIfNeeded(c.Name)
 	}
 	return quoteIfNeeded(c.Name) + " AS " + quoteIfNeeded(c.Alias)

@@ -200,8 +200,8 @@ var unsupportedKeys = map[string]string{
 	"on":        nonEquality,
 	"condition": nonEquality,
 	"join_on":   nonEquality,
-	"where":     nonEquality,
-	"filter":    nonEquality,
+	"where":     filterPlace,
+	"filter":    filterPlace,
 	"group_by":  noAggregates,
 	"aggregate": noAggregates,
 	"having":    noAggregates,
@@ -209,8 +209,10 @@ var unsupportedKeys = map[string]string{
 }
 
 const (
+	filterPlace = "a filter belongs to the table it filters: write where: under left or under an entry of right, " +
+		"e.g. left: {table: public.orders, where: \"status <> 'draft'\"}"
 	nonEquality = "joins are on a foreign key equal to the referenced key only: conditions other than that equality " +
-		"(non-equality joins, filters) are not supported; write foreign_key, and filter in a view over the target"
+		"(non-equality joins) are not supported; write foreign_key, and filter each table with its where:"
 	noAggregates = "aggregates are not supported: fkmat maintains the rows of a join; aggregate in a view over the target"
 )
 
@@ -278,9 +280,9 @@ func isNull(n *yaml.Node) bool {
 // the wrong mapping.
 var (
 	joinKeys  = []string{"name", "type", "left", "right", "target"}
-	sideKeys  = []string{"table", "key", "foreign_key", "columns"}
+	sideKeys  = []string{"table", "key", "foreign_key", "columns", "where"}
 	entryOnly = []string{"from", "as"}
-	topKeys   = []string{"source", "redis", "slot", "publication"}
+	topKeys   = []string{"source", "redis", "slot", "publication", "timezone"}
 )
 
 func (d *decoder) config(n *yaml.Node, c *Config) bool {
@@ -292,6 +294,7 @@ func (d *decoder) config(n *yaml.Node, c *Config) bool {
 			{"redis", d.text(&c.Redis, "redis", "redis://localhost:6379/0")},
 			{"slot", d.text(&c.Slot, "slot", "fkmat_shop")},
 			{"publication", d.text(&c.Publication, "publication", "fkmat_shop")},
+			{"timezone", d.text(&c.TimeZone, "timezone", "Europe/Paris")},
 			{"joins", d.joins(&c.Joins)},
 		},
 		misplaced: func(key string) string {
@@ -362,6 +365,7 @@ func leftMapping(d *decoder, l *LeftConfig) mapping {
 		{"key", d.names(&l.Key, "left.key", "id")},
 		{"foreign_key", d.names(&l.ForeignKey, "left.foreign_key", "customer_id")},
 		{"columns", d.columns(&l.Columns, "left.columns")},
+		{"where", d.text(&l.Where, "left.where", `"status <> 'draft'"`)},
 	}}
 }
 
@@ -373,6 +377,7 @@ func (d *decoder) right(v *yaml.Node, j *JoinConfig) {
 			{"table", d.table(&r.Table, "right.table")},
 			{"key", d.names(&r.Key, "right.key", "id")},
 			{"columns", d.columns(&r.Columns, "right.columns")},
+			{"where", d.text(&r.Where, "right.where", `"deleted_at IS NULL"`)},
 		}, misplaced: func(key string) string {
 			switch {
 			case key == "foreign_key":
@@ -404,6 +409,7 @@ func entryMapping(d *decoder, r *RightConfig) mapping {
 		{"table", d.table(&r.Table, "table")},
 		{"key", d.names(&r.Key, "key", "id")},
 		{"columns", d.columns(&r.Columns, "columns")},
+		{"where", d.text(&r.Where, "where", `"deleted_at IS NULL"`)},
 		{"from", d.text(&r.From, "from", "customers")},
 		{"foreign_key", d.names(&r.ForeignKey, "foreign_key", "customer_id")},
 		{"as", d.text(&r.As, "as", "buyer")},

@@ -40,10 +40,10 @@ joins:
 	}
 	two, more := cfg.Joins[0], cfg.Joins[1]
 	if !slices.Equal(two.Left.Key, []string{"id"}) || !slices.Equal(two.Left.ForeignKey, []string{"customer_id"}) ||
-		len(two.Left.Columns) != 1 || two.Left.Columns[0] != (ColumnRef{"amount", "amount"}) {
+		len(two.Left.Columns) != 1 || two.Left.Columns[0] != (ColumnRef{Name: "amount", Alias: "amount"}) {
 		t.Errorf("left = %+v, want key [id], foreign_key [customer_id], columns [amount]", two.Left)
 	}
-	if !slices.Equal(two.Right.Key, []string{"id"}) || len(two.Right.Columns) != 1 || two.Right.Columns[0] != (ColumnRef{"name", "customer_name"}) {
+	if !slices.Equal(two.Right.Key, []string{"id"}) || len(two.Right.Columns) != 1 || two.Right.Columns[0] != (ColumnRef{Name: "name", Alias: "customer_name"}) {
 		t.Errorf("right = %+v, want key [id], columns [name AS customer_name]", two.Right)
 	}
 	if more.Left.Table != two.Left.Table {
@@ -68,25 +68,25 @@ func TestParseProblems(t *testing.T) {
 		"empty":               {"", []string{"the file is empty", "joins:"}},
 		"only comments":       {"# todo\n", []string{"the file is empty"}},
 		"only ---":            {"---\n", []string{"the file is empty"}},
-		"not a mapping":       {"- a\n- b\n", []string{"line 1: the top level must be a mapping of source, target, redis, slot, publication, joins"}},
+		"not a mapping":       {"- a\n- b\n", []string{"line 1: the top level must be a mapping of source, target, redis, slot, publication, timezone, joins"}},
 		"tab":                 {"joins:\n  - name: a\n\ttype: left\n", []string{"line 3: indented with a tab", "indent with spaces"}},
 		"malformed":           {"joins: [\n  - name: x\n", []string{"malformed YAML: line", "check the indentation"}},
 		"two documents":       {"joins: []\n---\nsource: x\n", []string{"line 3: a second YAML document (after ---): keep one configuration per file"}},
 		"misspelled top":      {"sorce: postgres://db/x\njoin: []\n", []string{`line 1: the top level has no key "sorce"; did you mean source?`, `line 2: the top level has no key "join"; did you mean joins?`}},
-		"far from any key":    {"colour: red\n", []string{`the top level has no key "colour" (allowed: source, target, redis, slot, publication, joins)`}},
+		"far from any key":    {"colour: red\n", []string{`the top level has no key "colour" (allowed: source, target, redis, slot, publication, timezone, joins)`}},
 		"case and dashes":     {"joins:\n  - name: a\n    left: {Foreign-Key: [c]}\n", []string{"did you mean foreign_key?"}},
 		"text as a list":      {"source: [a, b]\n", []string{"line 1: source must be a single value, e.g. postgres://"}},
 		"table as a list":     {"joins:\n  - left: {table: [a]}\n", []string{"line 2: left.table must be a table name like public.orders"}},
 		"bad table name":      {"joins:\n  - target: {table: a.b.c}\n", []string{`line 2: target.table: table "a.b.c": write it as schema.table`}},
 		"right as text":       {"joins:\n  - right: customers\n", []string{"line 2: right must be a mapping (two tables, e.g. {table: public.customers}) or a list of entries"}},
-		"entry as text":       {"joins:\n  - right: [customers]\n", []string{"line 2: an entry of right must be a mapping of table, key, columns, from, foreign_key, as, type, e.g. {table: customers, foreign_key: [customer_id]}"}},
-		"left as text":        {"joins:\n  - left: orders\n", []string{"line 2: left must be a mapping of table, key, foreign_key, columns, e.g. {table: orders, foreign_key: [customer_id]}"}},
+		"entry as text":       {"joins:\n  - right: [customers]\n", []string{"line 2: an entry of right must be a mapping of table, key, columns, where, from, foreign_key, as, type, e.g. {table: customers, foreign_key: [customer_id]}"}},
+		"left as text":        {"joins:\n  - left: orders\n", []string{"line 2: left must be a mapping of table, key, foreign_key, columns, where, e.g. {table: orders, foreign_key: [customer_id]}"}},
 		"a join as text":      {"joins:\n  - orders\n", []string{"line 2: a join must be a mapping of name, type, left, right, target"}},
 		"key twice":           {"joins:\n  - name: a\n    name: b\n", []string{"line 3: name is given twice in a join (also on line 2); keep one"}},
 		"list key in a join":  {"joins:\n  - name: a\n    foreign_key: [c]\n", []string{"line 3: foreign_key belongs under left or right"}},
 		"top key in a join":   {"joins:\n  - name: a\n    redis: redis://x\n", []string{"line 3: redis belongs at the top level of the file, not in a join"}},
 		"merge key":           {"joins:\n  - name: a\n    <<: {type: left}\n", []string{"YAML merge keys (<<) are not supported"}},
-		"bad column":          {"joins:\n  - left: {columns: [\"sum(x)\"]}\n", []string{`line 2: left.columns: column "sum(x)": expressions and aggregates`}},
+		"bad column":          {"joins:\n  - left: {columns: [\"sum(x)\"]}\n", []string{`line 2: left.columns: column "sum(x)": name the expression`}},
 		"column as a mapping": {"joins:\n  - left: {columns: [{a: b}]}\n", []string{"line 2: each item of left.columns must be a column name"}},
 	} {
 		_, err := ParseConfig([]byte(tc.yaml))

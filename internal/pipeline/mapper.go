@@ -47,6 +47,9 @@ type layout struct {
 	key     []int // left PK / right key
 	fk      []int // left only
 	values  []int
+	// filter is the position of the table's filter column (plan.TablePlan.Where),
+	// -1 when it has none.
+	filter int
 }
 
 func newMapper(p *plan.JoinPlan) *mapper {
@@ -108,7 +111,12 @@ func (m *mapper) newLayout(rel *cdc.Relation, s side, narrower bool) (*layout, e
 // side), its values. narrower accepts columns of rel narrower than tp's
 // (positions).
 func newLayout(rel *cdc.Relation, tp *plan.TablePlan, s side, narrower bool) (*layout, error) {
-	l := &layout{side: s, inserts: !tp.Partitioned}
+	l := &layout{side: s, inserts: !tp.Partitioned, filter: -1}
+	if name := tp.FilterColumn(); name != "" {
+		if l.filter = rel.ColumnIndex(name); l.filter < 0 {
+			return nil, fmt.Errorf("the rows of %s.%s lack the value of its where (%s): no generator computes it", rel.Namespace, rel.Name, tp.Where)
+		}
+	}
 	// The left key and the projected columns are target columns; the
 	// foreign key (unless projected) and the right key live only in the
 	// join state.
@@ -168,10 +176,10 @@ func newTableMapper(p *plan.JoinPlan, l plan.Carried) *tableMapper {
 	}
 	m := &tableMapper{plan: p, layouts: map[tableLayoutKey]*layout{}, of: map[*cdc.Relation][]int{}}
 	m.tables = append(m.tables, plan.TablePlan{Table: p.Left.Table, Key: p.Left.Key, Values: carried(l.Columns[0]),
-		Partitioned: p.Left.Partitioned})
+		Partitioned: p.Left.Partitioned, Where: p.Left.Where})
 	for i, e := range p.Edges {
 		m.tables = append(m.tables, plan.TablePlan{Table: e.Table.Table, Key: e.Table.Key, Values: carried(l.Columns[i+1]),
-			Partitioned: e.Table.Partitioned})
+			Partitioned: e.Table.Partitioned, Where: e.Table.Where})
 	}
 	return m
 }
@@ -368,8 +376,45 @@ func (m *mapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Change,
 	return dst, nil
 }
 
-// appendChange appends the join change of one row change on l's side.
+// appendChange appends the join change of one row change on l's side. On
+// a filtered table (layout.filter), a row whose filter is not true is
+// absent from the join: an insert of one is nothing (a delete where an
+// insert does not prove the row new), an update to one deletes the row,
+// and an update that leaves every input of the filter unchanged (TOASTed
+// values the stream does not resend) keeps the row present or absent as
+// it was (join.Change.IfPresent).
 func (l *layout) appendChange(dst []join.Change, c *cdc.Change) ([]join.Change, error) {
+	if l.filter < 0 || c.Kind == cdc.ChangeDelete {
+		return l.appendRowChange(dst, c)
+	}
+	switch pass := c.New[l.filter]; {
+	case pass.Kind == cdc.ValueUnchanged:
+		n := len(dst)
+		dst, err := l.appendRowChange(dst, c)
+		for i := n; i < len(dst); i++ {
+			dst[i].IfPresent = true
+		}
+		return dst, err
+	case pass.Kind == cdc.ValueText && len(pass.Data) > 0 && pass.Data[0] == 't': // t, or true (boolean::text)
+		return l.appendRowChange(dst, c)
+	}
+	// Not true: false or NULL.
+	key := pick(c.New, l.key)
+	switch {
+	case c.Kind == cdc.ChangeInsert && l.inserts:
+		return dst, nil
+	case c.Kind == cdc.ChangeUpdate && c.OldKind != cdc.OldNone:
+		key = pick(c.Old, l.key)
+	case toastAt(c.New, l.key):
+		return nil, fmt.Errorf("update of %s.%s: a key column is an unchanged TOASTed value and no old key was sent; "+
+			"set REPLICA IDENTITY FULL on the table", c.Relation.Namespace, c.Relation.Name)
+	}
+	return append(dst, l.delete(key)), nil
+}
+
+// appendRowChange appends the join change of one row change on l's side,
+// its filter aside.
+func (l *layout) appendRowChange(dst []join.Change, c *cdc.Change) ([]join.Change, error) {
 	switch c.Kind {
 	case cdc.ChangeInsert:
 		up := l.upsert(c.New)

@@ -320,7 +320,7 @@ func stateOf(row *join.TreeRow) join.LeftState {
 func (l *TreeLayout) changes(in []join.Change) ([]join.TreeChange, error) {
 	out := make([]join.TreeChange, 0, len(in))
 	for _, c := range in {
-		tc := join.TreeChange{Table: c.Table, Insert: c.Insert, OldKey: c.OldKey}
+		tc := join.TreeChange{Table: c.Table, Insert: c.Insert, OldKey: c.OldKey, IfPresent: c.IfPresent}
 		var err error
 		switch c.Kind {
 		case join.LeftUpsert, join.RightUpsert, join.LeftKeyChange, join.RightKeyChange:

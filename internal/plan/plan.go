@@ -28,6 +28,9 @@ type SourceColumn struct {
 	TypeMod    int32
 	HasTypeMod bool
 	NotNull    bool
+	// Expr is the SQL expression of a column fkmat computes (an
+	// expression of `columns`); Name is then its ComputedName.
+	Expr string `json:",omitempty"`
 }
 
 // OutputColumn maps a source column to a target column.
@@ -53,6 +56,12 @@ type TablePlan struct {
 	// its rows without row changes in the WAL, so an insert streamed for it
 	// does not prove that the join state has no row of that key.
 	Partitioned bool `json:"-"`
+	// Where is the table's filter (config where), "" for none: its rows
+	// for which it is not true are not part of the join.
+	Where string `json:",omitempty"`
+	// Computed are the columns fkmat computes for the table: the
+	// expressions of its columns, and its where (FilterColumn).
+	Computed []GeneratedColumn `json:",omitempty"`
 }
 
 // JoinPlan is a join resolved against the source catalog: everything the
@@ -135,6 +144,7 @@ func Resolve(ctx context.Context, db Querier, cfg *config.Config) ([]*JoinPlan, 
 			if err != nil {
 				return nil, err
 			}
+			computedInto(p)
 			plans = append(plans, p)
 		}
 	}
@@ -179,6 +189,12 @@ type catalogTable struct {
 	// leaves them out of its messages.
 	generated map[string]string
 	genInputs []genInput
+	// toastable says a column's values may be stored out of line (storage
+	// extended, external or main): an update that leaves such a value
+	// unchanged does not send it.
+	toastable map[string]bool
+	// probe resolves an expression over the table (probeExpr).
+	probe func(expr string) (exprInfo, string, error)
 }
 
 // uniqueIndex is a unique index (or constraint) of a table.
@@ -201,7 +217,8 @@ type replicaOf struct {
 }
 
 func describeTable(ctx context.Context, db Querier, t config.TableName) (*catalogTable, error) {
-	ct := &catalogTable{name: t, byName: map[string]SourceColumn{}}
+	ct := &catalogTable{name: t, byName: map[string]SourceColumn{}, toastable: map[string]bool{}}
+	ct.probe = func(expr string) (exprInfo, string, error) { return probeExpr(ctx, db, ct, expr) }
 	var oid uint32
 	err := db.QueryRow(ctx, `
 		SELECT c.oid, c.relreplident::text, c.relkind = 'p' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -215,7 +232,7 @@ func describeTable(ctx context.Context, db Querier, t config.TableName) (*catalo
 	ct.exists = true
 	rows, err := db.Query(ctx, `
 		SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, a.atttypmod, a.attnotnull,
-			CASE WHEN a.attgenerated <> '' THEN pg_get_expr(d.adbin, d.adrelid) END
+			CASE WHEN a.attgenerated <> '' THEN pg_get_expr(d.adbin, d.adrelid) END, a.attstorage IN ('x', 'e', 'm')
 		FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum`, oid)
 	if err != nil {
@@ -224,9 +241,11 @@ func describeTable(ctx context.Context, db Querier, t config.TableName) (*catalo
 	for rows.Next() {
 		c := SourceColumn{HasTypeMod: true}
 		var gen *string
-		if err := rows.Scan(&c.Name, &c.Type, &c.TypeOID, &c.TypeMod, &c.NotNull, &gen); err != nil {
+		var toast bool
+		if err := rows.Scan(&c.Name, &c.Type, &c.TypeOID, &c.TypeMod, &c.NotNull, &gen, &toast); err != nil {
 			return nil, err
 		}
+		ct.toastable[c.Name] = toast
 		ct.columns = append(ct.columns, c)
 		ct.byName[c.Name] = c
 		if gen != nil {
@@ -359,7 +378,8 @@ func resolveJoin(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 			len(p.Left.ForeignKey), len(p.Right.Key))
 	}
 	resolveLeft(left, jc.Left, &p.Left, add)
-	p.Right.Values = rightOutput(right, jc.Right, p.Right.Key, "right", add)
+	p.Right.Values = rightOutput(right, jc.Right, &p.Right, "right", add)
+	resolveWhere(right, &p.Right, jc.Right.Where, "right.where", add)
 	checkReplicaIdentity(right, p.Right.Key, "right", add)
 	checkUnique(right, p.Right.Key, "right", add)
 	if len(probs) > 0 || !finishPlan(p, jc, add) {
@@ -377,7 +397,8 @@ func resolveLeft(ct *catalogTable, lc config.LeftConfig, tp *TablePlan, add func
 			add("left.key %q: %v", c.Name, err)
 		}
 	}
-	tp.KeyNames, tp.Values = leftOutput(ct, lc, tp.Key, add)
+	tp.KeyNames, tp.Values = leftOutput(ct, lc, tp, add)
+	resolveWhere(ct, tp, lc.Where, "left.where", add)
 	checkReplicaIdentity(ct, tp.Key, "left", add)
 	checkUnique(ct, tp.Key, "left", add)
 }
@@ -438,7 +459,8 @@ func suggest(ct *catalogTable, name string) string {
 
 // leftOutput returns the output names of the key columns and the other
 // projected left columns, in order.
-func leftOutput(ct *catalogTable, lc config.LeftConfig, key []SourceColumn, add func(string, ...any)) ([]string, []OutputColumn) {
+func leftOutput(ct *catalogTable, lc config.LeftConfig, tp *TablePlan, add func(string, ...any)) ([]string, []OutputColumn) {
+	key := tp.Key
 	refs := lc.Columns
 	if len(refs) == 0 {
 		for _, c := range ct.columns {
@@ -453,6 +475,12 @@ func leftOutput(ct *catalogTable, lc config.LeftConfig, key []SourceColumn, add 
 	}
 	var values []OutputColumn
 	for _, r := range refs {
+		if r.Expr != "" {
+			if c, ok := expression(ct, tp, r.Expr, false, "left.columns", add); ok {
+				values = append(values, OutputColumn{Source: c, Name: r.Alias})
+			}
+			continue
+		}
 		c, ok := ct.byName[r.Name]
 		if !ok {
 			add("left.columns: table %s has no column %q%s", ct.name, r.Name, suggest(ct, r.Name))
@@ -467,7 +495,8 @@ func leftOutput(ct *catalogTable, lc config.LeftConfig, key []SourceColumn, add 
 	return keyNames, values
 }
 
-func rightOutput(ct *catalogTable, rc config.RightConfig, key []SourceColumn, side string, add func(string, ...any)) []OutputColumn {
+func rightOutput(ct *catalogTable, rc config.RightConfig, tp *TablePlan, side string, add func(string, ...any)) []OutputColumn {
+	key := tp.Key
 	refs := rc.Columns
 	if len(refs) == 0 {
 		isKey := map[string]bool{}
@@ -482,6 +511,12 @@ func rightOutput(ct *catalogTable, rc config.RightConfig, key []SourceColumn, si
 	}
 	var values []OutputColumn
 	for _, r := range refs {
+		if r.Expr != "" {
+			if c, ok := expression(ct, tp, r.Expr, false, side+".columns", add); ok {
+				values = append(values, OutputColumn{Source: c, Name: r.Alias})
+			}
+			continue
+		}
 		c, ok := ct.byName[r.Name]
 		if !ok {
 			add("%s.columns: table %s has no column %q%s", side, ct.name, r.Name, suggest(ct, r.Name))
@@ -701,7 +736,8 @@ func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 		if len(e.Table.ForeignKey) != len(e.Table.Key) && len(e.Table.ForeignKey) > 0 && len(e.Table.Key) > 0 {
 			add("%s: foreign_key has %d columns but key has %d; they must match in number and order", where, len(e.Table.ForeignKey), len(e.Table.Key))
 		}
-		e.Table.Values = rightOutput(ct, r, e.Table.Key, where, add)
+		e.Table.Values = rightOutput(ct, r, &e.Table, where, add)
+		resolveWhere(ct, &e.Table, r.Where, where+".where", add)
 		checkReplicaIdentity(ct, e.Table.Key, where, add)
 		checkUnique(ct, e.Table.Key, where, add)
 		p.Edges = append(p.Edges, e)

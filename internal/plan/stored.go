@@ -29,7 +29,9 @@ func Stored(ctx context.Context, db Querier, name string, def []byte) (p *JoinPl
 	own := func(t *TablePlan) []SourceColumn {
 		cols := slices.Clone(t.Key)
 		for _, v := range t.Values {
-			cols = append(cols, v.Source)
+			if v.Source.Expr == "" {
+				cols = append(cols, v.Source)
+			}
 		}
 		return cols
 	}
@@ -59,7 +61,15 @@ func Stored(ctx context.Context, db Querier, name string, def []byte) (p *JoinPl
 				return nil, fmt.Sprintf("column %s of %s", col.Name, c.t.Table), nil
 			}
 		}
+		for _, g := range c.t.Computed {
+			for _, in := range g.Inputs {
+				if now, ok := ct.byName[in.Name]; !ok || now.Type != in.Type {
+					return nil, fmt.Sprintf("column %s of %s", in.Name, c.t.Table), nil
+				}
+			}
+		}
 	}
+	computedInto(p)
 	if p.Edges == nil {
 		p.Spec = SpecOf(p) // the two-table form's engine; a tree has its own layout
 	}

@@ -1,0 +1,157 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/internal/testenv"
+)
+
+// assertSQL compares the target with want, the join's SQL written out by
+// hand (not fkmat's own), in both directions.
+func assertSQL(t *testing.T, tc *testenv.Case, target, want string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var missing, extra int
+	var examples []string
+	err := tc.Pool.QueryRow(ctx, `WITH w AS (`+want+`), t AS (SELECT * FROM `+target+`),
+		m AS (SELECT * FROM w EXCEPT ALL SELECT * FROM t), x AS (SELECT * FROM t EXCEPT ALL SELECT * FROM w)
+		SELECT (SELECT count(*) FROM m), (SELECT count(*) FROM x),
+			coalesce((SELECT array_agg(e) FROM ((SELECT 'missing ' || left(m::text, 100) AS e FROM m LIMIT 3)
+				UNION ALL (SELECT 'extra ' || left(x::text, 100) FROM x LIMIT 3)) s), '{}')`).Scan(&missing, &extra, &examples)
+	if err != nil {
+		t.Fatalf("compare %s with its SQL: %v", target, err)
+	}
+	if missing+extra > 0 {
+		t.Errorf("%s differs from its SQL: %d rows missing, %d extra; e.g. %s", target, missing, extra, strings.Join(examples, "; "))
+	}
+}
+
+// filterChainYAML is a chain orders -> customers -> regions with a filter
+// and an expression on every table.
+const filterChainYAML = `
+joins:
+  - name: orders_wide
+    type: left
+    left:
+      table: public.orders
+      where: "status <> 'draft'"
+      columns: [id, customer_id, amount, "amount * qty AS total", "created::date AS day", "upper(note) AS note_uc"]
+    right:
+      - table: public.customers
+        foreign_key: [customer_id]
+        where: "deleted_at IS NULL"
+        columns: [name AS customer_name, "lower(email) AS email_lc"]
+      - table: public.regions
+        from: customers
+        foreign_key: [region_id]
+        where: "active"
+        columns: ["name || '/' || code AS region"]
+    target:
+      table: public.orders_wide
+  - name: orders_inner
+    type: inner
+    left:
+      table: public.orders
+      where: "qty > 1 OR note IS NULL"
+      foreign_key: [customer_id]
+      columns: [id, "coalesce(qty, 0) * 2 AS qty2"]
+    right:
+      table: public.customers
+      where: "deleted_at IS NULL AND email LIKE '%@x.org'"
+      columns: ["length(name) AS name_len"]
+    target:
+      table: public.orders_inner
+`
+
+// filterChainSQL is what filterChainYAML means, written out.
+const filterChainSQL = `SELECT o.id, o.customer_id, o.amount, o.amount * o.qty AS total, (o.created AT TIME ZONE 'UTC')::date AS day,
+	upper(o.note) AS note_uc, c.name AS customer_name, lower(c.email) AS email_lc, r.name || '/' || r.code AS region
+	FROM (SELECT * FROM orders WHERE status <> 'draft') o
+	LEFT JOIN (SELECT * FROM customers WHERE deleted_at IS NULL) c ON o.customer_id = c.id
+	LEFT JOIN (SELECT * FROM regions WHERE active) r ON c.region_id = r.id`
+
+const filterInnerSQL = `SELECT o.id, coalesce(o.qty, 0) * 2 AS qty2, length(c.name) AS name_len
+	FROM (SELECT * FROM orders WHERE qty > 1 OR note IS NULL) o
+	JOIN (SELECT * FROM customers WHERE deleted_at IS NULL AND email LIKE '%@x.org') c ON o.customer_id = c.id`
+
+func filterChainSchema(t *testing.T, tc *testenv.Case) {
+	sqlExec(t, tc,
+		`CREATE TABLE regions (id int PRIMARY KEY, name text, code text, active boolean)`,
+		`CREATE TABLE customers (id int PRIMARY KEY, name text, email text, region_id int, deleted_at timestamptz)`,
+		`CREATE TABLE orders (id bigint PRIMARY KEY, customer_id int, amount numeric(12,2), qty int, status text,
+			created timestamptz, note text)`,
+		`INSERT INTO regions SELECT g, 'R' || g, 'c' || g, g % 3 <> 0 FROM generate_series(1, 6) g`,
+		`INSERT INTO customers SELECT g, 'Cust ' || g, 'C' || g || CASE WHEN g % 2 = 0 THEN '@X.org' ELSE '@x.org' END,
+			CASE WHEN g % 7 = 0 THEN NULL ELSE 1 + g % 7 END, CASE WHEN g % 5 = 0 THEN now() END FROM generate_series(1, 40) g`,
+		`INSERT INTO orders SELECT g, CASE WHEN g % 11 = 0 THEN NULL ELSE 1 + g % 45 END, g * 1.25, CASE WHEN g % 9 = 0 THEN NULL ELSE g % 4 END,
+			CASE g % 4 WHEN 0 THEN 'draft' WHEN 1 THEN 'paid' ELSE 'open' END, timestamptz '2026-03-01 23:30:00+00' + g * interval '37 minutes',
+			CASE WHEN g % 13 = 0 THEN repeat(md5(g::text), 400) WHEN g % 6 = 0 THEN NULL ELSE 'n' || g END
+			FROM generate_series(1, 300) g`)
+}
+
+// TestFiltersAndExpressions: a chain and a two-table join, each table with
+// a filter and an expression, through the backfill and every change kind:
+// rows entering and leaving their filters, staying out, key and FK
+// changes, deletes, unchanged TOASTed values, NULLs in the filters'
+// columns, several changes of a row in one transaction, TRUNCATE; and a
+// restart. Each step ends equal to the SQL written out.
+func TestFiltersAndExpressions(t *testing.T) {
+	tc := testenv.New(t)
+	filterChainSchema(t, tc)
+	cfg := daemonConfig(t, tc, filterChainYAML)
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	check := func(step string) {
+		t.Helper()
+		waitCaughtUp(t, tc, d)
+		t.Logf("step %s", step)
+		assertSQL(t, tc, "orders_wide", filterChainSQL)
+		assertSQL(t, tc, "orders_inner", filterInnerSQL)
+		assertOracle(t, cfg)
+	}
+	check("backfill")
+	for i, step := range [][]string{
+		{`UPDATE orders SET status = 'paid' WHERE id % 8 = 0`},                                    // enter the filter
+		{`UPDATE orders SET status = 'draft' WHERE id % 10 = 1`},                                  // leave it
+		{`UPDATE orders SET amount = amount + 1 WHERE status = 'draft'`},                          // stay out
+		{`UPDATE orders SET qty = NULL WHERE id % 7 = 2`, `UPDATE orders SET status = NULL WHERE id % 17 = 3`}, // NULLs in filters
+		{`UPDATE orders SET id = id + 1000 WHERE id % 12 = 5`},                                    // key changes
+		{`UPDATE orders SET customer_id = 1 + (customer_id + 3) % 45 WHERE id % 5 = 1`},           // FK changes
+		{`UPDATE orders SET qty = qty + 1 WHERE id % 13 = 0`},                                     // TOASTed note unchanged
+		{`UPDATE orders SET status = 'draft' WHERE id % 26 = 0`, `UPDATE orders SET status = 'paid' WHERE id % 26 = 13`},
+		{`UPDATE customers SET deleted_at = now() WHERE id % 6 = 1`},      // right rows leave
+		{`UPDATE customers SET deleted_at = NULL WHERE id % 10 = 5`},      // and enter
+		{`UPDATE customers SET email = upper(email) WHERE id % 4 = 1`},    // the inner join's filter
+		{`UPDATE customers SET name = name || '!' WHERE deleted_at IS NOT NULL`}, // stay out
+		{`UPDATE customers SET id = id + 100 WHERE id = 3`},               // a right key change
+		{`UPDATE regions SET active = NOT active WHERE id % 2 = 0`},        // a chain's last table
+		{`UPDATE regions SET code = 'z' || code`},
+		{`BEGIN; INSERT INTO orders VALUES (5000, 2, 10, 3, 'draft', now(), 'a');
+		  UPDATE orders SET status = 'paid' WHERE id = 5000; UPDATE orders SET qty = 5 WHERE id = 5000;
+		  UPDATE orders SET status = 'draft' WHERE id = 4; UPDATE orders SET status = 'open' WHERE id = 4;
+		  UPDATE customers SET deleted_at = now() WHERE id = 2; UPDATE customers SET deleted_at = NULL WHERE id = 2; COMMIT`},
+		{`DELETE FROM orders WHERE id % 9 = 4`, `DELETE FROM customers WHERE id % 9 = 8`, `DELETE FROM regions WHERE id = 5`},
+		{`INSERT INTO orders SELECT g, 1 + g % 45, g, g % 3, CASE WHEN g % 2 = 0 THEN 'draft' ELSE 'paid' END, now(), NULL FROM generate_series(6000, 6100) g`},
+		{`INSERT INTO customers VALUES (200, 'new', 'n@x.org', 2, NULL), (201, 'gone', 'g@x.org', 2, now())`},
+	} {
+		sqlExec(t, tc, step...)
+		check(fmt.Sprint(i))
+	}
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	sqlExec(t, tc, `UPDATE orders SET status = CASE status WHEN 'draft' THEN 'paid' ELSE 'draft' END WHERE id % 3 = 0`,
+		`UPDATE customers SET deleted_at = CASE WHEN deleted_at IS NULL THEN now() END WHERE id % 4 = 0`)
+	d = startDaemon(t, cfg, fkmat.Options{})
+	check("restart")
+	sqlExec(t, tc, `TRUNCATE regions`)
+	check("truncate regions")
+	sqlExec(t, tc, `TRUNCATE orders`)
+	check("truncate orders")
+}

@@ -100,3 +100,51 @@ func generateSQL(table config.TableName, cols []plan.GeneratedColumn, inputs []p
 		" FROM unnest(" + strings.Join(arrays, ", ") + ") WITH ORDINALITY AS u(" + strings.Join(names, ", ") + ")) AS " + alias +
 		` ORDER BY ` + alias + `."?fkmat:ord"`
 }
+
+// Fetch reads, as
+//
+//	SELECT c1::text, ... FROM unnest($1::text[], ...) WITH ORDINALITY AS k(k0, ..., ord)
+//	  LEFT JOIN table t ON t.key0 = k.k0::type0 AND ... ORDER BY k.ord
+func (g *sourceGenerator) Fetch(ctx context.Context, table config.TableName, key []plan.SourceColumn, keys [][]*string,
+	cols []string) ([][]*string, error) {
+	var sel, on, names []string
+	args := make([]any, 0, len(key))
+	for _, c := range cols {
+		sel = append(sel, "t."+pgx.Identifier{c}.Sanitize()+"::text")
+	}
+	for i, k := range key {
+		on = append(on, fmt.Sprintf("t.%s = k.k%d::%s", pgx.Identifier{k.Name}.Sanitize(), i, k.Type))
+		names = append(names, fmt.Sprintf("k%d", i))
+		col := make([]*string, len(keys))
+		for r, row := range keys {
+			col[r] = row[i]
+		}
+		args = append(args, col)
+	}
+	var arrays []string
+	for i := range key {
+		arrays = append(arrays, fmt.Sprintf("$%d::text[]", i+1))
+	}
+	q := "SELECT " + strings.Join(sel, ", ") + " FROM unnest(" + strings.Join(arrays, ", ") + ") WITH ORDINALITY AS k(" +
+		strings.Join(names, ", ") + ", ord) LEFT JOIN " + pgx.Identifier{table.Schema, table.Name}.Sanitize() + " t ON " +
+		strings.Join(on, " AND ") + " ORDER BY k.ord"
+	res, err := g.db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	out, err := pgx.CollectRows(res, func(r pgx.CollectableRow) ([]*string, error) {
+		vals := make([]*string, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		return vals, r.Scan(ptrs...)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(out) != len(keys) {
+		return nil, fmt.Errorf("%d rows for %d keys", len(out), len(keys))
+	}
+	return out, nil
+}

@@ -19,6 +19,11 @@ type Generator interface {
 	// column's value in text form (nil for NULL).
 	Generate(ctx context.Context, table config.TableName, cols []plan.GeneratedColumn, inputs []plan.GeneratedInput,
 		rows [][]*string) ([][]*string, error)
+	// Fetch reads the current values of cols of table's rows with the
+	// given keys (key: the key's columns; keys[i] its values in text
+	// form): per key, each column's value in text form, all nil when no
+	// row has the key.
+	Fetch(ctx context.Context, table config.TableName, key []plan.SourceColumn, keys [][]*string, cols []string) ([][]*string, error)
 }
 
 // generated fills the generated columns the joins output into the changes
@@ -39,6 +44,10 @@ type genTable struct {
 	inputs []plan.GeneratedInput
 	// uses[i] are the positions in inputs of cols[i]'s inputs.
 	uses [][]int
+	// filtered says a join filters the table (plan.TablePlan.Where); key
+	// is a unique key of it (a join's).
+	filtered bool
+	key      []plan.SourceColumn
 }
 
 // genRelation is a relation of the stream with generated columns to fill.
@@ -56,11 +65,27 @@ type genRelation struct {
 func newGenerated(gen Generator, joins []Join) *generated {
 	g := &generated{gen: gen, tables: map[config.TableName]*genTable{}, rels: map[*cdc.Relation]*genRelation{}}
 	for _, j := range joins {
-		for name, cols := range j.Plan().Generated {
+		p := j.Plan()
+		tables := []*plan.TablePlan{&p.Left}
+		if p.Edges == nil {
+			tables = append(tables, &p.Right)
+		}
+		for i := range p.Edges {
+			tables = append(tables, &p.Edges[i].Table)
+		}
+		for name, cols := range p.Generated {
 			t := g.tables[name]
 			if t == nil {
 				t = &genTable{name: name}
 				g.tables[name] = t
+			}
+			for _, tp := range tables {
+				if tp.Table == name {
+					t.filtered = t.filtered || tp.Where != ""
+					if t.key == nil {
+						t.key = tp.Key
+					}
+				}
 			}
 			for _, c := range cols {
 				if slices.ContainsFunc(t.cols, func(h plan.GeneratedColumn) bool { return h.Name == c.Name }) {
@@ -137,6 +162,9 @@ type pendingRow struct {
 // fill fills the generated columns of the transactions' changes, with one
 // Generate call per table.
 func (g *generated) fill(ctx context.Context, txns []*cdc.Txn) error {
+	if err := g.fillUnchanged(ctx, txns); err != nil {
+		return err
+	}
 	var pending map[*genTable][]pendingRow
 	for _, t := range txns {
 		if err := g.scan(t, &pending); err != nil {
@@ -266,4 +294,116 @@ func withValues(vals []cdc.Value, n int, v cdc.Value) []cdc.Value {
 		out = append(out, v)
 	}
 	return out
+}
+
+// fillUnchanged replaces, in updates that need them, the values the stream
+// left out (unchanged TOASTed values) with the old row's when the stream
+// sent it whole (REPLICA IDENTITY FULL), else with the source's current
+// ones, read in one query per table. Updates need them on a filtered
+// table (the row may enter the join with them, and fkmat keeps no state
+// for a row its filter leaves out), and where a computed column reads
+// some unchanged values and some changed ones. A current value may be
+// newer than the update: a later change of the column then sends it, so
+// the target is exact once caught up.
+func (g *generated) fillUnchanged(ctx context.Context, txns []*cdc.Txn) error {
+	type fetch struct {
+		c    *cdc.Change
+		miss []int // the relation's positions to fill
+	}
+	var need map[*genTable][]fetch
+	for _, t := range txns {
+		for i := range t.Changes {
+			c := &t.Changes[i]
+			if c.Kind != cdc.ChangeUpdate || !slices.ContainsFunc(c.New, func(v cdc.Value) bool { return v.Kind == cdc.ValueUnchanged }) {
+				continue
+			}
+			tab := g.tables[config.TableName{Schema: c.Relation.Namespace, Name: c.Relation.Name}]
+			if tab == nil || (!tab.filtered && !tab.mixed(c)) {
+				continue
+			}
+			vals := slices.Clone(c.New)
+			var miss []int
+			for p, v := range vals {
+				switch {
+				case v.Kind != cdc.ValueUnchanged:
+				case c.OldKind == cdc.OldFull && p < len(c.Old) && c.Old[p].Kind != cdc.ValueUnchanged:
+					vals[p] = c.Old[p]
+				default:
+					miss = append(miss, p)
+				}
+			}
+			c.New = vals
+			if len(miss) > 0 {
+				if need == nil {
+					need = map[*genTable][]fetch{}
+				}
+				need[tab] = append(need[tab], fetch{c, miss})
+			}
+		}
+	}
+	for tab, fs := range need {
+		// One query per table: the union of the columns to fill.
+		var cols []string
+		for _, f := range fs {
+			for _, p := range f.miss {
+				if name := f.c.Relation.Columns[p].Name; !slices.Contains(cols, name) {
+					cols = append(cols, name)
+				}
+			}
+		}
+		keys := make([][]*string, len(fs))
+		for i, f := range fs {
+			keys[i] = make([]*string, len(tab.key))
+			for k, kc := range tab.key {
+				p := f.c.Relation.ColumnIndex(kc.Name)
+				if p < 0 {
+					return fmt.Errorf("%s lacks its key column %q", tab.name, kc.Name)
+				}
+				v := f.c.New[p]
+				if v.Kind == cdc.ValueUnchanged && p < len(f.c.Old) {
+					v = f.c.Old[p]
+				}
+				if v.Kind == cdc.ValueText || v.Kind == cdc.ValueBinary {
+					s := string(v.Data)
+					keys[i][k] = &s
+				}
+			}
+		}
+		got, err := g.gen.Fetch(ctx, tab.name, tab.key, keys, cols)
+		if err != nil {
+			return fmt.Errorf("read the unchanged values of %s: %w", tab.name, err)
+		}
+		for i, f := range fs {
+			for _, p := range f.miss {
+				v := cdc.Value{Kind: cdc.ValueNull, Type: f.c.New[p].Type}
+				// A row gone since: its delete follows in the stream.
+				if s := got[i][slices.Index(cols, f.c.Relation.Columns[p].Name)]; s != nil {
+					v.Kind, v.Data = cdc.ValueText, []byte(*s)
+				}
+				f.c.New[p] = v
+			}
+		}
+	}
+	return nil
+}
+
+// mixed reports whether a computed column of t reads some unchanged values
+// of c and some sent ones.
+func (t *genTable) mixed(c *cdc.Change) bool {
+	for ci := range t.cols {
+		unchanged, sent := false, false
+		for _, u := range t.uses[ci] {
+			switch p := c.Relation.ColumnIndex(t.inputs[u].Name); {
+			case p < 0:
+			case c.New[p].Kind == cdc.ValueUnchanged:
+				unchanged = true
+			default:
+				sent = true
+			}
+		}
+		if unchanged && sent {
+			return true
+		}
+	}
+	return false
 }

@@ -157,3 +157,52 @@ func TestFiltersAndExpressions(t *testing.T) {
 	sqlExec(t, tc, `TRUNCATE orders`)
 	check("truncate orders")
 }
+
+// TestFilterCheckRefuses: check refuses, exit 2, what fkmat cannot follow
+// in a where or an expression, naming the fix; and accepts the stable
+// functions whose value depends on the row and on the settings fkmat fixes.
+func TestFilterCheckRefuses(t *testing.T) {
+	tc := testenv.New(t)
+	filterChainSchema(t, tc)
+	sqlExec(t, tc, `CREATE FUNCTION stable_fn(int) RETURNS int LANGUAGE sql STABLE AS 'SELECT $1'`,
+		`CREATE FUNCTION immutable_fn(int) RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT $1 + 1'`)
+	join := func(where, column string) string {
+		return fmt.Sprintf(`
+joins:
+  - name: j
+    type: left
+    left: {table: public.orders, foreign_key: [customer_id], where: %q, columns: [id, %q]}
+    right: {table: public.customers, columns: [name]}
+    target: {table: public.j}
+`, where, column)
+	}
+	for _, c := range []struct{ name, where, column, want string }{
+		{"volatile", "random() < 0.5", "amount", `calls random(), which is VOLATILE`},
+		{"clock", "created < now()", "amount", `calls now(), which reads the clock, the transaction, the session or the catalog`},
+		{"current_timestamp", "true", "current_timestamp - created AS age", `reads the clock or the session`},
+		{"current_user", "note <> current_user", "amount", `reads the clock or the session`},
+		{"subquery", "customer_id IN (SELECT id FROM customers)", "amount", `holds a subquery`},
+		{"aggregate", "true", "sum(amount) AS s", `holds an aggregate`},
+		{"window", "true", "row_number() OVER () AS n", `holds a window function`},
+		{"another table", "customers.name <> ''", "amount", `reads table "customers": a where or an expression reads only its own table's columns`},
+		{"unknown column", "stauts <> 'draft'", "amount", `table public.orders has no column "stauts"`},
+		{"not boolean", "amount + 1", "amount", `is of type numeric, not boolean`},
+		{"stable user function", "stable_fn(qty) > 1", "amount", `calls stable_fn(integer), which is STABLE`},
+		{"set-returning", "true", "generate_series(1, qty) AS g", `returns a set of rows`},
+		{"system column", "xmin <> '0'", "amount", `reads a system column`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := runCLI(t, cliEnv(t, tc, join(c.where, c.column)), "check")
+			if r.code != 2 || !strings.Contains(r.stderr+r.stdout, c.want) {
+				t.Fatalf("check: exit %d\n%s%s\nwant it to say %s", r.code, r.stdout, r.stderr, c.want)
+			}
+		})
+	}
+	// Stable functions that depend on the row and on the fixed settings
+	// only, immutable user functions, casts and operators are accepted.
+	r := runCLI(t, cliEnv(t, tc, join("created::date > '2026-01-01' AND immutable_fn(qty) > 1",
+		"jsonb_build_object('id', id, 'at', created) AS doc")), "check")
+	if r.code != 0 {
+		t.Fatalf("check: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}

@@ -106,14 +106,22 @@ func probeExpr(ctx context.Context, db Querier, ct *catalogTable, expr string) (
 	if p := treeProblem(tree); p != "" {
 		return exprInfo{}, p, nil
 	}
+	var funcs, ops []uint32
+	for _, m := range calledFunction.FindAllStringSubmatch(tree, -1) {
+		var oid uint32
+		_, _ = fmt.Sscan(m[1], &oid)
+		funcs = append(funcs, oid)
+	}
+	for _, m := range calledOperator.FindAllStringSubmatch(tree, -1) {
+		var oid uint32
+		_, _ = fmt.Sscan(m[1], &oid)
+		ops = append(ops, oid)
+	}
 	rows, err := tx.Query(ctx, `
 		SELECT p.oid::regprocedure::text, p.proname, n.nspname, p.provolatile::text, p.prokind::text, p.proretset,
 			p.pronargs, coalesce(p.proargtypes[0]::regtype::text, '')
-		FROM pg_depend d JOIN pg_rewrite r ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
-		LEFT JOIN pg_operator o ON d.refclassid = 'pg_operator'::regclass AND o.oid = d.refobjid
-		JOIN pg_proc p ON (d.refclassid = 'pg_proc'::regclass AND p.oid = d.refobjid) OR p.oid = o.oprcode
-		JOIN pg_namespace n ON n.oid = p.pronamespace
-		WHERE r.ev_class = 'pg_temp.fkmat_probe'::regclass ORDER BY 1`)
+		FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE p.oid = ANY($1::oid[]) OR p.oid IN (SELECT oprcode FROM pg_operator WHERE oid = ANY($2::oid[])) ORDER BY 1`, funcs, ops)
 	if err != nil {
 		return exprInfo{}, "", fmt.Errorf("check an expression over %s: %w", ct.name, err)
 	}
@@ -156,7 +164,18 @@ func probeExpr(ctx context.Context, db Querier, ct *catalogTable, expr string) (
 
 // wholeRow matches a whole-row reference (orders.*, to_jsonb(orders)) in a
 // query tree.
-var wholeRow = regexp.MustCompile(`\{VAR :varno 1 :varattno 0 `)
+var wholeRow = regexp.MustCompile(`\{VAR :varno \d+ :varattno 0 `)
+
+// systemColumn matches a system column reference (ctid, xmin, ...).
+var systemColumn = regexp.MustCompile(`\{VAR :varno \d+ :varattno -`)
+
+// calledFunction matches the function a node of a query tree calls
+// (functions, operators' functions); calledOperator an operator. Built-in
+// functions are pinned: pg_depend records no dependency on them.
+var (
+	calledFunction = regexp.MustCompile(`:(?:funcid|opfuncid) (\d+)`)
+	calledOperator = regexp.MustCompile(`:opno (\d+)`)
+)
 
 // treeProblem names what the query tree of an expression holds that fkmat
 // cannot follow, or "".
@@ -173,7 +192,7 @@ func treeProblem(tree string) string {
 			"computes it, not on the row; keep the column and compute this in a view over the target"
 	case strings.Contains(tree, "{NEXTVALUEEXPR"):
 		return "reads a sequence: its value would depend on when fkmat computes it"
-	case regexp.MustCompile(`\{VAR :varno 1 :varattno -`).MatchString(tree):
+	case systemColumn.MatchString(tree):
 		return "reads a system column (ctid, xmin, ...): its value is not part of the row in the stream"
 	}
 	return ""

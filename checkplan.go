@@ -71,6 +71,12 @@ type TableCost struct {
 	RefBytes    int64  `json:"state_bytes_per_reference"`
 	StateBytes  int64  `json:"state_bytes"`
 	WidthSource string `json:"width_source"` // pg_stats (analyzed) or types (not analyzed)
+	// Where is the table's filter; Kept the rows the planner expects it to
+	// keep (its selectivity from the table's statistics), which the state
+	// holds; SavedBytes the state the rows it leaves out do not take.
+	Where      string `json:"where,omitempty"`
+	Kept       int64  `json:"kept_rows,omitempty"`
+	SavedBytes int64  `json:"state_bytes_saved,omitempty"`
 }
 
 // The estimate's figures, from `make bench` on the 2-core development
@@ -226,23 +232,24 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 		table      config.TableName
 		cols, refs [][]plan.SourceColumn // refs: per edge from this table, its FK columns
 		key        []plan.SourceColumn
+		tp         *plan.TablePlan
 	}
 	var st []stateTable
 	if p.Edges == nil {
 		cols := slices.Concat(p.Left.Key, p.Left.ForeignKey, sourcesOf(p.Left.Values))
 		st = append(st,
 			stateTable{name: p.Left.Table.String(), table: p.Left.Table, cols: [][]plan.SourceColumn{cols}, key: p.Left.Key,
-				refs: [][]plan.SourceColumn{p.Left.ForeignKey}},
+				refs: [][]plan.SourceColumn{p.Left.ForeignKey}, tp: &p.Left},
 			stateTable{name: p.Right.Table.String(), table: p.Right.Table,
-				cols: [][]plan.SourceColumn{slices.Concat(p.Right.Key, sourcesOf(p.Right.Values))}, key: p.Right.Key})
+				cols: [][]plan.SourceColumn{slices.Concat(p.Right.Key, sourcesOf(p.Right.Values))}, key: p.Right.Key, tp: &p.Right})
 	} else {
 		layout := pipeline.TreeLayoutOf(p)
 		for t := range len(p.Edges) + 1 {
 			s := stateTable{name: p.Left.Table.String(), table: p.Left.Table, key: p.Left.Key,
-				cols: [][]plan.SourceColumn{layout.Columns(p, t)}}
+				cols: [][]plan.SourceColumn{layout.Columns(p, t)}, tp: &p.Left}
 			if t > 0 {
-				e := p.Edges[t-1]
-				s.name, s.table, s.key = e.Alias, e.Table.Table, e.Table.Key
+				e := &p.Edges[t-1]
+				s.name, s.table, s.key, s.tp = e.Alias, e.Table.Table, e.Table.Key, &e.Table
 			}
 			for _, e := range p.Edges {
 				if e.Parent+1 == t {
@@ -265,15 +272,25 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 		if !analyzed {
 			tc.WidthSource = "types"
 		}
-		for _, fk := range s.refs {
-			tc.References += rows
-			tc.RefBytes = refOverhead + width(widths, s.key) + width(widths, fk)
-			tc.StateBytes += rows * tc.RefBytes
+		kept := rows
+		if s.tp.Where != "" {
+			if kept, err = filteredRows(ctx, source, s.tp, rows); err != nil {
+				return jc, err
+			}
+			tc.Where, tc.Kept = s.tp.Where, kept
 		}
-		tc.StateBytes += rows * tc.RowBytes
+		for _, fk := range s.refs {
+			tc.References += kept
+			tc.RefBytes = refOverhead + width(widths, s.key) + width(widths, fk)
+			tc.StateBytes += kept * tc.RefBytes
+		}
+		tc.StateBytes += kept * tc.RowBytes
+		if kept < rows {
+			tc.SavedBytes = (rows - kept) * (tc.RowBytes + int64(len(s.refs))*tc.RefBytes)
+		}
 		jc.Tables = append(jc.Tables, tc)
 		jc.RedisBytes += tc.StateBytes
-		jc.BackfillRows += rows
+		jc.BackfillRows += kept
 	}
 	var refs int64
 	for _, t := range jc.Tables {
@@ -281,6 +298,35 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 	}
 	jc.BackfillSeconds = backfillSetup + float64(jc.BackfillRows+refs)/backfillEntriesPerSecond
 	return jc, nil
+}
+
+// filteredRows is how many of a table's rows its filter keeps, as the
+// planner estimates from the table's statistics (the selectivity of the
+// where applied to rows).
+func filteredRows(ctx context.Context, db *pgxpool.Pool, tp *plan.TablePlan, rows int64) (int64, error) {
+	var all, kept float64
+	explain := func(q string) (float64, error) {
+		var out []map[string]map[string]any
+		if err := db.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+q).Scan(&out); err != nil {
+			return 0, fmt.Errorf("estimate the rows the where of %s keeps: %w", tp.Table, err)
+		}
+		if len(out) == 0 {
+			return 0, nil
+		}
+		n, _ := out[0]["Plan"]["Plan Rows"].(float64)
+		return n, nil
+	}
+	var err error
+	if all, err = explain("SELECT 1 FROM " + tableIdent(tp.Table)); err != nil {
+		return 0, err
+	}
+	if kept, err = explain("SELECT 1 FROM " + plan.FromSQL(&plan.TablePlan{Table: tp.Table, Where: tp.Where}) + " t"); err != nil {
+		return 0, err
+	}
+	if all <= 0 {
+		return rows, nil
+	}
+	return int64(float64(rows) * min(kept/all, 1)), nil
 }
 
 func sourcesOf(vals []plan.OutputColumn) []plan.SourceColumn {
@@ -297,13 +343,20 @@ func width(widths map[string]int64, cols []plan.SourceColumn) int64 {
 	var n int64
 	seen := map[string]bool{}
 	for _, c := range cols {
-		if !seen[c.Name] {
-			seen[c.Name] = true
+		switch {
+		case seen[c.Name]:
+		case c.Expr != "":
+			n += computedWidth // a computed column has no statistics
+		default:
 			n += widths[c.Name]
 		}
+		seen[c.Name] = true
 	}
 	return n
 }
+
+// computedWidth is the width a computed column is estimated at.
+const computedWidth = 16
 
 // columnWidths is each column's average width in bytes: pg_stats.avg_width
 // where the table was analyzed, else the type's length (16 for a type of

@@ -121,6 +121,12 @@ func printPlan(w io.Writer, p *fkmat.RunPlan) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		for _, t := range j.Tables {
+			if t.Where != "" {
+				fmt.Fprintf(w, "  where %s on %s: keeps ~%s of %s rows (%.0f%%, from its statistics); state saved ~%s\n",
+					t.Where, t.Table, human.Count(t.Kept), human.Count(t.Rows), 100*float64(t.Kept)/float64(max(t.Rows, 1)), human.Bytes(t.SavedBytes))
+			}
+		}
 		fmt.Fprintf(w, "  estimate: Redis %s, backfill %s (%s rows)\n", human.Bytes(j.RedisBytes), estimate(j.BackfillSeconds), human.Count(j.BackfillRows))
 		if j.Rebuild != "" {
 			fmt.Fprintf(w, "  rebuild: %s\n", j.Rebuild)

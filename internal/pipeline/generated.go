@@ -318,7 +318,10 @@ func (g *generated) fillUnchanged(ctx context.Context, txns []*cdc.Txn) error {
 				continue
 			}
 			tab := g.tables[config.TableName{Schema: c.Relation.Namespace, Name: c.Relation.Name}]
-			if tab == nil || (!tab.filtered && !tab.mixed(c)) {
+			// On a filtered table, an update that leaves every input of
+			// its filters unchanged keeps the row in the join or out of it
+			// (join.Change.IfPresent): the state fills a present row's.
+			if tab == nil || (!tab.filtered || tab.filtersUnchanged(c)) && !tab.mixed(c) {
 				continue
 			}
 			vals := slices.Clone(c.New)
@@ -385,6 +388,25 @@ func (g *generated) fillUnchanged(ctx context.Context, txns []*cdc.Txn) error {
 		}
 	}
 	return nil
+}
+
+// filtersUnchanged reports whether c leaves every input of every filter of
+// t unchanged (a filter reading no column is never unchanged).
+func (t *genTable) filtersUnchanged(c *cdc.Change) bool {
+	for ci, col := range t.cols {
+		if !plan.IsFilterColumn(col.Name) {
+			continue
+		}
+		if len(t.uses[ci]) == 0 {
+			return false
+		}
+		for _, u := range t.uses[ci] {
+			if p := c.Relation.ColumnIndex(t.inputs[u].Name); p < 0 || c.New[p].Kind != cdc.ValueUnchanged {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // mixed reports whether a computed column of t reads some unchanged values

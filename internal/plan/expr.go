@@ -32,6 +32,9 @@ func ComputedName(kind, expr string) string {
 	return "?fkmat:" + kind + ":" + hex.EncodeToString(sum[:6])
 }
 
+// IsFilterColumn reports whether name is a where's ComputedName.
+func IsFilterColumn(name string) bool { return strings.HasPrefix(name, "?fkmat:where:") }
+
 // FilterColumn is the name of tp's filter column, "" when it has no where.
 func (tp *TablePlan) FilterColumn() string {
 	if tp.Where == "" {

@@ -911,9 +911,11 @@ const (
 	regionFilter   = "name NOT LIKE '%5'"
 )
 
-func orderPasses(note string) bool   { return !strings.HasPrefix(note, "x") }
-func customerPasses(name string) bool { return !strings.HasSuffix(name, "3") && !strings.HasSuffix(name, "7") }
-func regionPasses(name string) bool   { return !strings.HasSuffix(name, "5") }
+func orderPasses(note string) bool { return !strings.HasPrefix(note, "x") }
+func customerPasses(name string) bool {
+	return !strings.HasSuffix(name, "3") && !strings.HasSuffix(name, "7")
+}
+func regionPasses(name string) bool { return !strings.HasSuffix(name, "5") }
 
 // withFilters filters every table of p (testPlan or testTreePlan): orders
 // on their note (a value the model leaves unchanged-TOASTed in many

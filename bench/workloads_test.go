@@ -53,6 +53,9 @@ type workload struct {
 	orders int
 	// yaml is fkmat's join configuration (joinYAML when empty).
 	yaml string
+	// oracleTarget and oracleSQL, when set, replace assertJoin's query of
+	// orders_enriched and its SQL (a join of another shape than joinYAML).
+	oracleTarget, oracleSQL string
 }
 
 func (w *workload) changes() int {

@@ -3,7 +3,9 @@ package bench
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/fkmat/fkmat/internal/testenv"
 )
@@ -69,4 +71,68 @@ func benchW1Filtered(t *testing.T, s sizes, rep *report) {
 		fmt.Sprintf("plain %.1f / %.1f MB, filtered %.1f / %.1f MB", plain[0].mem/1e6, plain[1].mem/1e6, filtered[0].mem/1e6, filtered[1].mem/1e6), false)
 	rep.target("W1 with a 50% filter and an expression: CPU per change ≤ 1.2x plain", cpuRatio, "<=", 1.2, "x")
 	rep.target("W1 with a 50% filter and an expression: Redis state ≤ 0.55x plain", memRatio, "<=", 0.55, "x")
+}
+
+// w7FilteredYAML is W7's join with a filter on a dimension of the chain
+// (a nation left out: its customers' lineitems keep no nation nor region)
+// and two computed columns, one on the fact table and one on a dimension.
+var w7FilteredYAML = strings.NewReplacer(
+	"columns: [l_orderkey, l_linenumber, l_partkey, l_suppkey, l_quantity, l_extendedprice, l_discount, l_shipdate]",
+	`columns: [l_orderkey, l_linenumber, l_partkey, l_suppkey, l_quantity, l_extendedprice, l_discount, l_shipdate, "l_extendedprice * (1 - l_discount) AS revenue"]`,
+	"columns: [c_name, c_mktsegment]}", `columns: [c_name, c_mktsegment, "lower(c_name) AS c_name_lc"]}`,
+	"foreign_key: [c_nationkey], columns: [n_name]}", `foreign_key: [c_nationkey], where: "n_name <> 'nation 6'", columns: [n_name]}`,
+).Replace(w7YAML)
+
+const (
+	w7FilteredSQL = `SELECT l.l_orderkey, l.l_linenumber, l.l_partkey, l.l_suppkey, l.l_quantity, l.l_extendedprice, l.l_discount, l.l_shipdate,
+		l.l_extendedprice * (1 - l.l_discount), o.o_orderdate, o.o_totalprice, c.c_name, c.c_mktsegment, lower(c.c_name), n.n_name, r.r_name,
+		p.p_name, p.p_brand, s.s_name, ps.ps_supplycost, sn.n_name AS s_nation
+	FROM lineitem l JOIN orders o ON l.l_orderkey = o.o_orderkey LEFT JOIN customer c ON o.o_custkey = c.c_custkey
+	LEFT JOIN (SELECT * FROM nation WHERE n_name <> 'nation 6') n ON c.c_nationkey = n.n_nationkey LEFT JOIN region r ON n.n_regionkey = r.r_regionkey
+	JOIN part p ON l.l_partkey = p.p_partkey LEFT JOIN supplier s ON l.l_suppkey = s.s_suppkey
+	LEFT JOIN partsupp ps ON l.l_partkey = ps.ps_partkey AND l.l_suppkey = ps.ps_suppkey
+	LEFT JOIN nation sn ON s.s_nationkey = sn.n_nationkey`
+	w7FilteredTarget = `SELECT l_orderkey, l_linenumber, l_partkey, l_suppkey, l_quantity, l_extendedprice, l_discount, l_shipdate, revenue,
+		o_orderdate, o_totalprice, c_name, c_mktsegment, c_name_lc, n_name, r_name, p_name, p_brand, s_name, ps_supplycost, s_nation FROM lineitem_wide`
+)
+
+// benchW7Filtered measures W7's fan-out through its chain against the
+// two-table fan-out of the same daemon, with w7FilteredYAML and with W7's
+// own join, one after the other in one run: the filter and the
+// expressions must keep the chain's ratio.
+func benchW7Filtered(t *testing.T, s sizes, rep *report) {
+	sf := w7ScaleFactor(s.W1Orders >= fullSizes.W1Orders)
+	name := fmt.Sprintf("W7 TPC-H, 8 entries (SF %g)", sf)
+	ratio := func(yaml, target, sql string) (float64, float64, float64) {
+		w := w7(sf)
+		w.yaml = yaml
+		d := newDB(t, w)
+		d.backfill()
+		d.assertQuery("lineitem_wide", target, sql)
+		p := d.run("w7")
+		p.waitServing()
+		d.waitCaught(p)
+		rate := func(sql string, n int64) float64 {
+			t.Helper()
+			return float64(n) / p.writeRows(sql, n, 20*time.Minute).Seconds()
+		}
+		inRegion := d.int64(`SELECT count(*) FROM lineitem_wide WHERE r_name = 'region 1'`)
+		flagged := d.int64(`SELECT count(*) FROM lineitem_flags WHERE l_returnflag = 'N'`)
+		var regions, flags []float64
+		for r := range 3 {
+			regions = append(regions, rate(fmt.Sprintf(`UPDATE region SET r_name = 'REGION ONE %d' WHERE r_regionkey = 1`, r), inRegion))
+			flags = append(flags, rate(fmt.Sprintf(`UPDATE returnflag SET label = 'no flag %d' WHERE flag = 'N'`, r), flagged))
+		}
+		d.waitCaught(p)
+		p.stop()
+		d.assertQuery("lineitem_wide", target, sql)
+		d.assertQuery("lineitem_flags", w7FlagsTarget, w7FlagsSQL)
+		return median(regions) / median(flags), median(regions), median(flags)
+	}
+	plain, pr, pf := ratio(w7YAML, w7WideTarget, w7WideSQL)
+	filtered, fr, ff := ratio(w7FilteredYAML, w7FilteredTarget, w7FilteredSQL)
+	rep.row(name, "filter on nation + 2 expressions: chain fan-out / two-table fan-out", filtered, "x",
+		fmt.Sprintf("region rename %.0f rows/s, flag rename %.0f rows/s (medians of 3); W7's own join in this run: %.2fx (%.0f / %.0f rows/s)",
+			fr, ff, plain, pr, pf), false)
+	rep.target("W7 with a filter on a dimension and 2 expressions keeps the chain's fan-out ratio (filtered / plain)", filtered/plain, ">=", 0.9, "x")
 }

@@ -129,10 +129,18 @@ func benchW7Filtered(t *testing.T, s sizes, rep *report) {
 		d.assertQuery("lineitem_flags", w7FlagsTarget, w7FlagsSQL)
 		return median(regions) / median(flags), median(regions), median(flags)
 	}
-	plain, pr, pf := ratio(w7YAML, w7WideTarget, w7WideSQL)
-	filtered, fr, ff := ratio(w7FilteredYAML, w7FilteredTarget, w7FilteredSQL)
+	// Alternately, plain and filtered, twice: the fan-out rates of one
+	// database swing between runs on a loaded machine.
+	var plains, filtereds []float64
+	detail := ""
+	for range 2 {
+		plain, pr, pf := ratio(w7YAML, w7WideTarget, w7WideSQL)
+		filtered, fr, ff := ratio(w7FilteredYAML, w7FilteredTarget, w7FilteredSQL)
+		plains, filtereds = append(plains, plain), append(filtereds, filtered)
+		detail += fmt.Sprintf("; plain %.2fx (%.0f / %.0f rows/s), filtered %.2fx (%.0f / %.0f)", plain, pr, pf, filtered, fr, ff)
+	}
+	plain, filtered := (plains[0]+plains[1])/2, (filtereds[0]+filtereds[1])/2
 	rep.row(name, "filter on nation + 2 expressions: chain fan-out / two-table fan-out", filtered, "x",
-		fmt.Sprintf("region rename %.0f rows/s, flag rename %.0f rows/s (medians of 3); W7's own join in this run: %.2fx (%.0f / %.0f rows/s)",
-			fr, ff, plain, pr, pf), false)
+		"region rename / flag rename rows/s, medians of 3 per database, A B A B"+detail, false)
 	rep.target("W7 with a filter on a dimension and 2 expressions keeps the chain's fan-out ratio (filtered / plain)", filtered/plain, ">=", 0.9, "x")
 }

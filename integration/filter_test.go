@@ -83,12 +83,27 @@ const filterInnerSQL = `SELECT o.id, coalesce(o.qty, 0) * 2 AS qty2, length(c.na
 	FROM (SELECT * FROM orders WHERE qty > 1 OR note IS NULL) o
 	JOIN (SELECT * FROM customers WHERE deleted_at IS NULL AND email LIKE '%@x.org') c ON o.customer_id = c.id`
 
-func filterChainSchema(t *testing.T, tc *testenv.Case) {
+func filterChainSchema(t *testing.T, tc *testenv.Case) { filterSchema(t, tc, false) }
+
+// filterSchema is filterChainSchema, with orders range-partitioned on
+// their key when partitioned (a key change may move a row across
+// partitions).
+func filterSchema(t *testing.T, tc *testenv.Case, partitioned bool) {
+	orders := `CREATE TABLE orders (id bigint PRIMARY KEY, customer_id int, amount numeric(12,2), qty int, status text,
+			created timestamptz, note text)`
+	if partitioned {
+		orders += ` PARTITION BY RANGE (id)`
+	}
 	sqlExec(t, tc,
 		`CREATE TABLE regions (id int PRIMARY KEY, name text, code text, active boolean, descr text)`,
 		`CREATE TABLE customers (id int PRIMARY KEY, name text, email text, region_id int, deleted_at timestamptz)`,
-		`CREATE TABLE orders (id bigint PRIMARY KEY, customer_id int, amount numeric(12,2), qty int, status text,
-			created timestamptz, note text)`,
+		orders)
+	if partitioned {
+		sqlExec(t, tc, `CREATE TABLE orders_a PARTITION OF orders FOR VALUES FROM (MINVALUE) TO (150)`,
+			`CREATE TABLE orders_b PARTITION OF orders FOR VALUES FROM (150) TO (1100)`,
+			`CREATE TABLE orders_c PARTITION OF orders FOR VALUES FROM (1100) TO (MAXVALUE)`)
+	}
+	sqlExec(t, tc,
 		`INSERT INTO regions SELECT g, 'R' || g, 'c' || g, g % 3 <> 0, (SELECT string_agg(md5(g::text || i), '') FROM generate_series(1, 300) i)
 			FROM generate_series(1, 6) g`,
 		`INSERT INTO customers SELECT g, 'Cust ' || g, 'C' || g || CASE WHEN g % 2 = 0 THEN '@X.org' ELSE '@x.org' END,
@@ -107,8 +122,14 @@ func filterChainSchema(t *testing.T, tc *testenv.Case) {
 // columns, several changes of a row in one transaction, TRUNCATE; and a
 // restart. Each step ends equal to the SQL written out.
 func TestFiltersAndExpressions(t *testing.T) {
+	for _, partitioned := range []bool{false, true} {
+		t.Run(fmt.Sprintf("partitioned %v", partitioned), func(t *testing.T) { filtersAndExpressions(t, partitioned) })
+	}
+}
+
+func filtersAndExpressions(t *testing.T, partitioned bool) {
 	tc := testenv.New(t)
-	filterChainSchema(t, tc)
+	filterSchema(t, tc, partitioned)
 	cfg := daemonConfig(t, tc, filterChainYAML)
 	d := startDaemon(t, cfg, fkmat.Options{})
 	waitCaughtUp(t, tc, d)

@@ -194,7 +194,28 @@ func (g *Generator) leftUpsert() join.Change {
 		row.FK = g.toast(row.FK, old.FK)
 		row.Values = g.toast(row.Values, old.Values)
 	}
-	return join.Change{Kind: join.LeftUpsert, Left: row, Insert: g.insert(old == nil)}
+	c := join.Change{Kind: join.LeftUpsert, Left: row, Insert: g.insert(old == nil)}
+	return g.ifPresent(c, old == nil)
+}
+
+// ifPresent marks some updates IfPresent (a filtered table's row whose
+// filter inputs did not change): of a present row, applied as any; of an
+// absent one, with an unchanged-TOAST marker the engine must not try to
+// fill: nothing.
+func (g *Generator) ifPresent(c join.Change, absent bool) join.Change {
+	if c.Insert || g.r.IntN(6) != 0 {
+		return c
+	}
+	c.IfPresent = true
+	vals := &c.Left.Values
+	if c.Kind == join.RightUpsert || c.Kind == join.RightKeyChange {
+		vals = &c.Right.Values
+	}
+	if absent && len(*vals) > 0 {
+		*vals = slices.Clone(*vals)
+		(*vals)[0] = join.ToastValue()
+	}
+	return c
 }
 
 // insert returns whether an upsert of a row that exists (or not) is marked
@@ -233,7 +254,8 @@ func (g *Generator) leftKeyChange() (join.Change, bool) {
 	}
 	row.FK = g.toast(row.FK, oldRow.FK)
 	row.Values = g.toast(row.Values, oldRow.Values)
-	return join.Change{Kind: join.LeftKeyChange, Left: row, OldKey: old}, true
+	c := join.Change{Kind: join.LeftKeyChange, Left: row, OldKey: old}
+	return g.ifPresent(c, false), true
 }
 
 // rightKeyChange returns an UPDATE moving an existing right row to a free
@@ -249,7 +271,8 @@ func (g *Generator) rightKeyChange() (join.Change, bool) {
 		row.Values = g.values(g.spec.RightValues)
 	}
 	row.Values = g.toast(row.Values, oldRow.Values)
-	return join.Change{Kind: join.RightKeyChange, Right: row, OldKey: old}, true
+	c := join.Change{Kind: join.RightKeyChange, Right: row, OldKey: old}
+	return g.ifPresent(c, false), true
 }
 
 // rightUpsert returns an insert or an update of a right row.
@@ -262,7 +285,8 @@ func (g *Generator) rightUpsert() join.Change {
 		}
 		row.Values = g.toast(row.Values, old.Values)
 	}
-	return join.Change{Kind: join.RightUpsert, Right: row, Insert: g.insert(old == nil)}
+	c := join.Change{Kind: join.RightUpsert, Right: row, Insert: g.insert(old == nil)}
+	return g.ifPresent(c, old == nil)
 }
 
 // toast replaces some values equal to the old ones by Toast markers.

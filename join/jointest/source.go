@@ -20,7 +20,13 @@ func NewSource(spec join.Spec) *Source {
 }
 
 // Apply applies one change, filling unchanged-TOAST values from the table.
+// A change marked IfPresent of a row the table does not hold is nothing.
 func (s *Source) Apply(c join.Change) error {
+	if c.IfPresent {
+		if present, err := s.present(c); err != nil || !present {
+			return err
+		}
+	}
 	switch c.Kind {
 	case join.LeftUpsert:
 		k, err := join.EncodeKey(s.spec.PK, c.Left.PK)
@@ -130,4 +136,28 @@ func (s *Source) Join() map[join.Key]join.Row {
 		rows[k] = row
 	}
 	return rows
+}
+
+// present reports whether the table holds the row an upsert or a key
+// change (at its old key) applies to.
+func (s *Source) present(c join.Change) (bool, error) {
+	switch c.Kind {
+	case join.LeftUpsert, join.LeftKeyChange:
+		key := c.Left.PK
+		if c.Kind == join.LeftKeyChange {
+			key = c.OldKey
+		}
+		k, err := join.EncodeKey(s.spec.PK, key)
+		_, ok := s.Left[k]
+		return ok, err
+	case join.RightUpsert, join.RightKeyChange:
+		key := c.Right.Key
+		if c.Kind == join.RightKeyChange {
+			key = c.OldKey
+		}
+		k, err := join.EncodeKey(s.spec.RightKey, key)
+		_, ok := s.Right[k]
+		return ok, err
+	}
+	return true, nil
 }

@@ -312,6 +312,20 @@ func (m *treeModel) change(r *rand.Rand, t int) join.TreeChange {
 	}
 	old, exists := rows[key]
 	switch p := r.IntN(100); {
+	case p >= 3 && p < 6 && !exists:
+		// A filtered table's update that left the filter's inputs
+		// unchanged, of a row out of the join: nothing.
+		nr := modelRow{vals: [2]join.Value{val(), join.ToastValue()}}
+		for range m.tr.children[t] {
+			nr.fks = append(nr.fks, fk())
+		}
+		c := join.TreeChange{Table: t, Kind: join.TreeUpsert, Row: m.treeRow(key, nr), IfPresent: true}
+		if to := int64(1 + r.IntN(8)); r.IntN(2) == 0 && to != key {
+			if _, taken := rows[to]; !taken {
+				c.Kind, c.OldKey, c.Row = join.TreeKeyChange, c.Row.Key, m.treeRow(to, nr)
+			}
+		}
+		return c
 	case p < 3:
 		m.rows[t] = map[int64]modelRow{}
 		return join.TreeChange{Table: t, Kind: join.TreeTruncate}
@@ -329,7 +343,8 @@ func (m *treeModel) change(r *rand.Rand, t int) join.TreeChange {
 		}
 		delete(rows, key)
 		rows[to] = nr
-		c := join.TreeChange{Table: t, Kind: join.TreeKeyChange, Row: m.treeRow(to, nr), OldKey: []join.Value{join.TextValue(strconv.FormatInt(key, 10))}}
+		c := join.TreeChange{Table: t, Kind: join.TreeKeyChange, Row: m.treeRow(to, nr), OldKey: []join.Value{join.TextValue(strconv.FormatInt(key, 10))},
+			IfPresent: r.IntN(4) == 0} // present: applied as any
 		if r.IntN(2) == 0 {
 			c.Row.Values[1] = join.ToastValue() // unchanged TOAST, carried from the old key
 		}
@@ -347,7 +362,7 @@ func (m *treeModel) change(r *rand.Rand, t int) join.TreeChange {
 		nr.fks = slices.Clone(old.fks) // only values change
 	}
 	rows[key] = nr
-	c := join.TreeChange{Table: t, Kind: join.TreeUpsert, Row: m.treeRow(key, nr), Insert: !exists}
+	c := join.TreeChange{Table: t, Kind: join.TreeUpsert, Row: m.treeRow(key, nr), Insert: !exists, IfPresent: exists && r.IntN(4) == 0}
 	if toast {
 		c.Row.Values[1] = join.ToastValue()
 	}

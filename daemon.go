@@ -500,7 +500,11 @@ func textSettings(tz string) map[string]string {
 	if tz == "" {
 		tz = "UTC"
 	}
-	return map[string]string{"TimeZone": tz, "DateStyle": "ISO, MDY", "IntervalStyle": "postgres", "extra_float_digits": "1"}
+	out := map[string]string{"TimeZone": tz}
+	for name, value := range cdc.TextSettings {
+		out[name] = value
+	}
+	return out
 }
 
 func connectPostgres(ctx context.Context, url, what, tz string) (*pgxpool.Pool, error) {

@@ -27,6 +27,11 @@ type Client struct {
 	user string
 }
 
+// TextSettings are the settings of the replication connection that shape
+// the text form of values: dates in ISO form, intervals in Postgres's,
+// floats exact.
+var TextSettings = map[string]string{"DateStyle": "ISO, MDY", "IntervalStyle": "postgres", "extra_float_digits": "1"}
+
 // New validates cfg and returns a Client.
 func New(cfg Config) (*Client, error) {
 	cfg.Tables = slices.Clone(cfg.Tables)
@@ -45,6 +50,12 @@ func New(cfg Config) (*Client, error) {
 	repl.RuntimeParams["statement_timeout"] = "0"
 	if _, ok := repl.RuntimeParams["application_name"]; !ok {
 		repl.RuntimeParams["application_name"] = "fkmat-cdc"
+	}
+	// pgoutput sends values in text form under the walsender's settings:
+	// fix those that change how dates, intervals and floats read, as on
+	// every other session of fkmat (whose DateStyle is ISO).
+	for name, value := range TextSettings {
+		repl.RuntimeParams[name] = value
 	}
 	log := cfg.Logger
 	if log == nil {

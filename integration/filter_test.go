@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/internal/testenv"
 )
@@ -382,4 +384,40 @@ func columnTypes(t *testing.T, tc *testenv.Case, table string) string {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestSessionSettings: a source database whose defaults change how values
+// read as text (DateStyle SQL, DMY; IntervalStyle sql_standard;
+// extra_float_digits 0; a TimeZone west of UTC) joins the same as any: the
+// stream's text, the backfill's and the target's sessions all use fkmat's
+// fixed settings, and created::date uses the file's timezone (UTC).
+func TestSessionSettings(t *testing.T) {
+	tc := testenv.New(t)
+	db := pgx.Identifier{tc.Database}.Sanitize()
+	sqlExec(t, tc, `ALTER DATABASE `+db+` SET DateStyle = 'SQL, DMY'`, `ALTER DATABASE `+db+` SET IntervalStyle = 'sql_standard'`,
+		`ALTER DATABASE `+db+` SET extra_float_digits = 0`, `ALTER DATABASE `+db+` SET TimeZone = 'America/New_York'`,
+		`CREATE TABLE kinds (id int PRIMARY KEY, label text)`,
+		`CREATE TABLE events (id bigint PRIMARY KEY, kind_id int, day date, took interval, ratio float8, at timestamptz)`,
+		`INSERT INTO kinds SELECT g, 'k' || g FROM generate_series(1, 5) g`,
+		`INSERT INTO events SELECT g, 1 + g % 5, date '2026-01-02' + g, g * interval '1 day 2 hours 3 minutes', 1.0 / (g + 7),
+			timestamptz '2026-03-01 03:30:00+00' + g * interval '5 hours' FROM generate_series(1, 200) g`)
+	yml := `
+joins:
+  - name: events_kinds
+    type: left
+    left: {table: public.events, foreign_key: [kind_id], where: "day > '2026-02-01'",
+           columns: [id, day, took, ratio, at, "at::date AS at_day", "took * 2 AS took2"]}
+    right: {table: public.kinds, columns: [label]}
+    target: {table: public.events_kinds}
+`
+	cfg := daemonConfig(t, tc, yml)
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	sqlExec(t, tc, `UPDATE events SET day = day + 40, took = took + interval '1 minute', ratio = ratio / 3 WHERE id % 3 = 0`,
+		`INSERT INTO events SELECT g, 2, date '2026-12-31', interval '-1 year 2 mons', 1e-300 * g, timestamptz '2026-06-30 23:59:59.999999+00'
+			FROM generate_series(1000, 1010) g`)
+	waitCaughtUp(t, tc, d)
+	assertSQL(t, tc, "events_kinds", `SELECT e.id, e.day, e.took, e.ratio, e.at, (e.at AT TIME ZONE 'UTC')::date AS at_day, e.took * 2 AS took2, k.label
+		FROM (SELECT * FROM events WHERE day > '2026-02-01') e LEFT JOIN kinds k ON e.kind_id = k.id`)
+	assertOracle(t, cfg)
 }

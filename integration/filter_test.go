@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -235,7 +236,9 @@ joins:
 	// the state it saves: 3 of 4 orders are not drafts.
 	sqlExec(t, tc, `ANALYZE orders`)
 	r = runCLI(t, cliEnv(t, tc, join("status <> 'draft'", "amount")), "check", "--plan")
-	if r.code != 0 || !strings.Contains(r.stdout, "where status <> 'draft' on public.orders: keeps ~225 of 300 rows (75%") ||
+	// (The rows counted may include inserts whose statistics arrive after
+	// ANALYZE's; the planner's selectivity does not.)
+	if r.code != 0 || !regexp.MustCompile(`where status <> 'draft' on public.orders: keeps ~\d+ of \d+ rows \(75%`).MatchString(r.stdout) ||
 		!strings.Contains(r.stdout, "state saved ~") {
 		t.Fatalf("check --plan: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}

@@ -35,7 +35,7 @@ func TestBadInput(t *testing.T) {
 		name: "unknown top-level key",
 		yaml: "source: postgres://localhost/shop\nredis: redis://localhost:6379/0\njions:\n  - name: x\n",
 		args: []string{"check", "--config", "{file}"},
-		want: []string{"line 3", `the top level has no key "jions"`, "did you mean joins?", "allowed: source, target, redis, slot, publication, joins"},
+		want: []string{"line 3", `the top level has no key "jions"`, "did you mean joins?", "allowed: source, target, redis, slot, publication, timezone, joins"},
 	}, {
 		name: "empty file",
 		yaml: "# nothing yet\n",

@@ -61,13 +61,19 @@ func (g *sourceGenerator) Generate(ctx context.Context, table config.TableName, 
 		args = append(args, col)
 	}
 	args = append(args, make([]int32, len(rows))) // the row count, when no column is read
+	return g.textRows(ctx, q, args, len(cols), len(rows))
+}
+
+// textRows runs q and returns its rows of n text values (nil for NULL),
+// which must be want rows.
+func (g *sourceGenerator) textRows(ctx context.Context, q string, args []any, n, want int) ([][]*string, error) {
 	res, err := g.db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
 	out, err := pgx.CollectRows(res, func(r pgx.CollectableRow) ([]*string, error) {
-		vals := make([]*string, len(cols))
-		ptrs := make([]any, len(cols))
+		vals := make([]*string, n)
+		ptrs := make([]any, n)
 		for i := range vals {
 			ptrs[i] = &vals[i]
 		}
@@ -76,8 +82,8 @@ func (g *sourceGenerator) Generate(ctx context.Context, table config.TableName, 
 	if err != nil {
 		return nil, err
 	}
-	if len(out) != len(rows) {
-		return nil, fmt.Errorf("%d values for %d rows", len(out), len(rows))
+	if len(out) != want {
+		return nil, fmt.Errorf("%d rows, want %d", len(out), want)
 	}
 	return out, nil
 }
@@ -128,23 +134,5 @@ func (g *sourceGenerator) Fetch(ctx context.Context, table config.TableName, key
 	q := "SELECT " + strings.Join(sel, ", ") + " FROM unnest(" + strings.Join(arrays, ", ") + ") WITH ORDINALITY AS k(" +
 		strings.Join(names, ", ") + ", ord) LEFT JOIN " + pgx.Identifier{table.Schema, table.Name}.Sanitize() + " t ON " +
 		strings.Join(on, " AND ") + " ORDER BY k.ord"
-	res, err := g.db.Query(ctx, q, args...)
-	if err != nil {
-		return nil, err
-	}
-	out, err := pgx.CollectRows(res, func(r pgx.CollectableRow) ([]*string, error) {
-		vals := make([]*string, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		return vals, r.Scan(ptrs...)
-	})
-	if err != nil {
-		return nil, err
-	}
-	if len(out) != len(keys) {
-		return nil, fmt.Errorf("%d rows for %d keys", len(out), len(keys))
-	}
-	return out, nil
+	return g.textRows(ctx, q, args, len(cols), len(keys))
 }

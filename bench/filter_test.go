@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/fkmat/fkmat/internal/testenv"
 )
@@ -112,17 +111,7 @@ func benchW7Filtered(t *testing.T, s sizes, rep *report) {
 		p := d.run("w7")
 		p.waitServing()
 		d.waitCaught(p)
-		rate := func(sql string, n int64) float64 {
-			t.Helper()
-			return float64(n) / p.writeRows(sql, n, 20*time.Minute).Seconds()
-		}
-		inRegion := d.int64(`SELECT count(*) FROM lineitem_wide WHERE r_name = 'region 1'`)
-		flagged := d.int64(`SELECT count(*) FROM lineitem_flags WHERE l_returnflag = 'N'`)
-		var regions, flags []float64
-		for r := range 3 {
-			regions = append(regions, rate(fmt.Sprintf(`UPDATE region SET r_name = 'REGION ONE %d' WHERE r_regionkey = 1`, r), inRegion))
-			flags = append(flags, rate(fmt.Sprintf(`UPDATE returnflag SET label = 'no flag %d' WHERE flag = 'N'`, r), flagged))
-		}
+		regions, flags, _, _ := w7FanOuts(t, d, p)
 		d.waitCaught(p)
 		p.stop()
 		d.assertQuery("lineitem_wide", target, sql)

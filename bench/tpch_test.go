@@ -154,22 +154,11 @@ func benchW7(t *testing.T, s sizes, rep *report) {
 	p := d.run("w7")
 	p.waitServing()
 	d.waitCaught(p)
-	// rate runs sql and returns the rows per second until p has written n
-	// more target rows.
 	rate := func(sql string, n int64) float64 {
 		t.Helper()
 		return float64(n) / p.writeRows(sql, n, 20*time.Minute).Seconds()
 	}
-	inRegion := d.int64(`SELECT count(*) FROM lineitem_wide WHERE r_name = 'region 1'`)
-	flagged := d.int64(`SELECT count(*) FROM lineitem_flags WHERE l_returnflag = 'N'`)
-	// The chain's and the two-table fan-out alternate, three of each, and
-	// the medians are compared: one of each swung their ratio from 0.5 to
-	// 0.8 between runs on this machine.
-	var regions, flagRates []float64
-	for r := range 3 {
-		regions = append(regions, rate(fmt.Sprintf(`UPDATE region SET r_name = 'REGION ONE %d' WHERE r_regionkey = 1`, r), inRegion))
-		flagRates = append(flagRates, rate(fmt.Sprintf(`UPDATE returnflag SET label = 'no flag %d' WHERE flag = 'N'`, r), flagged))
-	}
+	regions, flagRates, inRegion, flagged := w7FanOuts(t, d, p)
 	moved := d.int64(`SELECT count(*) FROM lineitem_wide w JOIN orders o ON w.l_orderkey = o.o_orderkey WHERE o.o_custkey % 10 = 0`)
 	nations := rate(`UPDATE customer SET c_nationkey = (c_nationkey + 1) % 25 WHERE c_custkey % 10 = 0`, moved)
 	d.waitCaught(p)
@@ -205,4 +194,27 @@ func listRates(xs []float64) string {
 		out += fmt.Sprintf(" %.0f", x)
 	}
 	return out
+}
+
+// w7FanOuts runs W7's two fan-outs on p alternately, three of each: a
+// region renamed (through the 4-level chain) and a return flag's label
+// renamed (the two-table join of the same daemon). It returns each run's
+// rows per second, and the target rows of each. Their medians are
+// compared: one of each swung their ratio from 0.5 to 0.8 between runs on
+// this machine.
+func w7FanOuts(t *testing.T, d *db, p *daemon) (regions, flags []float64, inRegion, flagged int64) {
+	t.Helper()
+	// rate runs sql and returns the rows per second until p has written n
+	// more target rows.
+	rate := func(sql string, n int64) float64 {
+		t.Helper()
+		return float64(n) / p.writeRows(sql, n, 20*time.Minute).Seconds()
+	}
+	inRegion = d.int64(`SELECT count(*) FROM lineitem_wide WHERE r_name = 'region 1'`)
+	flagged = d.int64(`SELECT count(*) FROM lineitem_flags WHERE l_returnflag = 'N'`)
+	for r := range 3 {
+		regions = append(regions, rate(fmt.Sprintf(`UPDATE region SET r_name = 'REGION ONE %d' WHERE r_regionkey = 1`, r), inRegion))
+		flags = append(flags, rate(fmt.Sprintf(`UPDATE returnflag SET label = 'no flag %d' WHERE flag = 'N'`, r), flagged))
+	}
+	return regions, flags, inRegion, flagged
 }

@@ -37,6 +37,21 @@ func TestBadInput(t *testing.T) {
 		args: []string{"check", "--config", "{file}"},
 		want: []string{"line 3", `the top level has no key "jions"`, "did you mean joins?", "allowed: source, target, redis, slot, publication, timezone, joins"},
 	}, {
+		name: "the configuration without -c",
+		args: []string{"check", "fkmat.yaml"},
+		want: []string{"`fkmat check` takes no argument \"fkmat.yaml\"; pass the configuration with -c: fkmat check -c fkmat.yaml (or set FKMAT_CONFIG)"},
+	}, {
+		name: "a word after a command",
+		args: []string{"status", "now"},
+		want: []string{"`fkmat status` takes no argument \"now\" (`fkmat status --help` lists its flags)"},
+	}, {
+		name: "a cycle of entries",
+		yaml: "source: postgres://localhost/shop\nredis: redis://localhost:6379/0\njoins:\n  - name: j\n    type: left\n    left: {table: orders}\n" +
+			"    right:\n      - {table: customers, from: regions, foreign_key: [customer_id]}\n      - {table: regions, from: customers, foreign_key: [region_id]}\n" +
+			"    target: {table: out}\n",
+		args: []string{"check", "-c", "{file}"},
+		want: []string{`from "regions" closes a cycle: customers → regions → customers`},
+	}, {
 		name: "empty file",
 		yaml: "# nothing yet\n",
 		args: []string{"check", "-c", "{file}"},

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"runtime/debug"
@@ -164,6 +165,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for _, c := range app.Commands {
 		c.Flags = append(c.Flags, commonFlags()...)
 		c.OnUsageError = app.OnUsageError
+		if c.ArgsUsage == "" && c.Before == nil {
+			c.Before = noArguments
+		}
 		switch c.Name { // commands whose --json prints usage errors too
 		case "status":
 			c.OnUsageError = statusUsageError(app.OnUsageError)
@@ -196,6 +200,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	return exitFailure
+}
+
+// noArguments refuses words after a command that takes none: a
+// configuration file given without -c is the usual one.
+func noArguments(c *cli.Context) error {
+	if !c.Args().Present() {
+		return nil
+	}
+	arg := c.Args().First()
+	msg := fmt.Sprintf("`fkmat %s` takes no argument %q", c.Command.Name, arg)
+	if ext := strings.ToLower(filepath.Ext(arg)); ext == ".yaml" || ext == ".yml" || ext == ".json" {
+		msg += fmt.Sprintf("; pass the configuration with -c: fkmat %s -c %s (or set FKMAT_CONFIG)", c.Command.Name, arg)
+	} else {
+		msg += fmt.Sprintf(" (`fkmat %s --help` lists its flags)", c.Command.Name)
+	}
+	return &exitError{code: exitUsage, err: errors.New(msg)}
 }
 
 // unknownCommand is the error for `fkmat <name>` when no command is named

@@ -549,31 +549,7 @@ func (j JoinConfig) ParentOf(i int) (int, error) {
 	if r.From == "" {
 		return -1, nil
 	}
-	names := func(k int) []string {
-		if k < 0 {
-			return []string{j.Left.Table.Name, j.Left.Table.String(), j.Left.Table.Schema + "." + j.Left.Table.Name}
-		}
-		e := j.Rights[k]
-		if e.As != "" {
-			return []string{e.As}
-		}
-		return []string{e.Table.Name, e.Table.String(), e.Table.Schema + "." + e.Table.Name}
-	}
-	var found []int
-	for k := -1; k < len(j.Rights); k++ {
-		if slices.Contains(names(k), r.From) {
-			found = append(found, k)
-		}
-	}
-	if len(found) == 0 {
-		// No name matches: a table name reaches an entry renamed by as
-		// (from takes an as name or a table name).
-		for k, e := range j.Rights {
-			if e.As != "" && slices.Contains([]string{e.Table.Name, e.Table.String(), e.Table.Schema + "." + e.Table.Name}, r.From) {
-				found = append(found, k)
-			}
-		}
-	}
+	found := j.fromMatches(i)
 	var earlier []string
 	earlier = append(earlier, j.Left.Table.Name)
 	for k := range i {
@@ -587,9 +563,64 @@ func (j JoinConfig) ParentOf(i int) (int, error) {
 	case found[0] == i:
 		return 0, fmt.Errorf("from %q names the entry itself: a table cannot reference itself through one edge (a cycle); name the left table or an earlier entry", r.From)
 	case found[0] > i:
+		if cycle := j.cycleThrough(i); cycle != nil {
+			return 0, fmt.Errorf("from %q closes a cycle: %s (each follows the entry its from names); joins form a tree from the left table: "+
+				"make one of them reference the left table or an entry outside the cycle", r.From, strings.Join(cycle, " → "))
+		}
 		return 0, fmt.Errorf("from %q names an entry listed after this one: joins form a tree read in list order (no cycles); move %q above this entry", r.From, r.From)
 	}
 	return found[0], nil
+}
+
+// fromMatches returns the tables of the join (-1: the left table, k: entry
+// k) that entry i's from names: by as, or by table name (an entry renamed
+// by as answers to its table's name only when nothing else does).
+func (j JoinConfig) fromMatches(i int) []int {
+	from := j.Rights[i].From
+	tableNames := func(t TableName) []string { return []string{t.Name, t.String(), t.Schema + "." + t.Name} }
+	var found []int
+	if slices.Contains(tableNames(j.Left.Table), from) {
+		found = append(found, -1)
+	}
+	for k, e := range j.Rights {
+		if (e.As != "" && e.As == from) || (e.As == "" && slices.Contains(tableNames(e.Table), from)) {
+			found = append(found, k)
+		}
+	}
+	if len(found) == 0 {
+		for k, e := range j.Rights {
+			if e.As != "" && slices.Contains(tableNames(e.Table), from) {
+				found = append(found, k)
+			}
+		}
+	}
+	return found
+}
+
+// cycleThrough returns the entries' names along the from links starting
+// at entry i when they lead back to it (customers → regions → customers),
+// nil when they do not.
+func (j JoinConfig) cycleThrough(i int) []string {
+	path := []string{j.Rights[i].Alias()}
+	seen := map[int]bool{i: true}
+	for k := i; ; {
+		if j.Rights[k].From == "" {
+			return nil
+		}
+		found := j.fromMatches(k)
+		if len(found) != 1 || found[0] < 0 {
+			return nil
+		}
+		k = found[0]
+		path = append(path, j.Rights[k].Alias())
+		if k == i {
+			return path
+		}
+		if seen[k] {
+			return nil // a cycle that does not pass through i
+		}
+		seen[k] = true
+	}
 }
 
 // MaxEntries is the most entries a join of more than two tables may have:

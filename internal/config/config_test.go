@@ -250,6 +250,10 @@ func TestListFormErrors(t *testing.T) {
 			"    left: {table: orders}\n    right:\n      - {table: regions, from: customers, foreign_key: [region_id]}\n      - {table: customers, foreign_key: [customer_id]}\n",
 			[]string{`right[0] (regions): from "customers" names an entry listed after this one`, `move "customers" above this entry`},
 		},
+		"cycle": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, from: regions, foreign_key: [customer_id]}\n      - {table: regions, from: customers, foreign_key: [region_id]}\n",
+			[]string{`right[0] (customers): from "regions" closes a cycle: customers → regions → customers`, `make one of them reference the left table`},
+		},
 		"self from": {
 			"    left: {table: orders}\n    right:\n      - {table: customers, from: customers, foreign_key: [customer_id]}\n",
 			[]string{`names the entry itself`, `cycle`},

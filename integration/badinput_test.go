@@ -46,7 +46,22 @@ func TestBadInputCLI(t *testing.T) {
 			schema: shop,
 			yaml:   joinYAML("left", "public.orderz", "public.customers", "[customer_id]", "", ""),
 			cmd:    "check", code: 2,
-			want: []string{"orderz"},
+			want: []string{"left table public.orderz does not exist in the source database (did you mean public.orders?)"},
+		},
+		{
+			name:   "misspelled_right_table",
+			schema: shop,
+			yaml: `
+joins:
+  - name: j
+    type: left
+    left: {table: public.orders}
+    right:
+      - {table: public.custmers, foreign_key: [customer_id]}
+    target: {table: public.j}
+`,
+			cmd: "check", code: 2,
+			want: []string{"right[0] (custmers): table public.custmers does not exist in the source database (did you mean public.customers?)"},
 		},
 		{
 			name:   "unknown_column",

@@ -557,6 +557,15 @@ func (j JoinConfig) ParentOf(i int) (int, error) {
 	}
 	switch {
 	case len(found) == 0:
+		var all []string
+		for _, e := range j.Rights {
+			all = append(all, e.Alias())
+		}
+		if near := closest(r.From, all); near != "" {
+			k := slices.IndexFunc(j.Rights, func(e RightConfig) bool { return e.Alias() == near })
+			return 0, fmt.Errorf("from %q names no table of this join: did you mean %q (right[%d], table %s)? If that entry's table is "+
+				"the misspelled name, fix it there", r.From, near, k, j.Rights[k].Table)
+		}
 		return 0, fmt.Errorf("from %q names no table of this join; use the left table or an earlier entry: %s", r.From, strings.Join(earlier, ", "))
 	case len(found) > 1:
 		return 0, fmt.Errorf("from %q is ambiguous: %d tables of this join answer to it; give the one you mean an `as` name and use that", r.From, len(found))

@@ -260,7 +260,15 @@ func TestListFormErrors(t *testing.T) {
 		},
 		"unknown from": {
 			"    left: {table: orders}\n    right:\n      - {table: customers, foreign_key: [customer_id]}\n      - {table: regions, from: custmers, foreign_key: [region_id]}\n",
-			[]string{`from "custmers" names no table of this join; use the left table or an earlier entry: orders, customers`},
+			[]string{`from "custmers" names no table of this join: did you mean "customers" (right[0], table public.customers)?`},
+		},
+		"a misspelled table, named right by a later from": {
+			"    left: {table: orders}\n    right:\n      - {table: custmers, foreign_key: [customer_id]}\n      - {table: regions, from: customers, foreign_key: [region_id]}\n",
+			[]string{`right[1] (regions): from "customers" names no table of this join: did you mean "custmers" (right[0], table public.custmers)? If that entry's table is the misspelled name, fix it there`},
+		},
+		"a from far from any name": {
+			"    left: {table: orders}\n    right:\n      - {table: customers, foreign_key: [customer_id]}\n      - {table: regions, from: zzz, foreign_key: [region_id]}\n",
+			[]string{`from "zzz" names no table of this join; use the left table or an earlier entry: orders, customers`},
 		},
 		"duplicate as": {
 			"    left: {table: orders}\n    right:\n      - {table: customers, foreign_key: [buyer_id]}\n      - {table: customers, foreign_key: [seller_id]}\n",

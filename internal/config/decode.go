@@ -216,6 +216,10 @@ const (
 	noAggregates = "aggregates are not supported: fkmat maintains the rows of a join; aggregate in a view over the target"
 )
 
+// Closest returns the name of allowed that name is likely a misspelling
+// of, or "".
+func Closest(name string, allowed []string) string { return closest(name, allowed) }
+
 // closest returns the allowed key that key is likely a misspelling of, or
 // "".
 func closest(key string, allowed []string) string {

@@ -195,6 +195,51 @@ type catalogTable struct {
 	toastable map[string]bool
 	// probe resolves an expression over the table (probeExpr).
 	probe func(expr string) (exprInfo, string, error)
+	// similar, for a table that does not exist, is the one of a close name
+	// ("" when none is close).
+	similar string
+}
+
+// similarTable returns the table or partitioned table of the source whose
+// name t's is likely a misspelling of (in t's schema, or of the same name
+// in another), or "".
+func similarTable(ctx context.Context, db Querier, t config.TableName) (string, error) {
+	rows, err := db.Query(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND (n.nspname = $1 OR c.relname = $2)
+			AND n.nspname NOT IN ('pg_catalog', 'information_schema')`, t.Schema, t.Name)
+	if err != nil {
+		return "", fmt.Errorf("look up tables like %s: %w", t, err)
+	}
+	var names []string
+	byName := map[string]config.TableName{}
+	for rows.Next() {
+		var o config.TableName
+		if err := rows.Scan(&o.Schema, &o.Name); err != nil {
+			rows.Close()
+			return "", err
+		}
+		if o.Name == t.Name { // the same name in another schema
+			return o.String(), nil
+		}
+		names = append(names, o.Name)
+		byName[o.Name] = o
+	}
+	if err := rows.Err(); err != nil {
+		return "", err
+	}
+	if near := config.Closest(t.Name, names); near != "" {
+		return byName[near].String(), nil
+	}
+	return "", nil
+}
+
+// notFound is how a missing table is reported: with the table of a close
+// name, when there is one.
+func (ct *catalogTable) notFound() string {
+	if ct.similar != "" {
+		return fmt.Sprintf("table %s does not exist in the source database (did you mean %s?)", ct.name, ct.similar)
+	}
+	return fmt.Sprintf("table %s does not exist in the source database", ct.name)
 }
 
 // uniqueIndex is a unique index (or constraint) of a table.
@@ -224,7 +269,8 @@ func describeTable(ctx context.Context, db Querier, t config.TableName) (*catalo
 		SELECT c.oid, c.relreplident::text, c.relkind = 'p' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`, t.Schema, t.Name).Scan(&oid, &ct.replica, &ct.partitioned)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return ct, nil
+		ct.similar, err = similarTable(ctx, db, t)
+		return ct, err
 	}
 	if err != nil {
 		return nil, fmt.Errorf("look up table %s: %w", t, err)
@@ -349,10 +395,10 @@ func resolveJoin(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 		return nil, nil, err
 	}
 	if !left.exists {
-		add("left table %s does not exist in the source database; check left.table", jc.Left.Table)
+		add("left %s; check left.table", left.notFound())
 	}
 	if !right.exists {
-		add("right table %s does not exist in the source database; check right.table", jc.Right.Table)
+		add("right %s; check right.table", right.notFound())
 	}
 	if !left.exists || !right.exists {
 		return nil, probs, nil
@@ -695,7 +741,7 @@ func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 	}
 	cts := []*catalogTable{left} // index k+1: entry k
 	if !left.exists {
-		add("left table %s does not exist in the source database; check left.table", jc.Left.Table)
+		add("left %s; check left.table", left.notFound())
 	}
 	for i, r := range jc.Rights {
 		ct, err := lookup(r.Table)
@@ -703,7 +749,7 @@ func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 			return nil, nil, err
 		}
 		if !ct.exists {
-			add("right[%d] (%s): table %s does not exist in the source database; check its table", i, r.Alias(), r.Table)
+			add("right[%d] (%s): %s; check its table", i, r.Alias(), ct.notFound())
 		}
 		cts = append(cts, ct)
 	}

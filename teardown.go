@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -54,6 +55,9 @@ func Teardown(ctx context.Context, cfg *config.Config, dropTarget bool, opts Opt
 			}
 			drop = append(drop, t)
 		}
+	}
+	if err := refuseHeld(ctx, client, target, cfg.Slot); err != nil {
+		return err
 	}
 	if err := client.Teardown(ctx); err != nil {
 		return err
@@ -170,4 +174,16 @@ func droppableTarget(ctx context.Context, cfg *config.Config, target plan.Querie
 			j.Name, t.Ident(), err)
 	}
 	return t, nil
+}
+
+// refuseHeld returns ErrSlotInUse, naming the process, when a process
+// streams or backfills from the slot: a running fkmat must be stopped
+// first (ending its walsender only makes it reconnect).
+func refuseHeld(ctx context.Context, client *cdc.Client, target *pgxpool.Pool, slot string) error {
+	h, held, err := client.Holder(ctx)
+	if err != nil || !held {
+		return err
+	}
+	return fmt.Errorf("%w: replication slot %q is held by %s; stop that fkmat (its run or backfill) first, "+
+		"then run fkmat teardown again: ending its walsender would only make it reconnect", cdc.ErrSlotInUse, slot, describeHolder(ctx, target, slot, h))
 }

@@ -34,7 +34,7 @@ type JoinStatus struct {
 	LagBytes          int64  `json:"lag_bytes"`
 	CheckpointLSN     string `json:"checkpoint_lsn"`
 	RedisCheckpoint   string `json:"redis_checkpoint_lsn"`
-	RedisState        string `json:"redis_state"` // ok, lost, foreign, other_layout
+	RedisState        string `json:"redis_state"` // ok, none (never built, or torn down), lost, foreign, other_layout
 	// RedisLayout is the state's layout: version and bucket counts.
 	RedisLayout string `json:"redis_layout,omitempty"`
 	// TargetState is ok, missing (no target table), or wrong_shape (see
@@ -620,6 +620,8 @@ func statusStore(ctx context.Context, rdb redis.UniversalClient, prefix string, 
 	// --on-lost-state), so status says so.
 	streaming := st.exists && st.phase == "streaming"
 	switch {
+	case errors.Is(err, redisstore.ErrNoState) && !st.exists:
+		s.RedisState = "none" // never built, or torn down: nothing was lost
 	case errors.Is(err, redisstore.ErrNoState):
 		s.RedisState = "lost"
 		if streaming {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fkmat/fkmat/internal/testenv"
 )
@@ -19,6 +20,9 @@ func TestTeardownWhileRunning(t *testing.T) {
 	env := cliEnv(t, tc, leftJoinYAML)
 	p := startCLIDaemon(t, env)
 	waitCaughtUp(t, tc, p.d)
+	waitFor(t, 30*time.Second, "the daemon's report in fkmat.daemon", func() bool {
+		return queryInt(t, tc, `SELECT count(*) FROM fkmat.daemon WHERE slot = $1`, tc.Slot) == 1
+	})
 	r := runCLI(t, env, "teardown")
 	want := fmt.Sprintf("fkmat pid %d on host", p.cmd.Process.Pid)
 	if r.code == 0 || !strings.Contains(r.stderr, want) || !strings.Contains(r.stderr, "stop that fkmat") ||
@@ -30,7 +34,16 @@ func TestTeardownWhileRunning(t *testing.T) {
 	}
 	p.mustRun("after the refused teardown")
 	p.kill()
+	// Stopped, the join is not called streaming.
+	waitFor(t, 30*time.Second, "status to say no run streams the join", func() bool {
+		return strings.Contains(runCLI(t, env, "status").stdout, "phase:      built, not streaming: no fkmat run streams it")
+	})
 	if r := runCLI(t, env, "teardown"); r.code != 0 {
 		t.Fatalf("teardown after run stopped: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// After a deliberate teardown, status does not call the state lost.
+	r = runCLI(t, env, "status")
+	if strings.Contains(r.stdout, "lost") || !strings.Contains(r.stdout, "redis:      none") {
+		t.Fatalf("status after teardown:\n%s%s", r.stdout, r.stderr)
 	}
 }

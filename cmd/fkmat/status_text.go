@@ -83,7 +83,7 @@ func writeVerdict(b *strings.Builder, r fkmat.StatusReport) {
 // writeJoin writes the block of one join.
 func writeJoin(b *strings.Builder, s fkmat.JoinStatus, now time.Time) {
 	b.WriteString("join " + s.Join + "\n")
-	writeField(b, "phase", strings.ReplaceAll(s.Phase, "_", " "))
+	writeField(b, "phase", phaseText(s))
 	if s.Build != nil && s.Build.Beside {
 		writeField(b, "rebuild", rebuildText(*s.Build, now))
 	} else if s.Build != nil {
@@ -96,7 +96,10 @@ func writeJoin(b *strings.Builder, s fkmat.JoinStatus, now time.Time) {
 		for _, e := range s.Edges {
 			per = append(per, e.Entry+" "+countText(e.Subscriptions))
 		}
-		writeField(b, "entries", strings.Join(per, ", "))
+		// Each table's state holds its rows' references to the entries
+		// they point to (their subscriptions); a table no entry hangs
+		// from holds none.
+		writeField(b, "references", strings.Join(per, ", ")+" (the foreign-key references each table's rows hold)")
 	}
 	lsn := s.CheckpointLSN
 	if s.SlotExists {
@@ -203,6 +206,16 @@ func redisText(s fkmat.JoinStatus) string {
 		out += ", at " + s.RedisCheckpoint
 	}
 	return out
+}
+
+// phaseText is the join's phase; "streaming" only while a daemon streams
+// it (the phase fkmat.join_state records stays when run stops).
+func phaseText(s fkmat.JoinStatus) string {
+	phase := strings.ReplaceAll(s.Phase, "_", " ")
+	if s.Phase == "streaming" && (s.Daemon == nil || !s.Daemon.Live || !s.SlotActive) {
+		return "built, not streaming: no fkmat run streams it"
+	}
+	return phase
 }
 
 // countText is n readable, or "unknown" for -1.

@@ -187,3 +187,21 @@ func refuseHeld(ctx context.Context, client *cdc.Client, target *pgxpool.Pool, s
 	return fmt.Errorf("%w: replication slot %q is held by %s; stop that fkmat (its run or backfill) first, "+
 		"then run fkmat teardown again: ending its walsender would only make it reconnect", cdc.ErrSlotInUse, slot, describeHolder(ctx, target, slot, h))
 }
+
+// TeardownPlan lists what Teardown drops for cfg, where it exists, without
+// connecting to anything: `fkmat teardown --dry-run`.
+func TeardownPlan(cfg *config.Config, dropTarget bool) []string {
+	out := []string{
+		fmt.Sprintf("replication slot %q, and %q and %q if an interrupted rebuild or backfill left them: its position in the WAL "+
+			"is lost, and the next fkmat run starts over from a new snapshot (a full backfill)", cfg.Slot, rebuildSlot(cfg.Slot), cdc.BackfillSlot(cfg.Slot)),
+		fmt.Sprintf("publication %q", cfg.Publication),
+		fmt.Sprintf("the Redis keys under %q", "fkmat:"+cfg.Slot+":"),
+		fmt.Sprintf("fkmat's metadata rows of slot %q in the target database (checkpoints, join states, builds)", cfg.Slot),
+	}
+	for _, j := range cfg.Joins {
+		if dropTarget {
+			out = append(out, fmt.Sprintf("target table %s of join %q (only if fkmat built it, or it has the join's shape)", j.Target.Table, j.Name))
+		}
+	}
+	return out
+}

@@ -60,9 +60,75 @@ func manPage(app *cli.App) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("write the man page: %w", err)
 	}
-	md = "% " + app.Name + " 1\n\n" + strings.ReplaceAll(md, "[$", `\[$`)
+	md = "% " + app.Name + " 1\n\n" + strings.ReplaceAll(md, "[$", `\[$`) + manSections
 	return string(md2man.Render([]byte(md))), nil
 }
+
+// manSections are the man page's sections beyond the commands and flags.
+const manSections = `
+# DESCRIPTION
+
+fkmat keeps the foreign-key join of Postgres tables materialized as a real
+Postgres table, the target: a left table joined to the tables it references,
+in a star or a chain, optionally filtered (where) and with computed columns.
+It reads the source's changes from logical replication (pgoutput), keeps the
+join's state in Redis, and writes the target and its checkpoint in one
+transaction per batch, so the target equals the SQL join at every committed
+position, through restarts and crashes.
+
+# CONFIGURATION
+
+A YAML file, given with -c or FKMAT_CONFIG:
+
+    source: postgres://fkmat@db:5432/shop
+    redis: redis://redis:6379/0
+    joins:
+      - name: orders_wide
+        type: left
+        left:
+          table: public.orders
+          where: "status <> 'draft'"
+          columns: [id, customer_id, amount, "amount * qty AS total"]
+        right:
+          - table: public.customers
+            foreign_key: [customer_id]
+            columns: [name AS customer_name]
+        target:
+          table: public.orders_wide
+
+Top-level keys: source, target (default: source), redis, slot, publication,
+timezone (default UTC), joins. fkmat check validates a file against the
+databases and prints every problem with its fix.
+
+# ENVIRONMENT
+
+FKMAT_CONFIG, FKMAT_SOURCE_URL, FKMAT_TARGET_URL, FKMAT_REDIS_URL,
+FKMAT_LOG_LEVEL and FKMAT_LOG_FORMAT stand for the flags of the same names;
+each command's flags name their variables (FKMAT_METRICS_ADDR,
+FKMAT_STANDBY, ...). Postgres's PG* variables and URL parameters (sslmode,
+sslrootcert, ...) apply to both databases.
+
+# EXIT STATUS
+
+0: done (run: stopped by SIGINT or SIGTERM after its last batch).
+1: a failure: a database or Redis error that retries did not fix, a
+difference found by verify, a problem reported by status.
+2: a configuration or usage problem: the message names the fix.
+3: verify: the target is behind the source (no daemon streaming, or still
+behind at the deadline of --wait); nothing was compared.
+
+# EXAMPLES
+
+    fkmat check -c fkmat.yaml --plan
+    fkmat run -c fkmat.yaml --metrics-addr 127.0.0.1:9187
+    fkmat status -c fkmat.yaml
+    fkmat verify -c fkmat.yaml --wait 5m
+    fkmat teardown -c fkmat.yaml --dry-run
+
+# SEE ALSO
+
+postgres(1), redis-server(1); the README and docs/ of the fkmat sources.
+`
 
 // completionScript returns the completion script of app for shell.
 func completionScript(app *cli.App, shell string) (string, error) {

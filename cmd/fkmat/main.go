@@ -138,6 +138,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(c.App.Writer, "fkmat %s (%s)\n", buildinfo.Version(), buildinfo.GoVersion())
 	}
 	cli.SuggestDidYouMeanTemplate = "did you mean %s?"
+	cli.HelpPrinter = printHelp
 	app := &cli.App{
 		Name:      "fkmat",
 		Usage:     "keep a foreign-key join of Postgres tables (a star or a chain of them) materialized as a table, from logical replication",
@@ -162,6 +163,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		OnUsageError:   usageError,
 		ExitErrHandler: func(*cli.Context, error) {},
 	}
+	withExamples(app.Commands)
 	for _, c := range app.Commands {
 		c.Flags = append(c.Flags, commonFlags()...)
 		c.OnUsageError = app.OnUsageError

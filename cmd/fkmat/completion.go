@@ -152,7 +152,11 @@ func completionScript(app *cli.App, shell string) (string, error) {
 // Install: PROG completion bash > /etc/bash_completion.d/PROG
 const bashCompletion = `# bash completion for PROG: PROG completion bash > /etc/bash_completion.d/PROG
 _PROG_complete() {
-	local cur="${COMP_WORDS[COMP_CWORD]}" opts
+	local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" opts
+	if [[ "$prev" == -c || "$prev" == --config ]]; then
+		COMPREPLY=($(compgen -f -- "$cur")) # the configuration file
+		return
+	fi
 	if [[ "$cur" == -* ]]; then
 		opts=$("${COMP_WORDS[@]:0:COMP_CWORD}" "$cur" --generate-bash-completion 2>/dev/null)
 	else
@@ -170,6 +174,10 @@ const zshCompletion = `#compdef PROG
 _PROG() {
 	local -a opts
 	local cur=${words[-1]}
+	if [[ "${words[-2]}" == -c || "${words[-2]}" == --config ]]; then
+		_files # the configuration file
+		return
+	fi
 	if [[ "$cur" == -* ]]; then
 		opts=("${(@f)$(${words[@]:0:#words[@]-1} "$cur" --generate-bash-completion 2>/dev/null)}")
 	else

@@ -71,15 +71,23 @@ fkmat() { echo "$*" >>"$CALLS"; printf '%s\n' run status verify --metrics-addr -
 COMP_WORDS=(fkmat st); COMP_CWORD=1; _fkmat_complete; echo "1: ${COMPREPLY[*]}"
 COMP_WORDS=(fkmat run --met); COMP_CWORD=2; _fkmat_complete; echo "2: ${COMPREPLY[*]}"
 COMP_WORDS=(fkmat run ''); COMP_CWORD=2; _fkmat_complete; echo "3: ${COMPREPLY[*]}"
+cd "$DIR"; COMP_WORDS=(fkmat check -c fk); COMP_CWORD=3; _fkmat_complete; echo "4: ${COMPREPLY[*]}"
+COMP_WORDS=(fkmat check --config ''); COMP_CWORD=3; _fkmat_complete; echo "5: ${COMPREPLY[*]}"
 `
 	calls := filepath.Join(t.TempDir(), "calls")
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "fkmat.yaml"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(bash, "-c", harness)
-	cmd.Env = append(os.Environ(), "CALLS="+calls)
+	cmd.Env = append(os.Environ(), "CALLS="+calls, "DIR="+dir)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("bash: %v\n%s", err, out)
 	}
-	for _, want := range []string{"1: status\n", "2: --metrics-addr\n", "3: run status verify --metrics-addr --max-stall-restarts\n"} {
+	// After -c or --config, files: fkmat is not asked.
+	for _, want := range []string{"1: status\n", "2: --metrics-addr\n", "3: run status verify --metrics-addr --max-stall-restarts\n",
+		"4: fkmat.yaml\n", "5: fkmat.yaml\n"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("bash completion: want %q in\n%s", want, out)
 		}
@@ -132,7 +140,8 @@ func TestManPage(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("fkmat man: exit %d, %s", code, errOut)
 	}
-	for _, w := range []string{".TH fkmat 1", ".SH NAME", "fkmat \\-", ".SH COMMANDS", "run", "--metrics-addr", "--slot-retained-warn", "completion"} {
+	for _, w := range []string{".TH fkmat 1", ".SH NAME", "fkmat \\-", ".SH COMMANDS", "run", "--metrics-addr", "--slot-retained-warn", "completion",
+		".SH DESCRIPTION", ".SH CONFIGURATION", ".SH ENVIRONMENT", ".SH EXIT STATUS", ".SH EXAMPLES", ".SH SEE ALSO", "FKMAT_CONFIG", "3: verify"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("fkmat man lacks %q", w)
 		}

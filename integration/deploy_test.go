@@ -126,6 +126,13 @@ func TestDeployFiles(t *testing.T) {
 		if err != nil || !strings.Contains(string(out), "SUCCESS") {
 			t.Fatalf("promtool check rules: %v\n%s", err, out)
 		}
+		// FkmatDown fires for fkmat scraped under any job name (Kubernetes
+		// pods found by their annotations), and not for other targets.
+		cmd := exec.Command("promtool", "test", "rules", "alerts_test.yaml")
+		cmd.Dir = "testdata"
+		if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "SUCCESS") {
+			t.Fatalf("promtool test rules: %v\n%s", err, out)
+		}
 	})
 	t.Run("systemd-analyze", func(t *testing.T) {
 		if _, err := exec.LookPath("systemd-analyze"); err != nil {
@@ -442,6 +449,17 @@ func testKubernetesManifest(t *testing.T) {
 		t.Fatalf("the ConfigMap's %s: %v", filepath.Base(path), err)
 	}
 	cfg.Source, cfg.Redis = secret.StringData["FKMAT_SOURCE_URL"], secret.StringData["FKMAT_REDIS_URL"]
+	// The source URL names the CA the manifest mounts: a CA of the test's
+	// in its place.
+	const mounted = "/etc/fkmat-ca/ca.crt"
+	if !strings.Contains(cfg.Source, "sslmode=verify-full") || !strings.Contains(cfg.Source, "sslrootcert="+mounted) {
+		t.Errorf("the source URL %s does not verify the server against the mounted CA", cfg.Source)
+	}
+	ca := filepath.Join(t.TempDir(), "ca.crt")
+	if err := os.WriteFile(ca, newCA(t, "deploy").certPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Source = strings.Replace(cfg.Source, mounted, ca, 1)
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("the ConfigMap's fkmat.yaml with the Secret's URLs: %v", err)

@@ -15,7 +15,7 @@ LDFLAGS := -X github.com/fkmat/fkmat/internal/buildinfo.version=$(VERSION)
 
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: build help image demo bench test test-unit test-race test-images lint soak
+.PHONY: build help image release demo bench test test-unit test-race test-images lint soak
 
 ## build: the fkmat binary in bin/ (the default target)
 build:
@@ -29,6 +29,10 @@ help:
 ## image: the container image fkmat:<version> (and fkmat:latest), from the static binary alone, with no registry
 image:
 	VERSION=$(VERSION) bash scripts/image.sh fkmat
+
+## release: dist/ for VERSION=vX.Y.Z (a tag of this commit): linux amd64 and arm64 archives (binary, man page, completions), the image tarball, SHA256SUMS
+release:
+	bash scripts/release.sh $(VERSION)
 
 ## demo: throwaway Postgres + Redis, sample data, the real daemon, a live workload, verify, cleanup
 demo:

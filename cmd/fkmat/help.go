@@ -34,7 +34,8 @@ var commandExamples = map[string][]string{
 		"fkmat completion zsh > \"${fpath[1]}/_fkmat\"",
 		"fkmat completion fish > ~/.config/fish/completions/fkmat.fish",
 	},
-	"man": {"fkmat man > /usr/local/share/man/man1/fkmat.1"},
+	"man":     {"fkmat man > /usr/local/share/man/man1/fkmat.1"},
+	"version": {"fkmat version"},
 }
 
 // withExamples adds each command's examples to its description.

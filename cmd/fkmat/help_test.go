@@ -11,7 +11,7 @@ import (
 // the replication position is lost and offers --dry-run.
 func TestHelp(t *testing.T) {
 	clearEnv(t)
-	for _, cmd := range []string{"", "check", "migrate", "backfill", "run", "status", "verify", "teardown", "completion", "man"} {
+	for _, cmd := range []string{"", "check", "migrate", "backfill", "run", "status", "verify", "teardown", "completion", "man", "version"} {
 		args := []string{"fkmat", "--help"}
 		if cmd != "" {
 			args = []string{"fkmat", cmd, "--help"}

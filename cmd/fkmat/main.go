@@ -151,7 +151,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		EnableBashCompletion: true,
 		Commands: []*cli.Command{
 			checkCommand(), migrateCommand(), backfillCommand(), runCommand(),
-			statusCommand(), verifyCommand(), teardownCommand(), completionCommand(), manCommand(),
+			statusCommand(), verifyCommand(), teardownCommand(), completionCommand(), manCommand(), versionCommand(),
 		},
 		Suggest: true,
 		Action: func(c *cli.Context) error {
@@ -202,6 +202,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	return exitFailure
+}
+
+// versionCommand prints what --version prints.
+func versionCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "version",
+		Usage: "print fkmat's version and the Go that built it",
+		Action: func(c *cli.Context) error {
+			cli.VersionPrinter(c)
+			return nil
+		},
+	}
 }
 
 // noArguments refuses words after a command that takes none: a

@@ -169,7 +169,8 @@ func TestFailedStatus(t *testing.T) {
 }
 
 // TestStatusLostState: a Redis state missing after the join's backfill is
-// a problem; before it, or while it runs, it is not.
+// lost, and a problem; while the backfill runs it is not a problem; with no
+// join state (never built, or torn down) it is none.
 func TestStatusLostState(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs Docker")
@@ -179,18 +180,19 @@ func TestStatusLostState(t *testing.T) {
 	opts.setDefaults()
 	for _, c := range []struct {
 		st      joinState
+		want    string
 		problem bool
 	}{
-		{joinState{}, false},
-		{joinState{exists: true, phase: "backfilling"}, false},
-		{joinState{exists: true, phase: "streaming"}, true},
+		{joinState{}, "none", false},
+		{joinState{exists: true, phase: "backfilling"}, "lost", false},
+		{joinState{exists: true, phase: "streaming"}, "lost", true},
 	} {
 		s := JoinStatus{RedisState: "ok"}
 		if err := statusStore(context.Background(), tc.Redis, tc.RedisPrefix, opts, &plan.JoinPlan{Name: "j"}, c.st, &s); err != nil {
 			t.Fatal(err)
 		}
-		if s.RedisState != "lost" || (len(s.Problems) == 1 && strings.Contains(s.Problems[0], `join "j" is lost`)) != c.problem {
-			t.Errorf("state %+v: redis %s, problems %q; want lost, a problem %v", c.st, s.RedisState, s.Problems, c.problem)
+		if s.RedisState != c.want || (len(s.Problems) == 1 && strings.Contains(s.Problems[0], `join "j" is lost`)) != c.problem {
+			t.Errorf("state %+v: redis %s, problems %q; want %s, a problem %v", c.st, s.RedisState, s.Problems, c.want, c.problem)
 		}
 	}
 }

@@ -163,7 +163,8 @@ func TestCLI(t *testing.T) {
 	r = keep(runCLI(t, env, "status", "--max-inactive", "1ms"))
 	if r.code != 1 || !strings.HasPrefix(r.stdout, "not running: last seen ") ||
 		!strings.Contains(r.stdout, "problem: no fkmat run has streamed from replication slot") ||
-		!strings.Contains(r.stdout, "join orders_enriched\n  phase:      streaming\n") || !strings.Contains(r.stdout, "  daemon:     fkmat ") {
+		!strings.Contains(r.stdout, "join orders_enriched\n  phase:      built, not streaming: no fkmat run streams it\n") ||
+		!strings.Contains(r.stdout, "  daemon:     fkmat ") {
 		t.Fatalf("status with the slot inactive: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	if r = keep(runCLI(t, env, "status", "--wide")); r.code != 0 || !strings.Contains(r.stdout, "RETAINED_WAL") {

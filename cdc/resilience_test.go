@@ -68,11 +68,19 @@ func TestStreamLargeTransactionBounded(t *testing.T) {
 
 	want, chunks := 1, 0
 	var xid uint32
+	stalled := false
 	for {
 		txn := next(t, s, time.Minute)
 		if txn.Chunk == 0 && chunks > 0 && txn.Xid == xid {
-			// The connection dropped (a loaded machine) and the stream
-			// sends the transaction again from its start, as Txn says.
+			// The connection dropped and the stream sends the transaction
+			// again from its start, as Txn says. Within the few chunks
+			// after the stall (the queue holds two), it dropped during
+			// the stall: the stream did not keep it alive.
+			if stalled && chunks <= 15 {
+				t.Fatalf("the connection dropped during the consumer's stall (xid %d sent again after %d chunks)", xid, chunks)
+			}
+			// Later, a loaded machine's: replayed correctly, which the
+			// rest of the test checks.
 			t.Logf("xid %d sent again from chunk 0 after %d chunks", xid, chunks)
 			want, chunks = 1, 0
 		}
@@ -91,7 +99,8 @@ func TestStreamLargeTransactionBounded(t *testing.T) {
 			want++
 		}
 		time.Sleep(10 * time.Millisecond) // a slow consumer
-		if chunks == 10 {
+		if chunks == 10 && !stalled {
+			stalled = true
 			time.Sleep(10 * time.Second) // a stall longer than wal_sender_timeout
 		}
 		if txn.Final {
@@ -125,7 +134,8 @@ func TestStreamLargeTransactionBounded(t *testing.T) {
 		t.Errorf("heap grew by %d MB while streaming", grown>>20)
 	}
 	if st.Reconnects != 0 {
-		t.Errorf("%d reconnects while the consumer was slow", st.Reconnects)
+		// Not during the stall (checked above): a loaded machine's, after.
+		t.Logf("%d reconnects after the stall, replayed from the transaction's start", st.Reconnects)
 	}
 }
 

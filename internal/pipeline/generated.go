@@ -66,13 +66,7 @@ func newGenerated(gen Generator, joins []Join) *generated {
 	g := &generated{gen: gen, tables: map[config.TableName]*genTable{}, rels: map[*cdc.Relation]*genRelation{}}
 	for _, j := range joins {
 		p := j.Plan()
-		tables := []*plan.TablePlan{&p.Left}
-		if p.Edges == nil {
-			tables = append(tables, &p.Right)
-		}
-		for i := range p.Edges {
-			tables = append(tables, &p.Edges[i].Table)
-		}
+		tables := p.TablePlans()
 		for name, cols := range p.Generated {
 			t := g.tables[name]
 			if t == nil {

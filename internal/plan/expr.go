@@ -329,9 +329,9 @@ func resolveWhere(ct *catalogTable, tp *TablePlan, w, what string, add func(stri
 	}
 }
 
-// computedInto adds the computed columns of p's tables to p.Generated,
-// which the pipeline fills into the stream's rows.
-func computedInto(p *JoinPlan) {
+// TablePlans returns the plans of p's tables: the left table's, then the
+// right one's or each entry's.
+func (p *JoinPlan) TablePlans() []*TablePlan {
 	tables := []*TablePlan{&p.Left}
 	if p.Edges == nil {
 		tables = append(tables, &p.Right)
@@ -339,7 +339,13 @@ func computedInto(p *JoinPlan) {
 	for i := range p.Edges {
 		tables = append(tables, &p.Edges[i].Table)
 	}
-	for _, tp := range tables {
+	return tables
+}
+
+// computedInto adds the computed columns of p's tables to p.Generated,
+// which the pipeline fills into the stream's rows.
+func computedInto(p *JoinPlan) {
+	for _, tp := range p.TablePlans() {
 		for _, c := range tp.Computed {
 			if p.Generated == nil {
 				p.Generated = map[config.TableName][]GeneratedColumn{}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/internal/wal"
 
 	"github.com/fkmat/fkmat/internal/config"
 
@@ -691,17 +692,17 @@ type joinState struct {
 	epoch         string
 	fingerprint   string
 	phase         string
-	consistentLSN cdc.LSN
+	consistentLSN wal.LSN
 	// definition is the one the join was built with (plan.Definition); nil
 	// for a join built before fkmat kept it.
 	definition []byte
 	// widenedLSN is where the last widening was followed (0: none).
-	widenedLSN cdc.LSN
+	widenedLSN wal.LSN
 	// generation is the Redis state's (GenerationPrefix).
 	generation int
 	// frozenLSN, when set, is where the join stopped being maintained
 	// until a rebuild beside it switches in (planRebuild).
-	frozenLSN cdc.LSN
+	frozenLSN wal.LSN
 }
 
 func (d *daemon) loadJoinState(ctx context.Context, name string) (joinState, error) {
@@ -733,10 +734,10 @@ func readJoinState(ctx context.Context, db querier, slot, name string) (joinStat
 	s.exists = true
 	for _, f := range []struct {
 		text *string
-		lsn  *cdc.LSN
+		lsn  *wal.LSN
 	}{{lsn, &s.consistentLSN}, {widened, &s.widenedLSN}, {frozen, &s.frozenLSN}} {
 		if f.text != nil {
-			if *f.lsn, err = cdc.ParseLSN(*f.text); err != nil {
+			if *f.lsn, err = wal.ParseLSN(*f.text); err != nil {
 				return s, fmt.Errorf("read state of join %q: %w", name, err)
 			}
 		}
@@ -782,7 +783,7 @@ func (d *daemon) assess(ctx context.Context) (reason string, lost bool, err erro
 }
 
 // assessStore is assess for one Redis state of a join.
-func assessStore(ctx context.Context, name string, store *redisstore.Store, epoch string, targetLSN cdc.LSN) (string, bool, error) {
+func assessStore(ctx context.Context, name string, store *redisstore.Store, epoch string, targetLSN wal.LSN) (string, bool, error) {
 	meta, err := store.Meta(ctx)
 	switch {
 	case errors.Is(err, redisstore.ErrNoState):

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/internal/wal"
 
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/crash"
@@ -277,7 +278,7 @@ func (d *daemon) waitSlotFree(ctx context.Context) error {
 // redone, never streamed from) and forgets the slot's checkpoint, in one
 // target transaction. The targets keep their rows: readers see them until
 // finishBackfill swaps the new ones in.
-func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc.LSN, reason string) error {
+func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent wal.LSN, reason string) error {
 	tx, err := d.writer.Begin(ctx)
 	if err != nil {
 		return err
@@ -320,7 +321,7 @@ func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent cdc
 // in (sink.Tx.Swap), records the slot's target checkpoint and the leaf
 // partitions the snapshot saw, and marks the joins streaming: readers see
 // the old rows until that commit and the new ones after it.
-func (d *daemon) finishBackfill(ctx context.Context, consistent cdc.LSN, leaves map[uint32]leaf) error {
+func (d *daemon) finishBackfill(ctx context.Context, consistent wal.LSN, leaves map[uint32]leaf) error {
 	for _, j := range d.joins {
 		// The tables of a join of more than two tables commit from the
 		// last to the first, as while streaming.
@@ -357,7 +358,7 @@ const (
 )
 
 // swapTargets is the target transaction of finishBackfill.
-func (d *daemon) swapTargets(ctx context.Context, consistent cdc.LSN, leaves map[uint32]leaf) error {
+func (d *daemon) swapTargets(ctx context.Context, consistent wal.LSN, leaves map[uint32]leaf) error {
 	tx, err := d.writer.Begin(ctx)
 	if err != nil {
 		return err

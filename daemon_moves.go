@@ -15,6 +15,7 @@ import (
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
 )
@@ -327,7 +328,7 @@ type moveResult struct {
 	listed, within     int
 	lookTook, lockTook time.Duration
 	// after is a source WAL position after the move's commit.
-	after cdc.LSN
+	after wal.LSN
 }
 
 // moveRows follows a change of parent's partitions that moved rows (see the
@@ -452,7 +453,7 @@ func (d *daemon) tryMove(ctx context.Context, parent config.TableName, m pending
 	if err := d.source.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - '0/0')::bigint`).Scan(&after); err != nil {
 		return res, fmt.Errorf("read the source's WAL position: %w", err)
 	}
-	res.after = cdc.LSN(after)
+	res.after = wal.LSN(after)
 	return res, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/wal"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -113,7 +114,7 @@ func scanLeaves(rows pgx.Rows, tables []config.TableName) (map[uint32]leaf, erro
 // before before is in it (when settled), and every change it shows
 // committed before after.
 type catalogRead struct {
-	before, after cdc.LSN
+	before, after wal.LSN
 	leaves        map[uint32]leaf
 	// partitioned says some joined table is partitioned.
 	partitioned bool
@@ -178,7 +179,7 @@ func (d *daemon) readCatalogOnce(ctx context.Context) (catalogRead, error) {
 	if err := res.QueryRow().Scan(&after); err != nil {
 		return r, fmt.Errorf("read the source's WAL position: %w", err)
 	}
-	r.before, r.after = cdc.LSN(before), cdc.LSN(after)
+	r.before, r.after = wal.LSN(before), wal.LSN(after)
 	return r, res.Close()
 }
 
@@ -240,18 +241,18 @@ type storageWatch struct {
 	pending map[uint32]pendingStorage
 	// moves are the partitioned tables whose partitions moved rows, by
 	// name, with the position at which that was first seen.
-	moves map[string]cdc.LSN
+	moves map[string]wal.LSN
 	// awaiting is the source WAL position the pipeline must have applied
 	// before the slot is cleared again: past the last move written.
-	awaiting cdc.LSN
+	awaiting wal.LSN
 	// applied is the position up to which the pipeline has applied
 	// every transaction.
-	applied func() cdc.LSN
+	applied func() wal.LSN
 }
 
 type pendingStorage struct {
 	relfilenode uint32
-	seenAt      cdc.LSN
+	seenAt      wal.LSN
 }
 
 // checkPartitions compares the joined tables' partitions with the known
@@ -390,9 +391,9 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 // followMoves follows the moves of rows, once the pipeline has applied
 // everything committed before each was first seen; it reports whether it
 // did.
-func (d *daemon) followMoves(ctx context.Context, w *storageWatch, moves map[string]*pendingMove, seenAt cdc.LSN) (bool, error) {
+func (d *daemon) followMoves(ctx context.Context, w *storageWatch, moves map[string]*pendingMove, seenAt wal.LSN) (bool, error) {
 	if w.moves == nil {
-		w.moves = map[string]cdc.LSN{}
+		w.moves = map[string]wal.LSN{}
 	}
 	ready := true
 	for parent := range moves {
@@ -472,7 +473,7 @@ func (d *daemon) saveLeaves(ctx context.Context, known, next map[uint32]leaf) er
 // checkStorage compares a known leaf k with its current state l and reports
 // whether l's storage is to be recorded, and whether it lost rows without
 // row changes in the WAL.
-func (d *daemon) checkStorage(ctx context.Context, w *storageWatch, k, l leaf, seenAt cdc.LSN) (adopt, lost bool, err error) {
+func (d *daemon) checkStorage(ctx context.Context, w *storageWatch, k, l leaf, seenAt wal.LSN) (adopt, lost bool, err error) {
 	switch {
 	case k.relfilenode == nil: // recorded by an older fkmat
 		return true, false, nil

@@ -18,6 +18,7 @@ import (
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
 	"github.com/fkmat/fkmat/sink"
@@ -59,7 +60,7 @@ type rebuild struct {
 	reason string
 	// frozenAt, when old is nil, is where the join stopped being
 	// maintained (freeze).
-	frozenAt cdc.LSN
+	frozenAt wal.LSN
 }
 
 // errRebuilt stops a run once a rebuild has switched in: Run starts again
@@ -264,7 +265,7 @@ func (d *daemon) freeze(ctx context.Context, b *rebuild) error {
 		WHERE slot = $1 AND join_name = $2 RETURNING frozen_lsn::text`, d.cfg.Slot, b.plan.Name, at.String()).Scan(&text); err != nil {
 		return fmt.Errorf("join %q: record it unmaintained: %w", b.plan.Name, err)
 	}
-	if b.frozenAt, err = cdc.ParseLSN(text); err != nil {
+	if b.frozenAt, err = wal.ParseLSN(text); err != nil {
 		return err
 	}
 	d.log.Warn("the join's old definition cannot be followed: its target keeps its rows, not maintained, until its rebuild switches in",
@@ -520,7 +521,7 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 // rebuilt target's shadow replaces it, and the joins' new definitions,
 // epoch, generation and checkpoint are recorded. Readers see the old rows
 // and shape until it commits, the new ones after.
-func (d *daemon) switchRebuilt(ctx context.Context, bd *daemon, epoch, slotName string, at cdc.LSN, leaves map[uint32]leaf) error {
+func (d *daemon) switchRebuilt(ctx context.Context, bd *daemon, epoch, slotName string, at wal.LSN, leaves map[uint32]leaf) error {
 	for attempt := 1; ; attempt++ {
 		err := d.switchOnce(ctx, bd, epoch, slotName, at, leaves)
 		if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != "55P03" || attempt == swapAttempts {
@@ -535,7 +536,7 @@ func (d *daemon) switchRebuilt(ctx context.Context, bd *daemon, epoch, slotName 
 	}
 }
 
-func (d *daemon) switchOnce(ctx context.Context, bd *daemon, epoch, slotName string, at cdc.LSN, leaves map[uint32]leaf) error {
+func (d *daemon) switchOnce(ctx context.Context, bd *daemon, epoch, slotName string, at wal.LSN, leaves map[uint32]leaf) error {
 	tx, err := d.writer.Begin(ctx)
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/pipeline"
+	"github.com/fkmat/fkmat/internal/wal"
 
 	"github.com/fkmat/fkmat/cdc"
 )
@@ -25,7 +26,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		return err
 	}
 	start := targetLSN
-	var cuts []cdc.LSN
+	var cuts []wal.LSN
 	for _, j := range d.joins {
 		r, err := j.Resume(ctx)
 		if err != nil {
@@ -48,7 +49,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	}
 	// Partitions attached or detached while the daemon was away. Until the
 	// stream runs, the pipeline has applied up to the target's checkpoint.
-	watch := &storageWatch{applied: func() cdc.LSN { return targetLSN }}
+	watch := &storageWatch{applied: func() wal.LSN { return targetLSN }}
 	at, err := d.readCatalog(ctx)
 	if err != nil {
 		return err
@@ -66,7 +67,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 			stream.Clear(at.before)
 		}
 	}
-	var frozenAt cdc.LSN
+	var frozenAt wal.LSN
 	for _, b := range d.builds {
 		if b.frozenAt != 0 && (frozenAt == 0 || b.frozenAt < frozenAt) {
 			frozenAt = b.frozenAt
@@ -79,7 +80,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 		stream.Limit(frozenAt)
 	}
 	watch.mu.Lock()
-	watch.applied = func() cdc.LSN { return stream.Stats().ConfirmableLSN }
+	watch.applied = func() wal.LSN { return stream.Stats().ConfirmableLSN }
 	watch.mu.Unlock()
 	// The tables only a rebuild joins are published for it: the main
 	// pipeline skips their changes.
@@ -189,7 +190,7 @@ var errTakenOverLate = errors.New("the replication slot's previous holder commit
 // fence makes this run the owner of the slot's target commits (sink's
 // Writer.Fence) and checks that the target's checkpoint is still read,
 // the one the run starts from.
-func (d *daemon) fence(ctx context.Context, read cdc.LSN) error {
+func (d *daemon) fence(ctx context.Context, read wal.LSN) error {
 	// The previous owner may be frozen holding locks (rows of a batch it
 	// was writing, the owner row its commit reads): end its sessions
 	// first, or the fence and this run's first writes would wait for it.

@@ -13,10 +13,9 @@ import (
 
 	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/internal/wal"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/fkmat/fkmat/cdc"
 )
 
 // verifyChunkRows is how many left keys one comparison of the background
@@ -256,7 +255,7 @@ func sameRow(a, b []*string) bool {
 // waitApplied waits until the pipeline has applied every transaction
 // committed before lsn: its acknowledgement, or the position it reported
 // to the server (which passes WAL without changes for it), reached lsn.
-func waitApplied(ctx context.Context, p *pipeline.Pipeline, lsn cdc.LSN) error {
+func waitApplied(ctx context.Context, p *pipeline.Pipeline, lsn wal.LSN) error {
 	for {
 		st := p.SourceStats()
 		if st.AckedLSN >= lsn || st.ReportedLSN >= lsn {
@@ -406,9 +405,9 @@ const verifyKeysPerQuery = 500
 
 // expectedRows reads the SQL join rows of keys in one source snapshot, and
 // the source's WAL position at it.
-func (q *verifyQueries) expectedRows(ctx context.Context, source *pgxpool.Pool, keys [][]*string) (map[string][]*string, cdc.LSN, error) {
+func (q *verifyQueries) expectedRows(ctx context.Context, source *pgxpool.Pool, keys [][]*string) (map[string][]*string, wal.LSN, error) {
 	rows := map[string][]*string{}
-	var lsn cdc.LSN
+	var lsn wal.LSN
 	err := inSnapshotText(ctx, source, func(read func(sql string, args [][]byte) (*textRows, error)) error {
 		rs, err := read("SELECT pg_current_wal_lsn()::text", nil)
 		if err != nil {
@@ -418,7 +417,7 @@ func (q *verifyQueries) expectedRows(ctx context.Context, source *pgxpool.Pool, 
 		if err := rs.err(); err != nil {
 			return err
 		}
-		if lsn, err = cdc.ParseLSN(deref(row[0])); err != nil {
+		if lsn, err = wal.ParseLSN(deref(row[0])); err != nil {
 			return err
 		}
 		for part := range slices.Chunk(keys, verifyKeysPerQuery) {

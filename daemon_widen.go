@@ -8,9 +8,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // widen follows the widened column types of join p (plan.Widens: integer
@@ -62,7 +62,7 @@ func (d *daemon) widen(ctx context.Context, p *plan.JoinPlan) error {
 	if err := d.source.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&current); err != nil {
 		return fmt.Errorf("read the source's WAL position: %w", err)
 	}
-	now, err := cdc.ParseLSN(current)
+	now, err := wal.ParseLSN(current)
 	if err != nil {
 		return fmt.Errorf("read the source's WAL position: %w", err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/fkmat/fkmat/internal/buildinfo"
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/pipeline"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -66,7 +67,7 @@ type observer struct {
 	// movedAt are the stream's confirmable position at the last look, and
 	// when it last moved.
 	stuckAfter time.Duration
-	confirmed  cdc.LSN
+	confirmed  wal.LSN
 	movedAt    time.Time
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/pipeline"
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // TestMetricsLabels: /metrics carries the Go runtime's and the process's
@@ -92,7 +93,7 @@ func (s *statsSource) Next(ctx context.Context) (*cdc.Txn, error) {
 	<-ctx.Done()
 	return nil, ctx.Err()
 }
-func (s *statsSource) Ack(cdc.LSN)            {}
+func (s *statsSource) Ack(wal.LSN)            {}
 func (s *statsSource) Stats() cdc.StreamStats { return s.st }
 
 // TestStuck: the stream standing still for stuckAfter while changes wait

@@ -15,6 +15,7 @@ import (
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/crash"
 	"github.com/fkmat/fkmat/internal/pipeline"
+	"github.com/fkmat/fkmat/internal/wal"
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/sink"
@@ -254,7 +255,7 @@ func credentialsError(err error) error {
 // runState is what Run learns of one pipeline run: where it started
 // streaming, and a hook called after every committed batch.
 type runState struct {
-	start     cdc.LSN
+	start     wal.LSN
 	streaming bool
 	progress  func()
 	// verify are the background verifier's counters, kept across restarts.

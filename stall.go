@@ -11,8 +11,7 @@ import (
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/crash"
 	"github.com/fkmat/fkmat/internal/pipeline"
-
-	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // DefaultMaxStallRestarts is how many times the same error may recur at the
@@ -24,8 +23,8 @@ const DefaultMaxStallRestarts = 10
 type Stall struct {
 	// Position is where the pipeline restarts from (the older checkpoint);
 	// LSN is the commit LSN of the failing transaction when known.
-	Position    cdc.LSN
-	LSN         cdc.LSN
+	Position    wal.LSN
+	LSN         wal.LSN
 	Join        string
 	Table       string
 	KeyColumns  []string
@@ -45,7 +44,7 @@ type stallTracker struct {
 // observe records a failure of a pipeline that started streaming at
 // position (ok false: it failed before streaming) and returns the stall it
 // makes, with Recurrences 0 for the first occurrence.
-func (t *stallTracker) observe(position cdc.LSN, ok bool, err error) Stall {
+func (t *stallTracker) observe(position wal.LSN, ok bool, err error) Stall {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	pos := "before streaming"
@@ -59,7 +58,7 @@ func (t *stallTracker) observe(position cdc.LSN, ok bool, err error) Stall {
 		if f, ok := errors.AsType[*pipeline.TxnError](err); ok {
 			t.stall.LSN, t.stall.Join, t.stall.Table, t.stall.KeyColumns = f.LSN, f.Join, f.Table, f.KeyColumns
 		} else if c, ok := errors.AsType[*crash.Error](err); ok {
-			t.stall.LSN = cdc.LSN(c.CommitLSN)
+			t.stall.LSN = wal.LSN(c.CommitLSN)
 		}
 		return t.stall
 	}

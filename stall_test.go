@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // TestStallTracker: the same root cause at the same restart position is a
@@ -16,7 +16,7 @@ func TestStallTracker(t *testing.T) {
 	var st stallTracker
 	cause := errors.New("value too long for type character varying(3)")
 	steps := []struct {
-		pos  cdc.LSN
+		pos  wal.LSN
 		ok   bool
 		err  error
 		want int

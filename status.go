@@ -11,6 +11,7 @@ import (
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/human"
 	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/internal/wal"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -439,7 +440,7 @@ func plural(n int, one, other string) string {
 // statusMeta is what status reads of fkmat's metadata in the target.
 type statusMeta struct {
 	migrated   bool
-	checkpoint cdc.LSN
+	checkpoint wal.LSN
 	joins      map[string]joinState
 	stall      *StallStatus
 	daemon     *DaemonStatus
@@ -520,7 +521,7 @@ func readStatusMeta(ctx context.Context, target *pgxpool.Pool, slot string) (sta
 			return m, fmt.Errorf("read fkmat.join_state: %w", err)
 		}
 		if frozen != "" {
-			if st.frozenLSN, err = cdc.ParseLSN(frozen); err != nil {
+			if st.frozenLSN, err = wal.ParseLSN(frozen); err != nil {
 				rows.Close()
 				return m, fmt.Errorf("read fkmat.join_state: %w", err)
 			}
@@ -552,7 +553,7 @@ func readStatusMeta(ctx context.Context, target *pgxpool.Pool, slot string) (sta
 	if lsnText != nil {
 		st.LSN = *lsnText
 	}
-	restart, err := cdc.ParseLSN(st.RestartLSN)
+	restart, err := wal.ParseLSN(st.RestartLSN)
 	if err != nil {
 		return m, fmt.Errorf("read fkmat.stall: %w", err)
 	}

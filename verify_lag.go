@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/human"
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // DefaultVerifyWait is the default Options.VerifyWait.
@@ -29,10 +29,10 @@ type BehindError struct {
 	// Source is the source's WAL position when verify started; Confirmed is
 	// the slot's confirmed_flush_lsn, up to which the targets reflect every
 	// source commit.
-	Source, Confirmed cdc.LSN
+	Source, Confirmed wal.LSN
 	// Pending is the commit position of the first transaction not applied,
 	// when known (no daemon streams from the slot).
-	Pending cdc.LSN
+	Pending wal.LSN
 	// Streaming says a daemon streams from the slot; Waited is how long
 	// verify waited for it.
 	Streaming bool
@@ -70,7 +70,7 @@ func awaitCaughtUp(ctx context.Context, source, target *pgxpool.Pool, cfg *confi
 	if err := source.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&text); err != nil {
 		return fmt.Errorf("read the source's WAL position: %w", err)
 	}
-	start, err := cdc.ParseLSN(text)
+	start, err := wal.ParseLSN(text)
 	if err != nil {
 		return err
 	}
@@ -86,7 +86,7 @@ func awaitCaughtUp(ctx context.Context, source, target *pgxpool.Pool, cfg *confi
 		case err != nil:
 			return fmt.Errorf("read replication slot %q: %w", cfg.Slot, err)
 		}
-		confirmed, err := cdc.ParseLSN(*text)
+		confirmed, err := wal.ParseLSN(*text)
 		if err != nil {
 			return err
 		}
@@ -143,7 +143,7 @@ var errSlotTaken = errors.New("the replication slot was taken")
 // firstPending peeks at the slot, which no process streams from, for the
 // first transaction committed before upTo that it has not confirmed, and
 // returns its commit position (zero: none).
-func firstPending(ctx context.Context, source *pgxpool.Pool, cfg *config.Config, upTo cdc.LSN) (cdc.LSN, error) {
+func firstPending(ctx context.Context, source *pgxpool.Pool, cfg *config.Config, upTo wal.LSN) (wal.LSN, error) {
 	// pgoutput sends a transaction's changes after its BEGIN, whose first
 	// byte is 'B' and whose bytes 1..8 are the commit's position.
 	var commit int64
@@ -160,7 +160,7 @@ func firstPending(ctx context.Context, source *pgxpool.Pool, cfg *config.Config,
 	if err != nil {
 		return 0, fmt.Errorf("look for changes replication slot %q has not confirmed: %w", cfg.Slot, err)
 	}
-	return cdc.LSN(commit), nil
+	return wal.LSN(commit), nil
 }
 
 // lastCommit is when the slot's target checkpoint last moved (zero if

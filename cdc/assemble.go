@@ -6,6 +6,8 @@ import (
 	"maps"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // Approximate sizes for Txn.Bytes.
@@ -45,7 +47,7 @@ type assembler struct {
 	types           map[uint32]string
 
 	// resume: transactions whose commit LSN is below it are skipped.
-	resume LSN
+	resume wal.LSN
 
 	inTxn    bool
 	skipping bool
@@ -71,7 +73,7 @@ func newAssembler(chunkChanges, chunkBytes int, log *slog.Logger) *assembler {
 
 // reset prepares for a new replication session starting at resume: a
 // transaction in progress is dropped (the server sends it again).
-func (a *assembler) reset(resume LSN) {
+func (a *assembler) reset(resume wal.LSN) {
 	a.resume = resume
 	a.rels = map[uint32]*Relation{}
 	a.last = maps.Clone(a.committed)
@@ -85,7 +87,7 @@ type result struct {
 	txn *Txn
 	// emptyEnd is the end LSN of a transaction that needed no delivery
 	// (skipped, or nothing published in it).
-	emptyEnd LSN
+	emptyEnd wal.LSN
 	// ignored is the kind of a message that was skipped as unknown.
 	ignored byte
 	// chunks are full chunks to deliver before txn (from a message
@@ -95,7 +97,7 @@ type result struct {
 
 // handle processes one message that starts at WAL position lsn. data is only
 // read during the call.
-func (a *assembler) handle(lsn LSN, data []byte) (result, error) {
+func (a *assembler) handle(lsn wal.LSN, data []byte) (result, error) {
 	if len(data) == 0 {
 		return result{}, fmt.Errorf("%w: empty message at %s", ErrProtocol, lsn)
 	}
@@ -160,7 +162,7 @@ func (a *assembler) begin(m message) error {
 
 // message handles a logical decoding message: one of ours, transactional,
 // carries row changes; any other is not ours.
-func (a *assembler) message(lsn LSN, data []byte) (result, error) {
+func (a *assembler) message(lsn wal.LSN, data []byte) (result, error) {
 	if !a.inTxn || a.skipping {
 		return result{}, nil
 	}
@@ -217,7 +219,7 @@ func (a *assembler) delivered() {
 	}
 }
 
-func (a *assembler) relation(lsn LSN, rel *Relation) {
+func (a *assembler) relation(lsn wal.LSN, rel *Relation) {
 	for i := range rel.Columns {
 		if c := &rel.Columns[i]; c.Type >= FirstGenbkiObjectID {
 			c.TypeName = a.types[c.Type]
@@ -257,7 +259,7 @@ func relationSize(r *Relation) int {
 
 // row decodes an insert, update, delete or truncate into the current chunk,
 // and returns the chunk when it is full.
-func (a *assembler) row(lsn LSN, data []byte) (result, error) {
+func (a *assembler) row(lsn wal.LSN, data []byte) (result, error) {
 	buf := a.copyData(data)
 	m, err := decodeMessage(buf, a.allocValues)
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // The property test of the assembler: seeded random pgoutput streams
@@ -35,7 +37,7 @@ type want struct {
 // wantTxn is one transaction the stream must deliver.
 type wantTxn struct {
 	xid         uint32
-	commit, end LSN
+	commit, end wal.LSN
 	changes     []want
 	marker      string
 }
@@ -69,7 +71,7 @@ type propGen struct {
 	txns    []wantTxn
 	pending []want // schema changes announced outside a transaction
 	seq     int
-	lsn     LSN
+	lsn     wal.LSN
 	xid     uint32
 	prefix  string
 	markers string
@@ -500,7 +502,7 @@ func runProp(t *testing.T, seed uint64, chunkChanges, chunkBytes, txns int, big 
 	limit := chunkChanges
 	p := &propConsumer{t: t, rnd: rand.New(rand.NewPCG(seed, 1)), a: a, txns: expect, limit: limit}
 	for i, m := range g.msgs {
-		res, err := a.handle(LSN(0x1000+i), m)
+		res, err := a.handle(wal.LSN(0x1000+i), m)
 		if err != nil {
 			t.Fatalf("seed %d message %d (%c): %v", seed, i, m[0], err)
 		}

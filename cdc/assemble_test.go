@@ -4,16 +4,18 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 var twoCols = []col{{"id", 23, true}, {"name", 25, false}}
 
 // feed runs messages through the assembler at increasing LSNs and collects
 // what it delivers.
-func feed(t *testing.T, a *assembler, msgs ...[]byte) (txns []*Txn, empty []LSN) {
+func feed(t *testing.T, a *assembler, msgs ...[]byte) (txns []*Txn, empty []wal.LSN) {
 	t.Helper()
 	for i, m := range msgs {
-		res, err := a.handle(LSN(0x1000+i*0x10), m)
+		res, err := a.handle(wal.LSN(0x1000+i*0x10), m)
 		if err != nil {
 			t.Fatalf("message %d (%c): %v", i, m[0], err)
 		}

@@ -3,6 +3,8 @@ package cdc
 import (
 	"strconv"
 	"time"
+
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // Txn is one source transaction, or one chunk of a large one, in commit
@@ -20,11 +22,11 @@ type Txn struct {
 	Xid uint32
 	// CommitLSN is the position of the commit record (from BEGIN), the same
 	// on every chunk.
-	CommitLSN LSN
+	CommitLSN wal.LSN
 	// EndLSN is the position just after the commit record; set on the
 	// Final chunk only. It is the position to pass to Stream.Ack once the
 	// transaction is applied, and the position to restart from.
-	EndLSN LSN
+	EndLSN wal.LSN
 	// CommitTime is the commit timestamp on the source.
 	CommitTime time.Time
 	// Origin is the replication origin the transaction came from, if any.
@@ -118,7 +120,7 @@ const (
 type Change struct {
 	Kind ChangeKind
 	// LSN is the WAL position of the change.
-	LSN LSN
+	LSN wal.LSN
 	// Relation is the table the tuples are laid out against, as of this
 	// change (ChangeInsert, ChangeUpdate, ChangeDelete; for ChangeSchema
 	// the new shape). A schema change yields a new *Relation; changes

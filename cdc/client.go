@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -290,8 +291,8 @@ type SlotInfo struct {
 	ActivePID int
 	// RestartLSN is the oldest WAL the slot holds; ConfirmedFlushLSN is the
 	// position the consumer acknowledged.
-	RestartLSN        LSN
-	ConfirmedFlushLSN LSN
+	RestartLSN        wal.LSN
+	ConfirmedFlushLSN wal.LSN
 	// WALStatus is reserved, extended, unreserved or lost.
 	WALStatus string
 	// SafeWALSize is the WAL that can still be written before the slot is
@@ -301,7 +302,7 @@ type SlotInfo struct {
 	CurrentDatabase string
 	// CurrentLSN is pg_current_wal_lsn() at the time of the query, and
 	// LagBytes how far ConfirmedFlushLSN is behind it.
-	CurrentLSN LSN
+	CurrentLSN wal.LSN
 	LagBytes   int64
 	// RetainedBytes is the WAL the slot keeps on the server's disk
 	// (CurrentLSN - RestartLSN).
@@ -376,12 +377,12 @@ func slotInfo(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, error
 	}
 	for _, f := range []struct {
 		s   *string
-		dst *LSN
+		dst *wal.LSN
 	}{{restart, &i.RestartLSN}, {confirmed, &i.ConfirmedFlushLSN}, {current, &i.CurrentLSN}} {
 		if f.s == nil {
 			continue
 		}
-		if *f.dst, err = ParseLSN(*f.s); err != nil {
+		if *f.dst, err = wal.ParseLSN(*f.s); err != nil {
 			return SlotInfo{}, fmt.Errorf("read replication slot %q: %w", slot, err)
 		}
 	}
@@ -424,7 +425,7 @@ type Slot struct {
 	Name string
 	// ConsistentPoint is the LSN from which the slot streams every
 	// committed transaction: start the Stream there after a backfill.
-	ConsistentPoint LSN
+	ConsistentPoint wal.LSN
 	// SnapshotName is the exported snapshot ("" unless asked for). Another
 	// connection imports it with
 	//
@@ -460,7 +461,7 @@ func (c *Client) CreateSlot(ctx context.Context, exportSnapshot bool) (*Slot, er
 		closeConn(conn)
 		return nil, fmt.Errorf("create replication slot %q: %w", c.cfg.Slot, c.mapErr(err))
 	}
-	lsn, err := ParseLSN(res.ConsistentPoint)
+	lsn, err := wal.ParseLSN(res.ConsistentPoint)
 	if err != nil {
 		closeConn(conn)
 		return nil, fmt.Errorf("create replication slot %q: %w", c.cfg.Slot, err)

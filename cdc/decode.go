@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // pgoutput message kinds (protocol version 1), and the streaming/two-phase
@@ -34,9 +36,9 @@ type message struct {
 	kind byte
 	// lsn is: Begin the final (commit) LSN; Commit the commit LSN; Origin
 	// the origin's commit LSN; Message the message LSN.
-	lsn LSN
+	lsn wal.LSN
 	// endLSN is the Commit's end LSN.
-	endLSN LSN
+	endLSN wal.LSN
 	time   time.Time
 	xid    uint32
 	flags  uint8
@@ -113,7 +115,7 @@ func (r *reader) u64() uint64 {
 	return v
 }
 
-func (r *reader) lsn() LSN { return LSN(r.u64()) }
+func (r *reader) lsn() wal.LSN { return wal.LSN(r.u64()) }
 
 // pgEpoch is 2000-01-01 UTC, the zero of Postgres timestamps.
 var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -32,12 +33,12 @@ func SwitchPrefix(slot string) string { return "fkmat-switch:" + slot }
 // commit position.
 func EmitSwitch(ctx context.Context, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
-}, slot, id string) (LSN, error) {
+}, slot, id string) (wal.LSN, error) {
 	var text string
 	if err := db.QueryRow(ctx, `SELECT pg_logical_emit_message(true, $1, $2)::text`, SwitchPrefix(slot), id).Scan(&text); err != nil {
 		return 0, fmt.Errorf("write the switch marker: %w", err)
 	}
-	return ParseLSN(text)
+	return wal.ParseLSN(text)
 }
 
 // Embedded builds the content of one such message.
@@ -131,7 +132,7 @@ func (e *Embedded) tuple(vals []*string) {
 // embedded handles a message the consumer emitted: each pgoutput message of
 // its content as if the server had sent it at lsn. Full chunks go to
 // res.chunks.
-func (a *assembler) embedded(lsn LSN, content []byte) (res result, err error) {
+func (a *assembler) embedded(lsn wal.LSN, content []byte) (res result, err error) {
 	for len(content) > 0 {
 		if len(content) < 5 {
 			return res, fmt.Errorf("%w: fkmat message at %s: %d trailing bytes", ErrProtocol, lsn, len(content))

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 var update = flag.Bool("update", false, "capture pgoutput messages from a real server into testdata and rewrite the golden files")
@@ -34,7 +35,7 @@ const (
 // must decode to an error.
 type recorded struct {
 	kind string
-	lsn  LSN
+	lsn  wal.LSN
 	data []byte
 	note string
 }
@@ -162,7 +163,7 @@ func captureMessages(t *testing.T) []recorded {
 		if err := rows.Scan(&lsn, &data); err != nil {
 			t.Fatal(err)
 		}
-		l, err := ParseLSN(lsn)
+		l, err := wal.ParseLSN(lsn)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -238,7 +239,7 @@ func readRecorded(path string) ([]recorded, error) {
 		if len(f) != 3 {
 			return nil, fmt.Errorf("%s: bad line %q", path, line)
 		}
-		lsn, err := ParseLSN(f[1])
+		lsn, err := wal.ParseLSN(f[1])
 		if err != nil {
 			return nil, err
 		}

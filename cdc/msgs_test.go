@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"io"
 	"log/slog"
+
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // Builders of pgoutput protocol v1 messages for unit tests.
@@ -13,11 +15,11 @@ func be32(b []byte, v uint32) []byte { return binary.BigEndian.AppendUint32(b, v
 func be64(b []byte, v uint64) []byte { return binary.BigEndian.AppendUint64(b, v) }
 func cstr(b []byte, s string) []byte { return append(append(b, s...), 0) }
 
-func mkBegin(final LSN, xid uint32) []byte {
+func mkBegin(final wal.LSN, xid uint32) []byte {
 	return be32(be64(be64([]byte{'B'}, uint64(final)), 0), xid)
 }
 
-func mkCommit(commit, end LSN) []byte {
+func mkCommit(commit, end wal.LSN) []byte {
 	return be64(be64(be64([]byte{'C', 0}, uint64(commit)), uint64(end)), 0)
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // TestStreamLargeTransactionBounded commits one 200k-row transaction (about
@@ -336,7 +337,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 }
 
 // confirmedFlush reads the slot's confirmed_flush_lsn.
-func confirmedFlush(t *testing.T, tc *testenv.Case) LSN {
+func confirmedFlush(t *testing.T, tc *testenv.Case) wal.LSN {
 	t.Helper()
 	var s string
 	err := tc.Env.Admin().QueryRow(context.Background(),
@@ -344,7 +345,7 @@ func confirmedFlush(t *testing.T, tc *testenv.Case) LSN {
 	if err != nil {
 		t.Fatalf("read confirmed_flush_lsn: %v", err)
 	}
-	l, err := ParseLSN(s)
+	l, err := wal.ParseLSN(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,7 +372,7 @@ func TestConfirmedFlushFollowsAcks(t *testing.T) {
 	runStream(t, s)
 
 	var mu sync.Mutex
-	acked := map[LSN]bool{slot.ConsistentPoint: true}
+	acked := map[wal.LSN]bool{slot.ConsistentPoint: true}
 	var violations []string
 	pollDone := make(chan struct{})
 	stopPoll := make(chan struct{})
@@ -405,7 +406,7 @@ func TestConfirmedFlushFollowsAcks(t *testing.T) {
 	// Ack each transaction only when the fifth after it arrives: there is
 	// always delivered, unacknowledged work, so the server position must
 	// never be reported.
-	var ends []LSN
+	var ends []wal.LSN
 	for len(ends) < txns {
 		txn := next(t, s, 30*time.Second)
 		ends = append(ends, txn.EndLSN)
@@ -434,7 +435,7 @@ func TestConfirmedFlushFollowsAcks(t *testing.T) {
 	if err := tc.Pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&current); err != nil {
 		t.Fatal(err)
 	}
-	target, _ := ParseLSN(current)
+	target, _ := wal.ParseLSN(current)
 	start := time.Now()
 	waitFor(t, 10*time.Second, "idle slot to catch up with pg_current_wal_lsn", func() bool { return confirmedFlush(t, tc) >= target })
 	t.Logf("idle catch-up to %s took %s", target, time.Since(start).Round(10*time.Millisecond))
@@ -462,7 +463,7 @@ func TestStreamRestartFromCheckpoint(t *testing.T) {
 	}
 	s1 := c.NewStream(slot.ConsistentPoint)
 	stop := runStream(t, s1)
-	var ends []LSN
+	var ends []wal.LSN
 	for range 10 {
 		ends = append(ends, next(t, s1, 30*time.Second).EndLSN)
 	}

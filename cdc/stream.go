@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fkmat/fkmat/internal/crash"
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // Stream delivers the committed transactions of the slot in commit order and
@@ -66,9 +67,9 @@ type Stream struct {
 	stats   streamStats
 
 	// Owned by the Run goroutine.
-	start     LSN // the consumer's checkpoint (or the slot's confirmed position)
-	delivered LSN // EndLSN of the last final chunk handed to the consumer
-	reported  LSN // last position sent to the server
+	start     wal.LSN // the consumer's checkpoint (or the slot's confirmed position)
+	delivered wal.LSN // EndLSN of the last final chunk handed to the consumer
+	reported  wal.LSN // last position sent to the server
 	asm       *assembler
 	lastPID   uint32 // backend PID of the last walsender that streamed for us
 	triedPID  uint32 // backend PID of our last replication connection
@@ -87,7 +88,7 @@ type streamStats struct {
 // checkpoint, i.e. the EndLSN of the last transaction it applied (or the
 // slot's consistent point after a backfill). Zero means the slot's
 // confirmed_flush_lsn. Call Run to start it.
-func (c *Client) NewStream(start LSN) *Stream {
+func (c *Client) NewStream(start wal.LSN) *Stream {
 	s := &Stream{
 		c:       c,
 		cfg:     c.cfg,
@@ -112,7 +113,7 @@ func (c *Client) NewStream(start LSN) *Stream {
 // Pass the EndLSN of a Final chunk. It never blocks; lower values than an
 // earlier Ack are ignored. The position reaches the server within about a
 // second (a tenth of StandbyInterval, clamped to [100ms, 1s]).
-func (s *Stream) Ack(lsn LSN) {
+func (s *Stream) Ack(lsn wal.LSN) {
 	for {
 		cur := s.acked.Load()
 		if uint64(lsn) <= cur || s.acked.CompareAndSwap(cur, uint64(lsn)) {
@@ -134,11 +135,11 @@ func (s *Stream) Hold() { s.held = true }
 // what the slot feeds (a join left unmaintained until its rebuild switches
 // in) keeps the slot from claiming it caught up. Call it before Run, with
 // the start position or later.
-func (s *Stream) Limit(lsn LSN) { s.limit.Store(uint64(lsn)) }
+func (s *Stream) Limit(lsn wal.LSN) { s.limit.Store(uint64(lsn)) }
 
 // Clear allows a held stream to report positions up to lsn; lower values
 // than an earlier Clear are ignored. It never blocks.
-func (s *Stream) Clear(lsn LSN) {
+func (s *Stream) Clear(lsn wal.LSN) {
 	for {
 		cur := s.cleared.Load()
 		if uint64(lsn) <= cur || s.cleared.CompareAndSwap(cur, uint64(lsn)) {
@@ -192,16 +193,16 @@ type StreamStats struct {
 	// consumer;
 	// AckedLSN the highest Ack; ReportedLSN the last position sent to the
 	// server; ServerWALEnd the server's WAL end from its last keepalive.
-	ReceivedLSN, AckedLSN, ReportedLSN, ServerWALEnd LSN
+	ReceivedLSN, AckedLSN, ReportedLSN, ServerWALEnd wal.LSN
 	// Held says the stream is held (Hold); ClearedLSN is then the
 	// highest Clear, which bounds ReportedLSN. ConfirmableLSN is the
 	// position the stream would report if it were not held: every
 	// transaction before it is acknowledged (on an idle slot, the
 	// server's position).
 	Held                       bool
-	ClearedLSN, ConfirmableLSN LSN
+	ClearedLSN, ConfirmableLSN wal.LSN
 	// LimitLSN is the Limit, 0 for none: ReportedLSN stays at or below it.
-	LimitLSN LSN
+	LimitLSN wal.LSN
 }
 
 // Stats returns the stream's counters; safe from any goroutine.
@@ -216,14 +217,14 @@ func (s *Stream) Stats() StreamStats {
 		Txns:               st.txns.Load(),
 		Changes:            st.changes.Load(),
 		Reconnects:         st.reconnects.Load(),
-		ReceivedLSN:        LSN(st.received.Load()),
-		AckedLSN:           LSN(s.acked.Load()),
-		ReportedLSN:        LSN(st.reported.Load()),
-		ServerWALEnd:       LSN(st.serverEnd.Load()),
+		ReceivedLSN:        wal.LSN(st.received.Load()),
+		AckedLSN:           wal.LSN(s.acked.Load()),
+		ReportedLSN:        wal.LSN(st.reported.Load()),
+		ServerWALEnd:       wal.LSN(st.serverEnd.Load()),
 		Held:               s.held,
-		ClearedLSN:         LSN(s.cleared.Load()),
-		ConfirmableLSN:     LSN(st.confirmable.Load()),
-		LimitLSN:           LSN(s.limit.Load()),
+		ClearedLSN:         wal.LSN(s.cleared.Load()),
+		ConfirmableLSN:     wal.LSN(st.confirmable.Load()),
+		LimitLSN:           wal.LSN(s.limit.Load()),
 	}
 }
 
@@ -360,7 +361,7 @@ type session struct {
 	s          *Stream
 	conn       *pgconn.PgConn
 	tick       time.Duration
-	walEnd     LSN // server position that is safe to report when nothing is pending
+	walEnd     wal.LSN // server position that is safe to report when nothing is pending
 	lastStatus time.Time
 	lastRecv   time.Time
 	progressed bool
@@ -474,7 +475,7 @@ func (ss *session) handleCopyData(ctx context.Context, data []byte) error {
 			return fmt.Errorf("%w: parse keepalive: %w", ErrProtocol, err)
 		}
 		// Everything before ServerWALEnd was sent before this keepalive.
-		ss.walEnd = max(ss.walEnd, LSN(ka.ServerWALEnd))
+		ss.walEnd = max(ss.walEnd, wal.LSN(ka.ServerWALEnd))
 		s.stats.serverEnd.Store(uint64(ka.ServerWALEnd))
 		if ka.ReplyRequested {
 			return ss.sendStatus(time.Now(), false)
@@ -484,7 +485,7 @@ func (ss *session) handleCopyData(ctx context.Context, data []byte) error {
 		if err != nil {
 			return fmt.Errorf("%w: parse xlogdata: %w", ErrProtocol, err)
 		}
-		res, err := ss.decode(LSN(xld.WALStart), xld.WALData)
+		res, err := ss.decode(wal.LSN(xld.WALStart), xld.WALData)
 		if err != nil {
 			return err
 		}
@@ -515,7 +516,7 @@ func (ss *session) handleCopyData(ctx context.Context, data []byte) error {
 // the stream with a *crash.Error naming the message's position and its
 // transaction: reconnecting would decode the same message again, so the
 // consumer restarts from its checkpoints and counts it as a stall.
-func (ss *session) decode(lsn LSN, data []byte) (res result, err error) {
+func (ss *session) decode(lsn wal.LSN, data []byte) (res result, err error) {
 	defer crash.Recover(&err, func() (string, uint64) {
 		where := fmt.Sprintf("decoding the %s message at %s", kindName(data[0]), lsn)
 		t := res.txn
@@ -576,16 +577,16 @@ func (ss *session) deliver(ctx context.Context, t *Txn) error {
 // position is the LSN to report as written, flushed and applied: the
 // consumer's acknowledgement, or the server's position when nothing is
 // pending. It never goes backwards.
-func (ss *session) position() LSN {
+func (ss *session) position() wal.LSN {
 	s := ss.s
-	acked := LSN(s.acked.Load())
+	acked := wal.LSN(s.acked.Load())
 	free := reportable(acked, s.start, s.delivered, s.reported, ss.walEnd, s.asm.inTxn, math.MaxUint64)
 	s.stats.confirmable.Store(uint64(free))
-	bound := LSN(math.MaxUint64)
+	bound := wal.LSN(math.MaxUint64)
 	if s.held {
-		bound = LSN(s.cleared.Load())
+		bound = wal.LSN(s.cleared.Load())
 	}
-	if lim := LSN(s.limit.Load()); lim != 0 {
+	if lim := wal.LSN(s.limit.Load()); lim != 0 {
 		bound = min(bound, lim)
 	}
 	if bound == math.MaxUint64 {
@@ -599,7 +600,7 @@ func (ss *session) position() LSN {
 // final chunk handed over, reported the last position sent, walEnd a server
 // position before which everything was sent, inTxn whether a transaction is
 // open, limit the highest position a held stream may report.
-func reportable(acked, start, delivered, reported, walEnd LSN, inTxn bool, limit LSN) LSN {
+func reportable(acked, start, delivered, reported, walEnd wal.LSN, inTxn bool, limit wal.LSN) wal.LSN {
 	// An acknowledgement beyond what was handed over is a consumer bug;
 	// never let it confirm WAL that was not seen.
 	pos := min(max(acked, start), max(delivered, start))

@@ -9,22 +9,23 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func TestLSN(t *testing.T) {
 	t.Parallel()
 	for _, s := range []string{"0/0", "16/B374D848", "FFFFFFFF/FFFFFFFF", "0/1"} {
-		l, err := ParseLSN(s)
+		l, err := wal.ParseLSN(s)
 		if err != nil || l.String() != s {
 			t.Errorf("ParseLSN(%q) = %s, %v", s, l, err)
 		}
 	}
-	if l, _ := ParseLSN("1/2"); l != 1<<32|2 {
+	if l, _ := wal.ParseLSN("1/2"); l != 1<<32|2 {
 		t.Errorf("ParseLSN(1/2) = %d", l)
 	}
 	for _, s := range []string{"", "12", "x/1", "1/", "100000000/0"} {
-		if _, err := ParseLSN(s); err == nil {
+		if _, err := wal.ParseLSN(s); err == nil {
 			t.Errorf("ParseLSN(%q) succeeded", s)
 		}
 	}
@@ -194,10 +195,10 @@ func TestReportable(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name                                   string
-		acked, start, delivered, reported, wal LSN
+		acked, start, delivered, reported, wal wal.LSN
 		inTxn                                  bool
-		want                                   LSN
-		limit                                  LSN // 0: not held
+		want                                   wal.LSN
+		limit                                  wal.LSN // 0: not held
 	}{
 		{"nothing yet: start", 0, 100, 0, 0, 0, false, 100, 0},
 		{"acked below delivered: acked", 150, 100, 200, 0, 500, false, 150, 0},
@@ -271,7 +272,7 @@ func TestCheckServerVersion(t *testing.T) {
 func TestAppendChange(t *testing.T) {
 	a := newAssembler(1<<30, 1<<30, nil)
 	var txns []*Txn
-	want := map[*Txn][]LSN{}
+	want := map[*Txn][]wal.LSN{}
 	for i, n := range []int{3, 0, 1, slabChanges - 3, slabChanges + 7, 5, 2*slabChanges + 1, 1} {
 		tx := &Txn{}
 		if i == 5 {
@@ -279,7 +280,7 @@ func TestAppendChange(t *testing.T) {
 			want[tx] = append(want[tx], 1)
 		}
 		for j := range n {
-			lsn := LSN(i*1_000_000 + j + 2)
+			lsn := wal.LSN(i*1_000_000 + j + 2)
 			a.appendChange(tx, Change{Kind: ChangeInsert, LSN: lsn})
 			want[tx] = append(want[tx], lsn)
 		}

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // enableWALInspect installs pg_walinspect in the test database, for
@@ -20,7 +20,7 @@ func enableWALInspect(t *testing.T, tc *testenv.Case) {
 // commit record: the EndLSN pgoutput reports for it and the position fkmat
 // acknowledges once the transaction is in the target. It needs
 // enableWALInspect.
-func commitTxn(t *testing.T, tc *testenv.Case, sqls ...string) cdc.LSN {
+func commitTxn(t *testing.T, tc *testenv.Case, sqls ...string) wal.LSN {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -59,9 +59,9 @@ func commitTxn(t *testing.T, tc *testenv.Case, sqls ...string) cdc.LSN {
 	return parseLSN(t, end)
 }
 
-func parseLSN(t *testing.T, s string) cdc.LSN {
+func parseLSN(t *testing.T, s string) wal.LSN {
 	t.Helper()
-	l, err := cdc.ParseLSN(s)
+	l, err := wal.ParseLSN(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func parseLSN(t *testing.T, s string) cdc.LSN {
 }
 
 // confirmedFlush returns the slot's confirmed_flush_lsn.
-func confirmedFlush(t *testing.T, tc *testenv.Case) cdc.LSN {
+func confirmedFlush(t *testing.T, tc *testenv.Case) wal.LSN {
 	t.Helper()
 	var s string
 	err := tc.Pool.QueryRow(context.Background(),
@@ -81,7 +81,7 @@ func confirmedFlush(t *testing.T, tc *testenv.Case) cdc.LSN {
 }
 
 // currentWAL returns pg_current_wal_lsn().
-func currentWAL(t *testing.T, tc *testenv.Case) cdc.LSN {
+func currentWAL(t *testing.T, tc *testenv.Case) wal.LSN {
 	t.Helper()
 	var s string
 	if err := tc.Pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
@@ -92,7 +92,7 @@ func currentWAL(t *testing.T, tc *testenv.Case) cdc.LSN {
 
 // targetCheckpoint returns fkmat's checkpoint of the test's slot in the
 // target (0 when none).
-func targetCheckpoint(t *testing.T, tc *testenv.Case) cdc.LSN {
+func targetCheckpoint(t *testing.T, tc *testenv.Case) wal.LSN {
 	t.Helper()
 	var s *string
 	err := tc.Pool.QueryRow(context.Background(),
@@ -108,7 +108,7 @@ func targetCheckpoint(t *testing.T, tc *testenv.Case) cdc.LSN {
 
 // waitConfirmed waits up to timeout for confirmed_flush_lsn >= lsn and
 // returns how long it took; it fails the test on timeout.
-func waitConfirmed(t *testing.T, tc *testenv.Case, lsn cdc.LSN, timeout time.Duration) time.Duration {
+func waitConfirmed(t *testing.T, tc *testenv.Case, lsn wal.LSN, timeout time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
 	for {

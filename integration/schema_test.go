@@ -9,9 +9,9 @@ import (
 
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/pipeline"
+	"github.com/fkmat/fkmat/internal/wal"
 
 	"github.com/fkmat/fkmat"
-	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
@@ -264,7 +264,7 @@ func backfillForce(t *testing.T, cfg *config.Config) {
 
 // checkNotAcknowledged checks for a second that neither the slot nor the
 // target checkpoint covers the transaction ending at end.
-func checkNotAcknowledged(t *testing.T, tc *testenv.Case, e cdc.LSN) {
+func checkNotAcknowledged(t *testing.T, tc *testenv.Case, e wal.LSN) {
 	t.Helper()
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if c := confirmedFlush(t, tc); c >= e {

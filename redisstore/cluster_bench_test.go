@@ -11,8 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -51,7 +51,7 @@ func BenchmarkClusterCommit(b *testing.B) {
 		}
 		start := time.Now()
 		for i := range batches {
-			if err := s.Commit(ctx, mk(i), cdc.LSN(i+1)); err != nil {
+			if err := s.Commit(ctx, mk(i), wal.LSN(i+1)); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/join/jointest"
 )
@@ -125,7 +125,7 @@ func TestClusterCrashBetweenShards(t *testing.T) {
 			b1, b2, b3 := baseBatch(t), secondBatch(t), thirdBatch(t)
 			if mode == "resume" { // the reference, once
 				for i, b := range []join.Mutations{b1, b2, b3} {
-					if err := want.Commit(ctx, b, cdc.LSN(10+i)); err != nil {
+					if err := want.Commit(ctx, b, wal.LSN(10+i)); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -456,7 +456,7 @@ func TestClusterWaitReplicas(t *testing.T) {
 	s := newClusterStore(t, c, cfg)
 	want := newClusterStore(t, c, Config{Prefix: "fkmat:test:wait:want", SubShards: 64, RowShards: 64})
 	b1, b2, b3 := baseBatch(t), secondBatch(t), thirdBatch(t)
-	commit := func(b join.Mutations, lsn cdc.LSN) {
+	commit := func(b join.Mutations, lsn wal.LSN) {
 		t.Helper()
 		for _, st := range []*Store{s, want} {
 			if err := st.Commit(ctx, b, lsn); err != nil {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -34,7 +34,7 @@ import (
 // neither finished nor rolled back. After any other error it is safe to call
 // Commit again with the same batch: the store reloads the checkpoint and
 // skips the batch if it was applied after all.
-func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) error {
+func (s *Store) Commit(ctx context.Context, m join.Mutations, lsn wal.LSN) error {
 	if lsn == 0 {
 		return errors.New("commit redis state: LSN 0 is invalid")
 	}

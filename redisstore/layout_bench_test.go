@@ -11,8 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -139,7 +139,7 @@ func benchStoreSubs(ctx context.Context, b *testing.B, rdb *redis.Client, cfg Co
 	before := usedMemory(ctx, b, rdb)
 	start := time.Now()
 	var m join.Mutations
-	lsn := cdc.LSN(1)
+	lsn := wal.LSN(1)
 	for pk := int64(1); pk <= layoutSubs; pk++ {
 		m.AddSubs = append(m.AddSubs, join.Subscription{FK: benchInt(benchFK(pk)), PK: benchInt(pk)})
 		if len(m.AddSubs) == layoutBatch || pk == layoutSubs {
@@ -182,7 +182,7 @@ func benchStoreRows(ctx context.Context, b *testing.B, rdb *redis.Client, cfg Co
 	before := usedMemory(ctx, b, rdb)
 	start := time.Now()
 	m := join.Mutations{PutLeft: map[join.Key]join.LeftState{}}
-	lsn := cdc.LSN(1)
+	lsn := wal.LSN(1)
 	blob := 0
 	for pk := int64(1); pk <= layoutSubs; pk++ {
 		st := state(pk)

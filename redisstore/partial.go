@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -35,7 +35,7 @@ const (
 const maxRecoverPasses = 10
 
 // inFlightError describes the partial transaction txn that blocks a write.
-func inFlightError(txn cdc.LSN) error {
+func inFlightError(txn wal.LSN) error {
 	return fmt.Errorf("%w (transaction %s): call Recover to roll it back, or FinishPartial once it is committed in the target",
 		ErrInFlight, txn)
 }
@@ -61,7 +61,7 @@ func inFlightError(txn cdc.LSN) error {
 // more generation, with the same content). The pre-images are read
 // before the MULTI, under WATCH of the meta hash; like Commit, CommitPartial
 // assumes it is the only writer of the state.
-func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn cdc.LSN) error {
+func (s *Store) CommitPartial(ctx context.Context, m join.Mutations, txn wal.LSN) error {
 	defer s.right.drop()
 	if txn == 0 {
 		return errors.New("commit partial redis state: transaction id 0 is invalid")
@@ -241,7 +241,7 @@ func (s *Store) undoField(key, item string) string {
 // above the checkpoint it does nothing. With no transaction in flight and
 // lsn above the checkpoint it fails with ErrNotInFlight: the chunks were
 // rolled back by Recover, and the checkpoint must not move past them.
-func (s *Store) FinishPartial(ctx context.Context, lsn cdc.LSN) error {
+func (s *Store) FinishPartial(ctx context.Context, lsn wal.LSN) error {
 	defer s.right.drop()
 	if lsn == 0 {
 		return errors.New("finish partial redis state: LSN 0 is invalid")

@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -613,7 +613,7 @@ func TestFinishPartialIdempotent(t *testing.T) {
 	want, wantState := dump(t, s, false), readState(t, s)
 	for _, retry := range []struct {
 		s   *Store
-		lsn cdc.LSN
+		lsn wal.LSN
 	}{{s, 30}, {stale, 30}, {s, 25}, {stale, 12}} {
 		if err := retry.s.FinishPartial(ctx, retry.lsn); err != nil {
 			t.Errorf("FinishPartial(%d) retried: %v", retry.lsn, err)
@@ -767,7 +767,7 @@ func TestSweepConcurrentWithPartials(t *testing.T) {
 		close(done)
 		wg.Wait()
 	}()
-	lsn := cdc.LSN(1)
+	lsn := wal.LSN(1)
 	for round := range 30 {
 		// No garbage left for the concurrent sweeper to delete under the
 		// comparison: it deletes nothing while the transaction is in flight.

@@ -8,8 +8,8 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/join/jointest"
 )
@@ -23,7 +23,7 @@ import (
 type replayingStore struct {
 	*Store
 	t   *testing.T
-	lsn cdc.LSN
+	lsn wal.LSN
 }
 
 func (s *replayingStore) Apply(ctx context.Context, m join.Mutations) error {
@@ -169,7 +169,7 @@ func runChunked(t *testing.T, s *Store, spec join.Spec, seed uint64) {
 		}
 		return m
 	}
-	var lsn cdc.LSN
+	var lsn wal.LSN
 	var chunked, crashed int
 	for batch := range 80 {
 		changes := g.Batch(1 + r.IntN(40))

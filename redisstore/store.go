@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -57,7 +57,7 @@ type Meta struct {
 	// this version.
 	Shape Shape
 	// Checkpoint is the LSN of the last committed batch, 0 after Init.
-	Checkpoint cdc.LSN
+	Checkpoint wal.LSN
 	// LeftGen and RightGen are the current generations of the left side (left
 	// rows and subscriptions) and of the right side (right rows). A Clear
 	// bumps one; keys of other generations are garbage for Sweep.
@@ -65,7 +65,7 @@ type Meta struct {
 	// InFlight is the id of the large transaction written in part by
 	// CommitPartial and not yet finished (FinishPartial) or rolled back
 	// (Recover); 0 when there is none.
-	InFlight cdc.LSN
+	InFlight wal.LSN
 	// Subscriptions is the number of subscriptions in the current left
 	// generation, kept exact by every write in the meta field subs, so that
 	// it is known without scanning the subscription sets; -1 when unknown: a
@@ -325,7 +325,7 @@ func (s *Store) load(ctx context.Context) (Meta, error) {
 
 // Checkpoint returns the LSN of the last batch committed through this store,
 // or found committed when it was opened; 0 when unknown.
-func (s *Store) Checkpoint() cdc.LSN {
+func (s *Store) Checkpoint() wal.LSN {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.meta == nil {
@@ -336,7 +336,7 @@ func (s *Store) Checkpoint() cdc.LSN {
 
 // InFlight returns the id of the partial transaction in flight as last seen
 // by this store (see CommitPartial), or 0; Meta reads it from Redis.
-func (s *Store) InFlight() cdc.LSN {
+func (s *Store) InFlight() wal.LSN {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.meta == nil {
@@ -477,7 +477,7 @@ func readMeta(ctx context.Context, c redis.Cmdable, key string) (Meta, error) {
 			return Meta{}, fmt.Errorf("read redis meta %s: field %s is %q", key, metaFields[3+i], f)
 		}
 	}
-	m.Checkpoint, m.InFlight = cdc.LSN(checkpoint), cdc.LSN(inFlight)
+	m.Checkpoint, m.InFlight = wal.LSN(checkpoint), wal.LSN(inFlight)
 	if str[9] != "" {
 		if _, err := fmt.Sscanf(str[9], "%d,%d", &m.Resizing[0], &m.Resizing[1]); err != nil {
 			return Meta{}, fmt.Errorf("read redis meta %s: field %s is %q", key, fieldResize, str[9])

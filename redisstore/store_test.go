@@ -11,8 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -453,7 +453,7 @@ func TestReplayIsIdempotent(t *testing.T) {
 	k1, k2 := intKey(t, 1), intKey(t, 2)
 	c7 := intKey(t, 7)
 	batches := []struct {
-		lsn cdc.LSN
+		lsn wal.LSN
 		m   join.Mutations
 	}{
 		{10, join.Mutations{
@@ -585,7 +585,7 @@ func TestCommitIsAtomic(t *testing.T) {
 		}
 	})
 	for v := 1; v <= 30; v++ {
-		if err := s.Commit(ctx, rowsAt(t, rows, v), cdc.LSN(v)); err != nil {
+		if err := s.Commit(ctx, rowsAt(t, rows, v), wal.LSN(v)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -766,7 +766,7 @@ func TestSweepConcurrentWithClears(t *testing.T) {
 	for v := 1; v <= 200; v++ {
 		m := rowsAt(t, 20, v)
 		m.ClearLeft = true
-		if err := s.Commit(ctx, m, cdc.LSN(v)); err != nil {
+		if err := s.Commit(ctx, m, wal.LSN(v)); err != nil {
 			t.Fatal(err)
 		}
 		left, err := s.GetLeft(ctx, []join.Key{intKey(t, 19)})

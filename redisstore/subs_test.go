@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -160,7 +160,7 @@ func TestSubscriptionCountCommit(t *testing.T) {
 	}
 	steps := []struct {
 		name string
-		lsn  cdc.LSN
+		lsn  wal.LSN
 		m    join.Mutations
 		want int64
 	}{

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 )
 
@@ -348,7 +348,7 @@ func (w *Writer) Owner(ctx context.Context, slot string) (string, error) {
 // never moves backwards: an older lsn fails with ErrCheckpointBackwards and
 // nothing is committed. After Fence, a commit of a slot another writer
 // fenced since fails with ErrFenced, and nothing is committed.
-func (t *Tx) Commit(ctx context.Context, slot string, lsn cdc.LSN) error {
+func (t *Tx) Commit(ctx context.Context, slot string, lsn wal.LSN) error {
 	var tag pgconn.CommandTag
 	var err error
 	if t.owner == "" {
@@ -406,7 +406,7 @@ func (t *Tx) Exec(ctx context.Context, sql string, args ...any) error {
 }
 
 // Checkpoint returns the slot's committed checkpoint (0 when none).
-func (w *Writer) Checkpoint(ctx context.Context, slot string) (cdc.LSN, error) {
+func (w *Writer) Checkpoint(ctx context.Context, slot string) (wal.LSN, error) {
 	var s string
 	err := w.pool.QueryRow(ctx, `SELECT lsn::text FROM fkmat.checkpoint WHERE slot = $1`, slot).Scan(&s)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -415,7 +415,7 @@ func (w *Writer) Checkpoint(ctx context.Context, slot string) (cdc.LSN, error) {
 	if err != nil {
 		return 0, fmt.Errorf("read target checkpoint: %w", err)
 	}
-	return cdc.ParseLSN(s)
+	return wal.ParseLSN(s)
 }
 
 // unnestFrom renders `unnest($1::text[], ...) AS u(c1, ...)` and the list of

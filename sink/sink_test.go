@@ -15,8 +15,8 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/migrations"
 	"github.com/fkmat/fkmat/sink"
@@ -80,7 +80,7 @@ func apply(t *testing.T, ctx context.Context, w *sink.Writer, tbl *sink.Table, l
 	if err := tx.Apply(ctx, tbl, out); err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Commit(ctx, "slot_a", cdc.LSN(lsn)); err != nil {
+	if err := tx.Commit(ctx, "slot_a", wal.LSN(lsn)); err != nil {
 		t.Fatal(err)
 	}
 	return tx.Stats
@@ -196,7 +196,7 @@ func TestCheckpointNeverBackwards(t *testing.T) {
 	if err := tx.Apply(ctx, tbl, join.Output{Deletes: [][]join.Value{{v("1")}}}); err != nil {
 		t.Fatal(err)
 	}
-	err = tx.Commit(ctx, "slot_a", cdc.LSN(999))
+	err = tx.Commit(ctx, "slot_a", wal.LSN(999))
 	if !errors.Is(err, sink.ErrCheckpointBackwards) {
 		t.Fatalf("Commit(999) = %v, want ErrCheckpointBackwards", err)
 	}
@@ -229,7 +229,7 @@ func TestFence(t *testing.T) {
 	if err := next.Fence(ctx, "slot_a", "host-b", 2, "s2"); err != nil {
 		t.Fatal(err)
 	}
-	if err := old.Commit(ctx, "slot_a", cdc.LSN(2000)); !errors.Is(err, sink.ErrFenced) {
+	if err := old.Commit(ctx, "slot_a", wal.LSN(2000)); !errors.Is(err, sink.ErrFenced) {
 		t.Fatalf("a commit begun before the fence = %v, want ErrFenced", err)
 	}
 	// A transaction begun after the fence is refused before it writes.
@@ -251,7 +251,7 @@ func TestFence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Commit(ctx, "slot_a", cdc.LSN(1500)); !errors.Is(err, sink.ErrCheckpointBackwards) {
+	if err := tx.Commit(ctx, "slot_a", wal.LSN(1500)); !errors.Is(err, sink.ErrCheckpointBackwards) {
 		t.Fatalf("an older lsn from the owner = %v, want ErrCheckpointBackwards", err)
 	}
 }

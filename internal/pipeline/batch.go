@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // BatchLimits bound one batch of whole source transactions.
@@ -91,7 +92,7 @@ func stopwatch() func(d *time.Duration) {
 	}
 }
 
-func (b *batch) end() cdc.LSN { return b.txns[len(b.txns)-1].EndLSN }
+func (b *batch) end() wal.LSN { return b.txns[len(b.txns)-1].EndLSN }
 
 // collect adds whole transactions to a batch that starts with first, until a
 // limit is reached, the delay passes, no transaction follows within the idle

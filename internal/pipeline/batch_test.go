@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // TestBatchSizer: the delay of the next batch follows the last batch's
@@ -81,7 +82,7 @@ func TestPrepareFanOut(t *testing.T) {
 	var joins []Join
 	for range 4 {
 		w := newFakeWorld(t, nil)
-		w.targetLSN = cdc.LSN(math.MaxUint64) // the target has it: nothing is written, rows are counted
+		w.targetLSN = wal.LSN(math.MaxUint64) // the target has it: nothing is written, rows are counted
 		pj, err := newPair(w.plan, fakeState{w, 0}, 3)
 		if err != nil {
 			t.Fatal(err)
@@ -94,7 +95,7 @@ func TestPrepareFanOut(t *testing.T) {
 	orders := rel("orders", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "customer_id", Type: oidInt8},
 		cdc.Column{Name: "note", Type: oidText})
 	customers := rel("customers", cdc.Column{Name: "id", Type: oidInt8, Key: true}, cdc.Column{Name: "name", Type: oidText})
-	prepare := func(end cdc.LSN, changes ...cdc.Change) {
+	prepare := func(end wal.LSN, changes ...cdc.Change) {
 		t.Helper()
 		txn := &cdc.Txn{CommitLSN: end - 1, EndLSN: end, Final: true, Changes: changes}
 		job, err := p.prepare(ctx, &batch{txns: []*cdc.Txn{txn}, changes: len(changes)}, nil)

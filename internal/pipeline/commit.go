@@ -8,6 +8,7 @@ import (
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 
 	"github.com/fkmat/fkmat/internal/crash"
@@ -17,7 +18,7 @@ import (
 // mutations computed, its commits not yet done (or running).
 type commitJob struct {
 	b           *batch
-	end         cdc.LSN
+	end         wal.LSN
 	writeTarget bool
 	// touched marks the joins the batch had changes for.
 	touched []bool
@@ -371,7 +372,7 @@ func (p *Pipeline) checkStates(ctx context.Context, job *commitJob) error {
 // the checkpoint end, then publishes the checkpoint and the rows it
 // changed. Both paths (batches and large transactions) commit the target
 // here.
-func (p *Pipeline) commitTargetTx(ctx context.Context, tx TargetTx, truncations []truncation, end cdc.LSN) error {
+func (p *Pipeline) commitTargetTx(ctx context.Context, tx TargetTx, truncations []truncation, end wal.LSN) error {
 	if err := noteTruncations(ctx, tx, p.slot, truncations); err != nil {
 		return err
 	}
@@ -393,7 +394,7 @@ func (p *Pipeline) commitTargetTx(ctx context.Context, tx TargetTx, truncations 
 // slot past end (a caught-up check) sees it in the metrics too. wrote says
 // the commit wrote state (a batch that touched no join counts its
 // transactions and changes, but is no batch of work).
-func (p *Pipeline) acknowledge(txns, changes int, last *cdc.Txn, end cdc.LSN, wrote bool) {
+func (p *Pipeline) acknowledge(txns, changes int, last *cdc.Txn, end wal.LSN, wrote bool) {
 	if wrote {
 		p.batches.Add(1)
 	}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // stageLog records the stages of fake commit jobs in the order they end.
@@ -40,7 +40,7 @@ func fakeJobs(p *Pipeline, n int) []*commitJob {
 			prev = f[len(f)-1]
 		}
 		ctx, cancel := context.WithCancel(context.Background())
-		f = append(f, p.startCommit(ctx, cancel, &commitJob{end: cdc.LSN(i)}, prev))
+		f = append(f, p.startCommit(ctx, cancel, &commitJob{end: wal.LSN(i)}, prev))
 	}
 	return f
 }

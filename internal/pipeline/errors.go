@@ -3,7 +3,7 @@ package pipeline
 import (
 	"errors"
 
-	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/wal"
 )
 
 // The pipeline's errors. Which of them a restart can fix is decided by the
@@ -38,7 +38,7 @@ var (
 // transaction whose change failed, the table and its key columns (never
 // values: they may be personal data).
 type TxnError struct {
-	LSN        cdc.LSN // commit LSN of the failing transaction
+	LSN        wal.LSN // commit LSN of the failing transaction
 	Join       string
 	Table      string
 	KeyColumns []string

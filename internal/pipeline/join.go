@@ -7,6 +7,7 @@ import (
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
 )
@@ -33,7 +34,7 @@ type Join interface {
 	// table of a tree whose checkpoint is at least bound has it already (a
 	// replay after a crash between the tables' commits), and its changes
 	// are left out; the target has the batch then.
-	apply(ctx context.Context, changes []join.Change, bound cdc.LSN, emit func(context.Context, join.Output) error) (join.Mutations, error)
+	apply(ctx context.Context, changes []join.Change, bound wal.LSN, emit func(context.Context, join.Output) error) (join.Mutations, error)
 	// overlay sets the in-flight mutations the engine reads through: older
 	// (the batch in its state commit) and newer (the next one); nil for
 	// none.
@@ -56,14 +57,14 @@ type Join interface {
 type Resumed struct {
 	// Checkpoint is the source position the state has applied through
 	// (the lowest of a tree's tables).
-	Checkpoint cdc.LSN
+	Checkpoint wal.LSN
 	// Undone says a large transaction a crash cut short was rolled back; it
 	// is replayed.
 	Undone bool
 	// Ahead are the checkpoints of a tree's tables ahead of the lowest (a
 	// crash between the tables' commits), by table; the tables behind
 	// catch up first, and no batch straddles one of them.
-	Ahead map[int]cdc.LSN
+	Ahead map[int]wal.LSN
 }
 
 // joinBase is what every shape of join has: its plan, its state as the

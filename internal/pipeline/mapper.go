@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/internal/wal"
 
 	"github.com/fkmat/fkmat/internal/config"
 
@@ -86,7 +87,7 @@ func (m *mapper) findSides(rel *cdc.Relation) []side {
 func (m *mapper) uses(rel *cdc.Relation) bool { return len(m.sidesOf(rel)) > 0 }
 
 // layoutOf is the layout of side s in rel, for a change at position at.
-func (m *mapper) layoutOf(rel *cdc.Relation, s side, at cdc.LSN) (*layout, error) {
+func (m *mapper) layoutOf(rel *cdc.Relation, s side, at wal.LSN) (*layout, error) {
 	if l, ok := m.layouts[layoutKey{rel, s}]; ok {
 		return l, nil
 	}
@@ -199,7 +200,7 @@ func (m *tableMapper) findTables(rel *cdc.Relation) []int {
 }
 
 // layoutOf is the layout of table t in rel, for a change at position at.
-func (m *tableMapper) layoutOf(rel *cdc.Relation, t int, at cdc.LSN) (*layout, error) {
+func (m *tableMapper) layoutOf(rel *cdc.Relation, t int, at wal.LSN) (*layout, error) {
 	if l, ok := m.layouts[tableLayoutKey{rel, t}]; ok {
 		return l, nil
 	}

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 
-	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
 )
@@ -59,7 +59,7 @@ func (j *Pair) Stats() join.Stats { return j.engine.Stats() }
 
 func (j *Pair) Resume(ctx context.Context) (Resumed, error) { return j.resume(ctx) }
 
-func (j *Pair) apply(ctx context.Context, changes []join.Change, _ cdc.LSN, emit func(context.Context, join.Output) error) (join.Mutations, error) {
+func (j *Pair) apply(ctx context.Context, changes []join.Change, _ wal.LSN, emit func(context.Context, join.Output) error) (join.Mutations, error) {
 	return j.engine.Apply(ctx, changes, emit)
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/wal"
 
 	"github.com/fkmat/fkmat/internal/crash"
 )
@@ -25,11 +26,11 @@ type Config struct {
 	Log               *slog.Logger
 	// TargetCheckpoint is the slot's checkpoint in the target database at
 	// the start: every transaction ending at or before it is already there.
-	TargetCheckpoint cdc.LSN
+	TargetCheckpoint wal.LSN
 	// Cuts are the checkpoints of the tables of a tree ahead of its lowest
 	// (Resumed.Ahead): a batch ends at a transaction ending there, so that
 	// no batch straddles a table's checkpoint.
-	Cuts []cdc.LSN
+	Cuts []wal.LSN
 	// OnBatch, when set, is called after every acknowledged batch.
 	OnBatch func()
 	// OnTiming, when set, receives each committed batch's timings.
@@ -88,7 +89,7 @@ type Pipeline struct {
 	// (its end is not received yet).
 	inLarge atomic.Bool
 	// cuts are Config.Cuts.
-	cuts map[cdc.LSN]bool
+	cuts map[wal.LSN]bool
 	// between is the work Between asked for, not yet run.
 	between atomic.Pointer[func(context.Context)]
 	// ignore is Config.Ignore.
@@ -109,7 +110,7 @@ func New(cfg Config) *Pipeline {
 	p := &Pipeline{
 		slot: cfg.Slot, publication: cfg.Publication, joins: cfg.Joins, target: cfg.Target, source: cfg.Source,
 		limits: cfg.Limits, sizer: batchSizer{limits: cfg.Limits}, log: cfg.Log,
-		onBatch: cfg.OnBatch, onTiming: cfg.OnTiming, started: time.Now(), cuts: map[cdc.LSN]bool{},
+		onBatch: cfg.OnBatch, onTiming: cfg.OnTiming, started: time.Now(), cuts: map[wal.LSN]bool{},
 		rows: make([]joinRows, len(cfg.Joins)), maxBuffered: maxBufferedRows, ignore: cfg.Ignore,
 	}
 	if p.log == nil {
@@ -205,7 +206,7 @@ func (p *Pipeline) Lag(now time.Time) (seconds float64, last time.Time) {
 }
 
 // targetCheckpoint is the slot's checkpoint in the target database.
-func (p *Pipeline) targetCheckpoint() cdc.LSN { return cdc.LSN(p.targetLSN.Load()) }
+func (p *Pipeline) targetCheckpoint() wal.LSN { return wal.LSN(p.targetLSN.Load()) }
 
 // Run applies batches until ctx is done; then it finishes the batches in
 // hand and returns nil (a clean shutdown) or the first error.

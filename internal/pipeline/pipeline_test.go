@@ -16,6 +16,7 @@ import (
 
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/internal/wal"
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/join"
@@ -41,31 +42,31 @@ type fakeWorld struct {
 	// source
 	txns  []*cdc.Txn
 	next  int
-	acked cdc.LSN
+	acked wal.LSN
 	// target: rows and checkpoint, committed together
 	target     *jointest.Target
-	targetLSN  cdc.LSN
+	targetLSN  wal.LSN
 	targetOpen int
 	// state: rows and checkpoint, committed together; one per table of a
 	// tree (tree set), one for a pair
 	states    []*jointest.Store
-	stateLSNs []cdc.LSN
+	stateLSNs []wal.LSN
 	tree      bool
 
 	// failTarget and failState, when set, fail the commit of a batch
 	// ending at that LSN (once), failState that of table failTable's
 	// state; blockTarget blocks it until released.
-	failTarget, failState cdc.LSN
+	failTarget, failState wal.LSN
 	// epoch, when set, is the epoch the states' meta shows ("e" else).
 	epoch            string
 	failTable        int
-	blockTarget      cdc.LSN
+	blockTarget      wal.LSN
 	blocked, release chan struct{}
 	violations       []string
 	// counted is the running pipeline's count of changes applied, which
 	// covers every transaction after countFrom up to what it acknowledges.
 	counted   *atomic.Int64
-	countFrom cdc.LSN
+	countFrom wal.LSN
 	// gen computes the filters of a filtered plan (withFilters).
 	gen Generator
 }
@@ -74,7 +75,7 @@ func newFakeWorld(t *testing.T, txns []*cdc.Txn) *fakeWorld {
 	jp := testPlan()
 	jp.Spec = plan.SpecOf(jp)
 	return &fakeWorld{t: t, plan: jp, txns: txns, target: jointest.NewTarget(jp.Spec),
-		states: []*jointest.Store{jointest.NewStore()}, stateLSNs: make([]cdc.LSN, 1)}
+		states: []*jointest.Store{jointest.NewStore()}, stateLSNs: make([]wal.LSN, 1)}
 }
 
 // newTreeWorld is newFakeWorld for the tree orders → customers → regions
@@ -82,7 +83,7 @@ func newFakeWorld(t *testing.T, txns []*cdc.Txn) *fakeWorld {
 func newTreeWorld(t *testing.T) *fakeWorld {
 	jp := testTreePlan()
 	spec := join.Spec{Name: jp.Name, PK: []join.Family{join.FamilyInt}, LeftValues: 4}
-	w := &fakeWorld{t: t, plan: jp, target: jointest.NewTarget(spec), tree: true, stateLSNs: make([]cdc.LSN, 3)}
+	w := &fakeWorld{t: t, plan: jp, target: jointest.NewTarget(spec), tree: true, stateLSNs: make([]wal.LSN, 3)}
 	w.target.Rewrites = true
 	for range 3 {
 		w.states = append(w.states, jointest.NewStore())
@@ -91,7 +92,7 @@ func newTreeWorld(t *testing.T) *fakeWorld {
 }
 
 // stateLSN is the lowest checkpoint of the states (the caller holds mu).
-func (w *fakeWorld) stateLSN() cdc.LSN { return slices.Min(w.stateLSNs) }
+func (w *fakeWorld) stateLSN() wal.LSN { return slices.Min(w.stateLSNs) }
 
 func (w *fakeWorld) violate(format string, args ...any) {
 	w.violations = append(w.violations, fmt.Sprintf(format, args...))
@@ -120,7 +121,7 @@ func (s fakeSource) Next(ctx context.Context) (*cdc.Txn, error) {
 
 // Ack checks that acknowledgements only grow and never pass what the
 // target and the state both committed.
-func (s fakeSource) Ack(lsn cdc.LSN) {
+func (s fakeSource) Ack(lsn wal.LSN) {
 	w := s.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -171,7 +172,7 @@ func (tx *fakeTx) Apply(_ context.Context, _ *sink.Table, out join.Output) error
 
 func (tx *fakeTx) Exec(context.Context, string, ...any) error { return nil }
 
-func (tx *fakeTx) Commit(ctx context.Context, _ string, lsn cdc.LSN) error {
+func (tx *fakeTx) Commit(ctx context.Context, _ string, lsn wal.LSN) error {
 	w := tx.w
 	w.mu.Lock()
 	block := w.blockTarget == lsn
@@ -259,7 +260,7 @@ func (s fakeState) Meta(context.Context) (redisstore.Meta, error) {
 	return redisstore.Meta{Epoch: epoch, Checkpoint: s.w.stateLSNs[s.i]}, nil
 }
 
-func (s fakeState) Checkpoint() cdc.LSN {
+func (s fakeState) Checkpoint() wal.LSN {
 	s.w.mu.Lock()
 	defer s.w.mu.Unlock()
 	return s.w.stateLSNs[s.i]
@@ -267,7 +268,7 @@ func (s fakeState) Checkpoint() cdc.LSN {
 
 // Commit applies m strictly (jointest.Store refuses mutations that are not
 // net against the state) with the checkpoint, skipping a replayed batch.
-func (s fakeState) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) error {
+func (s fakeState) Commit(ctx context.Context, m join.Mutations, lsn wal.LSN) error {
 	w := s.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -290,8 +291,8 @@ func (s fakeState) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) er
 
 var errNoPartial = errors.New("fake state: large transactions are not faked")
 
-func (fakeState) CommitPartial(context.Context, join.Mutations, cdc.LSN) error { return errNoPartial }
-func (fakeState) FinishPartial(context.Context, cdc.LSN) error                 { return errNoPartial }
+func (fakeState) CommitPartial(context.Context, join.Mutations, wal.LSN) error { return errNoPartial }
+func (fakeState) FinishPartial(context.Context, wal.LSN) error                 { return errNoPartial }
 func (fakeState) Recover(context.Context) (bool, error)                        { return false, nil }
 
 // pipeline returns a pipeline over the world, starting from its
@@ -300,7 +301,7 @@ func (w *fakeWorld) pipeline(limits BatchLimits) *Pipeline {
 	w.t.Helper()
 	var (
 		j    Join
-		cuts []cdc.LSN
+		cuts []wal.LSN
 	)
 	if w.tree {
 		stores := make([]State, len(w.states))
@@ -343,7 +344,7 @@ func (w *fakeWorld) pipeline(limits BatchLimits) *Pipeline {
 
 // runUntil runs p until the source is drained and every transaction up to
 // the last is acknowledged, or run fails; it returns run's result.
-func (w *fakeWorld) runUntil(p *Pipeline, last cdc.LSN) error {
+func (w *fakeWorld) runUntil(p *Pipeline, last wal.LSN) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -371,7 +372,7 @@ func (w *fakeWorld) runUntil(p *Pipeline, last cdc.LSN) error {
 
 // check fails the test on any violation and unless the target equals the
 // SQL join at its checkpoint and the state is consistent.
-func (w *fakeWorld) check(want map[cdc.LSN]map[join.Key]join.Row) {
+func (w *fakeWorld) check(want map[wal.LSN]map[join.Key]join.Row) {
 	w.t.Helper()
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -404,7 +405,7 @@ type shopModel struct {
 	ord                       map[int]order
 	cust                      map[int]customer
 	reg                       map[int]string
-	lsn                       cdc.LSN
+	lsn                       wal.LSN
 	// filtered applies the filters of withFilters in join, and makes some
 	// notes fail the orders' one.
 	filtered bool
@@ -608,16 +609,16 @@ func (m *shopModel) join(t *testing.T) map[join.Key]join.Row {
 }
 
 // workload returns n transactions and the SQL join after each (and at 0).
-func workload(t *testing.T, seed uint64, n int, spec join.Spec, regions bool) ([]*cdc.Txn, map[cdc.LSN]map[join.Key]join.Row) {
+func workload(t *testing.T, seed uint64, n int, spec join.Spec, regions bool) ([]*cdc.Txn, map[wal.LSN]map[join.Key]join.Row) {
 	return filteredWorkload(t, seed, n, spec, regions, false)
 }
 
 // filteredWorkload is workload, with the filters of withFilters when
 // filtered.
-func filteredWorkload(t *testing.T, seed uint64, n int, spec join.Spec, regions, filtered bool) ([]*cdc.Txn, map[cdc.LSN]map[join.Key]join.Row) {
+func filteredWorkload(t *testing.T, seed uint64, n int, spec join.Spec, regions, filtered bool) ([]*cdc.Txn, map[wal.LSN]map[join.Key]join.Row) {
 	m := newShopModel(seed, spec, regions)
 	m.filtered = filtered
-	want := map[cdc.LSN]map[join.Key]join.Row{0: {}}
+	want := map[wal.LSN]map[join.Key]join.Row{0: {}}
 	txns := make([]*cdc.Txn, n)
 	for i := range txns {
 		txns[i] = m.txn()
@@ -733,7 +734,7 @@ func TestPipelineFailureDiscardsLater(t *testing.T) {
 			// Batches end at transaction ends the test cannot predict: fail
 			// the first commit at or after the 100th transaction.
 			at := txns[99].EndLSN
-			var fail *cdc.LSN
+			var fail *wal.LSN
 			switch stage {
 			case "target":
 				fail = &w.failTarget
@@ -774,7 +775,7 @@ func TestPipelineStateReplaced(t *testing.T) {
 	txns, _ := workload(t, 5, 200, w.plan.Spec, false)
 	w.txns = txns
 	at := txns[99].EndLSN
-	var replaced cdc.LSN
+	var replaced wal.LSN
 	p := w.pipeline(smallBatches)
 	p.stages = &commitStages{target: func(ctx context.Context, job *commitJob) error {
 		w.mu.Lock()
@@ -799,9 +800,9 @@ func TestPipelineStateReplaced(t *testing.T) {
 // or after at, when that batch reaches the stage.
 type failAfter struct {
 	w      *fakeWorld
-	at     cdc.LSN
-	fail   *cdc.LSN
-	failed cdc.LSN
+	at     wal.LSN
+	fail   *wal.LSN
+	failed wal.LSN
 }
 
 func (h *failAfter) wrap(stage func(context.Context, *commitJob) error, target bool) func(context.Context, *commitJob) error {
@@ -866,7 +867,7 @@ func TestPipelineShutdownMidBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.check(want)
-	if !slices.Contains([]cdc.LSN{txns[len(txns)-1].EndLSN}, w.targetLSN) {
+	if !slices.Contains([]wal.LSN{txns[len(txns)-1].EndLSN}, w.targetLSN) {
 		t.Errorf("target at %s after the restart", w.targetLSN)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
 	"github.com/fkmat/fkmat/sink"
@@ -21,7 +22,7 @@ import (
 // target and in every join's state.
 type Source interface {
 	Next(ctx context.Context) (*cdc.Txn, error)
-	Ack(lsn cdc.LSN)
+	Ack(lsn wal.LSN)
 	Stats() cdc.StreamStats
 }
 
@@ -35,7 +36,7 @@ type Target interface {
 type TargetTx interface {
 	Apply(ctx context.Context, table *sink.Table, out join.Output) error
 	Exec(ctx context.Context, sql string, args ...any) error
-	Commit(ctx context.Context, slot string, lsn cdc.LSN) error
+	Commit(ctx context.Context, slot string, lsn wal.LSN) error
 	Rollback(ctx context.Context) error
 	// Counts returns the rows the transaction really changed in table (as
 	// passed to Apply).
@@ -50,10 +51,10 @@ type TargetTx interface {
 type State interface {
 	join.StateReader
 	Meta(ctx context.Context) (redisstore.Meta, error)
-	Checkpoint() cdc.LSN
-	Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) error
-	CommitPartial(ctx context.Context, m join.Mutations, txn cdc.LSN) error
-	FinishPartial(ctx context.Context, lsn cdc.LSN) error
+	Checkpoint() wal.LSN
+	Commit(ctx context.Context, m join.Mutations, lsn wal.LSN) error
+	CommitPartial(ctx context.Context, m join.Mutations, txn wal.LSN) error
+	FinishPartial(ctx context.Context, lsn wal.LSN) error
 	Recover(ctx context.Context) (bool, error)
 }
 

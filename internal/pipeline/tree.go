@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
 )
@@ -88,7 +88,7 @@ func (t *Tree) Resume(ctx context.Context) (Resumed, error) {
 	for i, s := range t.tables {
 		if cp := s.store.Checkpoint(); cp > r.Checkpoint {
 			if r.Ahead == nil {
-				r.Ahead = map[int]cdc.LSN{}
+				r.Ahead = map[int]wal.LSN{}
 			}
 			r.Ahead[i] = cp
 		}
@@ -102,7 +102,7 @@ func (t *Tree) Resume(ctx context.Context) (Resumed, error) {
 // tables ahead skip the batch (their commit is a no-op at a checkpoint
 // they have); the target has it already. A fan-out writes no state, so a
 // large transaction needs no pages of partial state.
-func (t *Tree) apply(ctx context.Context, changes []join.Change, bound cdc.LSN, emit func(context.Context, join.Output) error) (join.Mutations, error) {
+func (t *Tree) apply(ctx context.Context, changes []join.Change, bound wal.LSN, emit func(context.Context, join.Output) error) (join.Mutations, error) {
 	if t.ahead(bound) {
 		kept := make([]join.Change, 0, len(changes))
 		for _, c := range changes {
@@ -127,7 +127,7 @@ func (t *Tree) located(_ []txnSpan, err error) error { return err }
 
 // ahead reports whether some table has what a batch ending at bound
 // brings.
-func (t *Tree) ahead(bound cdc.LSN) bool {
+func (t *Tree) ahead(bound wal.LSN) bool {
 	for _, s := range t.tables {
 		if s.store != nil && s.store.Checkpoint() >= bound {
 			return true

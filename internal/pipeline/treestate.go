@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
 )
@@ -72,7 +72,7 @@ func (s *treeState) Meta(ctx context.Context) (redisstore.Meta, error) {
 }
 
 // Checkpoint is the lowest of the tables' checkpoints: the first table's.
-func (s *treeState) Checkpoint() cdc.LSN {
+func (s *treeState) Checkpoint() wal.LSN {
 	low := s.tables[0].store.Checkpoint()
 	for _, st := range s.tables[1:] {
 		low = min(low, st.store.Checkpoint())
@@ -83,7 +83,7 @@ func (s *treeState) Checkpoint() cdc.LSN {
 // Commit commits m's tables from the last to the first, each at lsn (a table
 // that has lsn already skips it). Mutations without tables (a batch that
 // touched no table of the join) advance every table.
-func (s *treeState) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) error {
+func (s *treeState) Commit(ctx context.Context, m join.Mutations, lsn wal.LSN) error {
 	if m.Tables == nil {
 		if !m.Empty() {
 			return errors.New("commit the state of a join of several tables: mutations without tables")
@@ -100,7 +100,7 @@ func (s *treeState) Commit(ctx context.Context, m join.Mutations, lsn cdc.LSN) e
 
 // CommitPartial writes a chunk of a large transaction (txn, its commit
 // position) to the tables that lack it.
-func (s *treeState) CommitPartial(ctx context.Context, m join.Mutations, txn cdc.LSN) error {
+func (s *treeState) CommitPartial(ctx context.Context, m join.Mutations, txn wal.LSN) error {
 	for i := range m.Tables {
 		if s.tables[i].store.Checkpoint() > txn {
 			continue // the table has the whole transaction
@@ -115,7 +115,7 @@ func (s *treeState) CommitPartial(ctx context.Context, m join.Mutations, txn cdc
 
 // FinishPartial finishes the large transaction on the tables it was written
 // to, from the last to the first.
-func (s *treeState) FinishPartial(ctx context.Context, lsn cdc.LSN) error {
+func (s *treeState) FinishPartial(ctx context.Context, lsn wal.LSN) error {
 	for i := len(s.tables) - 1; i >= 0; i-- {
 		if !s.partial[i] {
 			continue

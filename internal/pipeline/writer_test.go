@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/fkmat/fkmat/cdc"
+	"github.com/fkmat/fkmat/internal/wal"
 	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/sink"
 )
@@ -25,7 +25,7 @@ func (tx *orderTx) Apply(_ context.Context, _ *sink.Table, out join.Output) erro
 	return nil
 }
 func (tx *orderTx) Exec(context.Context, string, ...any) error    { return nil }
-func (tx *orderTx) Commit(context.Context, string, cdc.LSN) error { return nil }
+func (tx *orderTx) Commit(context.Context, string, wal.LSN) error { return nil }
 func (tx *orderTx) Rollback(context.Context) error                { return nil }
 func (tx *orderTx) Counts(*sink.Table) sink.Stats                 { return sink.Stats{} }
 

@@ -1,4 +1,6 @@
-package cdc
+// Package wal holds the position type every stage shares: a place in the
+// Postgres write-ahead log.
+package wal
 
 import (
 	"fmt"

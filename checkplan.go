@@ -17,6 +17,7 @@ import (
 	"github.com/fkmat/fkmat/internal/human"
 	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/redisstore"
 	"github.com/fkmat/fkmat/sink"
 )
 
@@ -220,7 +221,7 @@ func estimateSeconds(s float64) string {
 
 // joinCost is the plan of one join.
 func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p *plan.JoinPlan) (JoinCost, error) {
-	jc := JoinCost{Name: p.Name, RedisPrefix: RedisPrefix(slot, p.Name),
+	jc := JoinCost{Name: p.Name, RedisPrefix: redisstore.Prefix(slot, p.Name),
 		Target: PlanStep{Name: p.Target.Ident(), Statement: sink.CreateSQL(&p.Target)}}
 	if err := target.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, p.Target.Ident()).Scan(&jc.Target.Exists); err != nil {
 		return jc, fmt.Errorf("look up target %s: %w", p.Target.Ident(), err)

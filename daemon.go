@@ -305,7 +305,7 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 // than two tables) of generation gen (fkmat.join_state.generation) and its
 // engine.
 func (d *daemon) openJoin(ctx context.Context, p *plan.JoinPlan, gen int) (pipeline.Join, error) {
-	prefixes := statePrefixes(d.cfg.Slot, p.Name, len(p.Edges), gen)
+	prefixes := redisstore.StatePrefixes(d.cfg.Slot, p.Name, len(p.Edges), gen)
 	stores := make([]*redisstore.Store, len(prefixes))
 	for t, prefix := range prefixes {
 		var err error
@@ -374,58 +374,6 @@ func waitShort(joins []pipeline.Join) (n int64, why string) {
 		}
 	}
 	return n, why
-}
-
-// RedisTablePrefix is the Redis key prefix of the state of table t (0:
-// the left table, i+1: entry i) of a join of more than two tables.
-func RedisTablePrefix(slot, joinName string, t int) string {
-	return fmt.Sprintf("%s~t%d", RedisPrefix(slot, joinName), t)
-}
-
-// redisStepPrefix is the prefix of the state of entry i under the layout
-// of fkmat before 2026-12 (one state per entry, each holding the rows of
-// the join so far), which a rebuild and teardown delete.
-func redisStepPrefix(slot, joinName string, i int) string {
-	return fmt.Sprintf("%s~%d", RedisPrefix(slot, joinName), i)
-}
-
-// RedisPrefixes returns the prefixes of every Redis state of a join with
-// entries entries (0: the two-table form): its one, or one per table.
-func RedisPrefixes(slot, joinName string, entries int) []string {
-	return statePrefixes(slot, joinName, entries, 0)
-}
-
-// RedisPrefix is the key prefix of one join's state (redisstore.Config's
-// Prefix): every key of it starts with the prefix and a colon. redisstore
-// owns the rest of the key names.
-func RedisPrefix(slot, joinName string) string { return "fkmat:" + slot + ":" + joinName }
-
-// GenerationPrefix is RedisPrefix for generation gen of the join's state
-// (fkmat.join_state.generation): a rebuild beside the running join builds
-// the next generation.
-func GenerationPrefix(slot, joinName string, gen int) string {
-	if gen == 0 {
-		return RedisPrefix(slot, joinName)
-	}
-	return fmt.Sprintf("%s~g%d", RedisPrefix(slot, joinName), gen)
-}
-
-// StatePrefixes are RedisPrefixes of generation gen.
-func StatePrefixes(slot, joinName string, entries, gen int) []string {
-	return statePrefixes(slot, joinName, entries, gen)
-}
-
-// statePrefixes are RedisPrefixes of generation gen.
-func statePrefixes(slot, joinName string, entries, gen int) []string {
-	base := GenerationPrefix(slot, joinName, gen)
-	if entries == 0 {
-		return []string{base}
-	}
-	out := make([]string, entries+1)
-	for t := range out {
-		out[t] = fmt.Sprintf("%s~t%d", base, t)
-	}
-	return out
 }
 
 func (d *daemon) close() {

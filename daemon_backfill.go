@@ -213,7 +213,7 @@ func (d *daemon) backfill(ctx context.Context, reason string) error {
 func (d *daemon) dropOldLayout(ctx context.Context) error {
 	for _, p := range d.plans {
 		for i := range p.Edges {
-			store, err := redisstore.Open(ctx, d.rdb, redisstore.Config{Prefix: redisStepPrefix(d.cfg.Slot, p.Name, i)})
+			store, err := redisstore.Open(ctx, d.rdb, redisstore.Config{Prefix: redisstore.StepPrefix(d.cfg.Slot, p.Name, i)})
 			if err != nil {
 				return err
 			}

@@ -87,7 +87,7 @@ func BenchmarkTreeStateBytes(b *testing.B) {
 			if tab > 0 {
 				table, name = &p.Edges[tab-1].Table, p.Edges[tab-1].Alias
 			}
-			prefix := RedisTablePrefix(tc.Slot, p.Name, tab)
+			prefix := redisstore.TablePrefix(tc.Slot, p.Name, tab)
 			s, err := redisstore.Open(ctx, tc.Redis, redisstore.Config{Prefix: prefix})
 			if err != nil {
 				b.Fatal(err)

@@ -33,7 +33,7 @@ import (
 //     fkmat.join_state.definition).
 //  2. A second slot (rebuildSlot) is created with an exported snapshot; the
 //     new definition's Redis state (the next generation,
-//     GenerationPrefix) and a shadow of the target are loaded from it,
+//     redisstore.GenerationPrefix) and a shadow of the target are loaded from it,
 //     exactly as the backfill does.
 //  3. A second pipeline streams that slot from its consistent point into
 //     the new state and the shadow.
@@ -710,7 +710,7 @@ func (d *daemon) dropLeftovers(ctx context.Context) error {
 // dropGeneration drops generation gen of join name's Redis state, in
 // either form: one state, or one per table.
 func dropGeneration(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger, slot, name string, gen int) error {
-	base := GenerationPrefix(slot, name, gen)
+	base := redisstore.GenerationPrefix(slot, name, gen)
 	prefixes := []string{base}
 	for t := range 64 { // the tables of a join of more than two tables, while there are
 		prefixes = append(prefixes, fmt.Sprintf("%s~t%d", base, t))

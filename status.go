@@ -574,12 +574,12 @@ type EdgeStatus struct {
 // only: its state's, or each step's of a join of more than two tables.
 func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, opts Options, p *plan.JoinPlan, st joinState, s *JoinStatus) error {
 	if p.Edges == nil {
-		return statusStore(ctx, rdb, GenerationPrefix(slot, p.Name, st.generation), opts, p, st, s)
+		return statusStore(ctx, rdb, redisstore.GenerationPrefix(slot, p.Name, st.generation), opts, p, st, s)
 	}
 	var total int64
 	for t := range len(p.Edges) + 1 {
 		one := JoinStatus{RedisState: "ok"}
-		if err := statusStore(ctx, rdb, statePrefixes(slot, p.Name, len(p.Edges), st.generation)[t], opts, p, st, &one); err != nil {
+		if err := statusStore(ctx, rdb, redisstore.StatePrefixes(slot, p.Name, len(p.Edges), st.generation)[t], opts, p, st, &one); err != nil {
 			return err
 		}
 		for _, problem := range one.Problems { // a join's tables lose their states together

@@ -96,12 +96,12 @@ func Teardown(ctx context.Context, cfg *config.Config, dropTarget bool, opts Opt
 				return fmt.Errorf("delete redis state of join %q: %w", j.Name, err)
 			}
 		}
-		prefixes := []string{RedisPrefix(cfg.Slot, j.Name)}
+		prefixes := []string{redisstore.Prefix(cfg.Slot, j.Name)}
 		for i := range j.Rights {
-			prefixes = append(prefixes, redisStepPrefix(cfg.Slot, j.Name, i))
+			prefixes = append(prefixes, redisstore.StepPrefix(cfg.Slot, j.Name, i))
 		}
 		if len(j.Rights) > 0 {
-			prefixes = append(prefixes, RedisPrefixes(cfg.Slot, j.Name, len(j.Rights))...)
+			prefixes = append(prefixes, redisstore.StatePrefixes(cfg.Slot, j.Name, len(j.Rights), 0)...)
 		}
 		for _, prefix := range prefixes {
 			store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: prefix})

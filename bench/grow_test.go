@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/redisstore"
 )
 
@@ -64,9 +63,9 @@ func benchW8(t *testing.T, s sizes, rep *report) {
 	perOrder := func() (pair, tree float64) {
 		// backfill --force of streaming joins rebuilds them beside: a new
 		// generation of their state.
-		k := d.redisKeysOf(fkmat.StatePrefixes(d.Slot, "orders_customers", 0, d.generation("orders_customers"))[0])
+		k := d.redisKeysOf(redisstore.StatePrefixes(d.Slot, "orders_customers", 0, d.generation("orders_customers"))[0])
 		pair = k.bytes[redisstore.KindLeft] + k.bytes[redisstore.KindSubs] + k.bytes[redisstore.KindRight]
-		for _, prefix := range fkmat.StatePrefixes(d.Slot, "orders_regions", 2, d.generation("orders_regions")) {
+		for _, prefix := range redisstore.StatePrefixes(d.Slot, "orders_regions", 2, d.generation("orders_regions")) {
 			k := d.redisKeysOf(prefix)
 			tree += k.bytes[redisstore.KindLeft] + k.bytes[redisstore.KindSubs]
 		}

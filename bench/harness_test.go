@@ -29,7 +29,6 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/internal/testenv"
 	"github.com/fkmat/fkmat/redisstore"
 )
@@ -762,7 +761,7 @@ func (k redisKeys) encodingSummary(kind byte) string {
 
 func (d *db) redisKeys() redisKeys {
 	d.b.Helper()
-	return d.redisKeysOf(fkmat.RedisPrefix(d.Slot, "orders_enriched"))
+	return d.redisKeysOf(redisstore.Prefix(d.Slot, "orders_enriched"))
 }
 
 // redisKeysOf is redisKeys for the state under prefix (a join's, or a step's
@@ -828,7 +827,7 @@ func (d *db) redisKeysOf(prefix string) redisKeys {
 // store opens the join's state on the shared Redis.
 func (d *db) store() *redisstore.Store {
 	d.b.Helper()
-	s, err := redisstore.Open(context.Background(), d.Redis, redisstore.Config{Prefix: fkmat.RedisPrefix(d.Slot, "orders_enriched")})
+	s, err := redisstore.Open(context.Background(), d.Redis, redisstore.Config{Prefix: redisstore.Prefix(d.Slot, "orders_enriched")})
 	if err != nil {
 		d.b.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/redisstore"
 )
 
@@ -73,7 +72,7 @@ func benchW6(t *testing.T, s sizes, rep *report) {
 	// all of it per order, and the two-table join's per left row.
 	var all float64
 	for tab, entry := range []string{"orders", "customers", "regions"} {
-		k := d.redisKeysOf(fkmat.RedisTablePrefix(d.Slot, "orders_wide", tab))
+		k := d.redisKeysOf(redisstore.TablePrefix(d.Slot, "orders_wide", tab))
 		rows := []float64{float64(n), float64(s.W6Customers), 2}[tab]
 		rep.row(name, "Redis memory, "+entry+": per row", k.bytes[redisstore.KindLeft]/rows, "B", k.encodingSummary(redisstore.KindLeft), false)
 		if tab < 2 {
@@ -82,7 +81,7 @@ func benchW6(t *testing.T, s sizes, rep *report) {
 		all += k.bytes[redisstore.KindLeft] + k.bytes[redisstore.KindSubs]
 	}
 	rep.row(name, "Redis memory, all tables: per order", all/float64(n), "B", "", false)
-	k := d.redisKeysOf(fkmat.RedisPrefix(d.Slot, "payments_wide"))
+	k := d.redisKeysOf(redisstore.Prefix(d.Slot, "payments_wide"))
 	rep.row(name, "Redis memory, two-table accounts: per left row", (k.bytes[redisstore.KindLeft]+k.bytes[redisstore.KindSubs])/float64(n), "B", "", false)
 
 	// fanOut runs sql and returns the time until p has written n more

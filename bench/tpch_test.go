@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/redisstore"
 )
 
@@ -136,14 +135,14 @@ func benchW7(t *testing.T, s sizes, rep *report) {
 	var all float64
 	tables := []string{"lineitem", "orders", "customer", "nation", "region", "part", "supplier", "partsupp", "snation"}
 	for tab, table := range tables {
-		k := d.redisKeysOf(fkmat.RedisTablePrefix(d.Slot, "lineitem_wide", tab))
+		k := d.redisKeysOf(redisstore.TablePrefix(d.Slot, "lineitem_wide", tab))
 		rows := k.bytes[redisstore.KindLeft] + k.bytes[redisstore.KindSubs]
 		all += rows
 		rep.row(name, "Redis memory per lineitem, "+table+" (rows and references)", rows/lineitems, "B",
 			k.encodingSummary(redisstore.KindLeft)+"; "+k.encodingSummary(redisstore.KindSubs), false)
 	}
 	rep.row(name, "Redis memory per lineitem, all of lineitem_wide", all/lineitems, "B", "", false)
-	k := d.redisKeysOf(fkmat.RedisPrefix(d.Slot, "lineitem_flags"))
+	k := d.redisKeysOf(redisstore.Prefix(d.Slot, "lineitem_flags"))
 	flagsBytes := k.bytes[redisstore.KindLeft] + k.bytes[redisstore.KindSubs] + k.bytes[redisstore.KindRight]
 	rep.row(name, "Redis memory per lineitem, the two-table lineitem_flags", flagsBytes/lineitems, "B", "", false)
 	rep.row(name, "check --plan: estimated Redis memory / MEMORY USAGE of both joins", planBytes/(all+flagsBytes), "x",

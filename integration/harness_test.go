@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/internal/testenv"
 	"github.com/fkmat/fkmat/redisstore"
 )
@@ -183,7 +182,7 @@ func joinStates(t testing.TB, rdb redis.UniversalClient, slot string, j config.J
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out []*redisstore.Store
-	for _, prefix := range fkmat.RedisPrefixes(slot, j.Name, len(j.Rights)) {
+	for _, prefix := range redisstore.StatePrefixes(slot, j.Name, len(j.Rights), 0) {
 		s, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: prefix})
 		if err != nil {
 			t.Fatal(err)
@@ -198,7 +197,7 @@ func joinStateOn(t testing.TB, rdb redis.UniversalClient, slot, name string) *re
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: fkmat.RedisPrefix(slot, name)})
+	s, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: redisstore.Prefix(slot, name)})
 	if err != nil {
 		t.Fatal(err)
 	}

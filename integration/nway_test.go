@@ -10,6 +10,7 @@ import (
 
 	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/redisstore"
 )
 
 // nwayWideYAML is the README's example of a join of more than two tables, with
@@ -157,7 +158,7 @@ func TestNWayExample(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if keys, err := tc.Redis.Keys(ctx, fkmat.RedisPrefix(tc.Slot, "orders_wide")+"*").Result(); err != nil || len(keys) != 0 {
+	if keys, err := tc.Redis.Keys(ctx, redisstore.Prefix(tc.Slot, "orders_wide")+"*").Result(); err != nil || len(keys) != 0 {
 		t.Errorf("teardown left %d keys (%v): %s", len(keys), err, strings.Join(keys[:min(len(keys), 5)], " "))
 	}
 }

@@ -258,7 +258,7 @@ func assertRebuildClean(t *testing.T, tc *testenv.Case, join string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := fkmat.GenerationPrefix(tc.Slot, join, int(gen))
+		want := redisstore.GenerationPrefix(tc.Slot, join, int(gen))
 		for _, k := range keys {
 			if !strings.HasPrefix(k, want+":") && !strings.HasPrefix(k, want+"~t") {
 				other = append(other, k)
@@ -494,7 +494,7 @@ func TestLayoutChangeRebuiltBeside(t *testing.T) {
 	layout := func() string {
 		t.Helper()
 		gen := queryInt(t, tc, `SELECT generation FROM fkmat.join_state WHERE slot = $1`, tc.Slot)
-		s, err := redisstore.Open(context.Background(), tc.Redis, redisstore.Config{Prefix: fkmat.GenerationPrefix(tc.Slot, "orders_enriched", int(gen))})
+		s, err := redisstore.Open(context.Background(), tc.Redis, redisstore.Config{Prefix: redisstore.GenerationPrefix(tc.Slot, "orders_enriched", int(gen))})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/fkmat/fkmat/internal/plan"
@@ -394,8 +393,6 @@ func outputSources(cols []plan.OutputColumn) []plan.SourceColumn {
 	}
 	return out
 }
-
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // checkRaced runs after the loads, on the backfill's snapshot: a relation
 // whose storage (relfilenode) as the snapshot sees it is not its current

@@ -9,9 +9,6 @@ import (
 	"github.com/fkmat/fkmat/redisstore"
 )
 
-// DefaultGrowCheckInterval is the default Options.GrowCheckInterval.
-const DefaultGrowCheckInterval = time.Minute
-
 // growth is one state due for a Resize.
 type growth struct {
 	join  string

@@ -26,9 +26,6 @@ import (
 	"github.com/fkmat/fkmat/sink"
 )
 
-// loadsAtOnce is the number of tables and targets a backfill loads at once.
-const loadsAtOnce = 4
-
 // loadPage is the number of rows per page read from the source.
 const loadPage = 10_000
 
@@ -143,23 +140,6 @@ func (d *daemon) estimate(ctx context.Context, t config.TableName) int64 {
 		return 0
 	}
 	return n
-}
-
-// tableRows is the rows of a table: the larger of pg_class.reltuples (set
-// by ANALYZE and VACUUM) and the statistics' live rows (n_live_tup, kept
-// by every write, so it follows a table growing between two analyses),
-// summed over its partitions for a partitioned table; 0 when empty or
-// unknown. The backfill sizes the state by it, check --plan estimates by it.
-func tableRows(ctx context.Context, db *pgxpool.Pool, t config.TableName) (int64, error) {
-	var n float64
-	err := db.QueryRow(ctx, `SELECT coalesce(sum(greatest(c.reltuples, s.n_live_tup, 0)), 0)
-		FROM pg_class c LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
-		WHERE (c.oid = to_regclass($1) AND c.relkind <> 'p')
-		   OR c.oid IN (SELECT relid FROM pg_partition_tree(to_regclass($1)) WHERE isleaf)`, tableIdent(t)).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("estimate the rows of %s: %w", t, err)
-	}
-	return int64(n), nil
 }
 
 // inSnapshot runs fn on a source connection whose transaction sees the

@@ -550,14 +550,3 @@ func (w *moveWriter) flush() error {
 	w.rows = 0
 	return nil
 }
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}

@@ -19,11 +19,6 @@ import (
 	"github.com/fkmat/fkmat/cdc"
 )
 
-// DefaultPartitionCheckInterval is how often the daemon compares the
-// partitions of the joined partitioned tables with the ones it knows
-// (Options.PartitionCheckInterval).
-const DefaultPartitionCheckInterval = 2 * time.Second
-
 // leaf is one leaf partition of a joined partitioned table.
 type leaf struct {
 	oid    uint32
@@ -46,12 +41,6 @@ type leaf struct {
 	// the parent was applied last, if any (known leaves only).
 	truncatedXid *int64
 	lost         bool // it lost rows without row changes in the WAL (known leaves only)
-}
-
-// querier is a pool, a connection or a transaction.
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // leavesQuery lists the leaf partitions of the tables named in $1 (text[],

@@ -5,14 +5,12 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
@@ -66,9 +64,6 @@ type rebuild struct {
 // errRebuilt stops a run once a rebuild has switched in: Run starts again
 // at once, with the new definitions.
 var errRebuilt = errors.New("rebuilt joins switched in")
-
-// rebuildSlot is the name of the second slot of slot's rebuilds.
-func rebuildSlot(slot string) string { return cdc.DerivedSlot(slot, "_rebuild") }
 
 // planRebuild says whether join p, whose state st records, is built anew
 // beside the running join: its definition changed since it was built
@@ -151,50 +146,6 @@ func (d *daemon) checkAttached(ctx context.Context, was *sink.Table, p *plan.Joi
 		}
 	}
 	return nil
-}
-
-// describeChange says how definition now differs from was, for the
-// operator: target columns added, removed or retyped, or else the rest.
-func describeChange(was, now *plan.JoinPlan) string {
-	var added, removed, retyped []string
-	for _, c := range now.Target.Columns {
-		i := slices.IndexFunc(was.Target.Columns, func(o sink.Column) bool { return o.Name == c.Name })
-		switch {
-		case i < 0:
-			added = append(added, c.Name)
-		case was.Target.Columns[i].Type != c.Type:
-			retyped = append(retyped, fmt.Sprintf("%s %s -> %s", c.Name, was.Target.Columns[i].Type, c.Type))
-		}
-	}
-	for _, c := range was.Target.Columns {
-		if !slices.ContainsFunc(now.Target.Columns, func(n sink.Column) bool { return n.Name == c.Name }) {
-			removed = append(removed, c.Name)
-		}
-	}
-	var parts []string
-	for _, p := range []struct {
-		what string
-		cols []string
-	}{{"columns added", added}, {"columns removed", removed}, {"columns retyped", retyped}} {
-		if len(p.cols) > 0 {
-			parts = append(parts, p.what+": "+strings.Join(p.cols, ", "))
-		}
-	}
-	if !slices.Equal(was.Tables(), now.Tables()) {
-		parts = append(parts, "tables: "+tableList(was.Tables())+" -> "+tableList(now.Tables()))
-	}
-	if len(parts) == 0 {
-		return "its keys, source columns or join type"
-	}
-	return strings.Join(parts, "; ")
-}
-
-func tableList(ts []config.TableName) string {
-	out := make([]string, len(ts))
-	for i, t := range ts {
-		out[i] = t.String()
-	}
-	return strings.Join(out, ", ")
 }
 
 // serveLayout serves join j's Redis state of generation gen when this
@@ -699,38 +650,9 @@ func (d *daemon) dropLeftovers(ctx context.Context) error {
 			if gen < 0 {
 				continue
 			}
-			if err := dropGeneration(ctx, d.rdb, d.log, d.cfg.Slot, name, gen); err != nil {
+			if err := redisstore.DropGeneration(ctx, d.rdb, d.log, d.cfg.Slot, name, gen); err != nil {
 				return fmt.Errorf("join %q: drop the Redis state of generation %d: %w", name, gen, err)
 			}
-		}
-	}
-	return nil
-}
-
-// dropGeneration drops generation gen of join name's Redis state, in
-// either form: one state, or one per table.
-func dropGeneration(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger, slot, name string, gen int) error {
-	base := redisstore.GenerationPrefix(slot, name, gen)
-	prefixes := []string{base}
-	for t := range 64 { // the tables of a join of more than two tables, while there are
-		prefixes = append(prefixes, fmt.Sprintf("%s~t%d", base, t))
-	}
-	for i, prefix := range prefixes {
-		s, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: prefix})
-		if err != nil {
-			return err
-		}
-		if _, err := s.Meta(ctx); errors.Is(err, redisstore.ErrNoState) {
-			if i > 0 {
-				return nil
-			}
-			continue
-		} else if err != nil {
-			return err
-		}
-		log.Info("dropping the Redis state of a rebuild's other generation", "join", name, "generation", gen, "prefix", prefix)
-		if err := s.Drop(ctx); err != nil {
-			return err
 		}
 	}
 	return nil

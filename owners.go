@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/plan"
 )
@@ -96,10 +97,6 @@ func quoted(names []string, q string) []string {
 	return out
 }
 
-// sqlString is s with its single quotes doubled, for a string literal in a
-// message a user may paste.
-func sqlString(s string) string { return strings.ReplaceAll(s, "'", "''") }
-
 // recordPublication notes the publication of the slot's joins in
 // fkmat.join_state.
 func recordPublication(ctx context.Context, target *pgxpool.Pool, cfg *config.Config) error {
@@ -124,4 +121,36 @@ func ownersBeforeStart(ctx context.Context, cfg *config.Config) error {
 		return err
 	}
 	return nil
+}
+
+func readHolder(ctx context.Context, pool *pgxpool.Pool, slot string) (cdc.Holder, bool, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return cdc.Holder{}, false, err
+	}
+	defer conn.Release()
+	return cdc.ReadHolder(ctx, conn.Conn(), slot)
+}
+
+// describeHolder names the holder for an operator: the fkmat run that
+// reports itself in fkmat.daemon (pid and host) when the holder streams
+// and that report is fresh, else the walsender and where it connected
+// from.
+func describeHolder(ctx context.Context, target *pgxpool.Pool, slot string, h cdc.Holder) string {
+	where := "a walsender (server pid " + fmt.Sprint(h.PID)
+	if h.ClientAddr != "" {
+		where += ", client " + h.ClientAddr
+	}
+	where += ")"
+	if !h.Streaming {
+		return where + " that backfills from it"
+	}
+	var host string
+	var pid int
+	err := target.QueryRow(ctx, `SELECT host, pid FROM fkmat.daemon
+		WHERE slot = $1 AND heartbeat_at > now() - interval '1 minute'`, slot).Scan(&host, &pid)
+	if err != nil { // no fresh report (or no fkmat.daemon yet)
+		return where
+	}
+	return fmt.Sprintf("fkmat pid %d on host %s, through %s", pid, host, where)
 }

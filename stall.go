@@ -14,10 +14,6 @@ import (
 	"github.com/fkmat/fkmat/internal/wal"
 )
 
-// DefaultMaxStallRestarts is how many times the same error may recur at the
-// same source position before run gives up (Options.MaxStallRestarts).
-const DefaultMaxStallRestarts = 10
-
 // Stall describes a pipeline that fails the same way at the same source
 // position after every restart.
 type Stall struct {

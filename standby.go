@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
 )
@@ -79,36 +77,4 @@ func waitForSlot(ctx context.Context, cfg *config.Config, log *slog.Logger, obs 
 		case <-time.After(standbyPoll):
 		}
 	}
-}
-
-func readHolder(ctx context.Context, pool *pgxpool.Pool, slot string) (cdc.Holder, bool, error) {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return cdc.Holder{}, false, err
-	}
-	defer conn.Release()
-	return cdc.ReadHolder(ctx, conn.Conn(), slot)
-}
-
-// describeHolder names the holder for an operator: the fkmat run that
-// reports itself in fkmat.daemon (pid and host) when the holder streams
-// and that report is fresh, else the walsender and where it connected
-// from.
-func describeHolder(ctx context.Context, target *pgxpool.Pool, slot string, h cdc.Holder) string {
-	where := "a walsender (server pid " + fmt.Sprint(h.PID)
-	if h.ClientAddr != "" {
-		where += ", client " + h.ClientAddr
-	}
-	where += ")"
-	if !h.Streaming {
-		return where + " that backfills from it"
-	}
-	var host string
-	var pid int
-	err := target.QueryRow(ctx, `SELECT host, pid FROM fkmat.daemon
-		WHERE slot = $1 AND heartbeat_at > now() - interval '1 minute'`, slot).Scan(&host, &pid)
-	if err != nil { // no fresh report (or no fkmat.daemon yet)
-		return where
-	}
-	return fmt.Sprintf("fkmat pid %d on host %s, through %s", pid, host, where)
 }

@@ -92,7 +92,7 @@ func Teardown(ctx context.Context, cfg *config.Config, dropTarget bool, opts Opt
 			}
 		}
 		for g := 1; g <= gen+1; g++ {
-			if err := dropGeneration(ctx, rdb, opts.Logger, cfg.Slot, j.Name, g); err != nil {
+			if err := redisstore.DropGeneration(ctx, rdb, opts.Logger, cfg.Slot, j.Name, g); err != nil {
 				return fmt.Errorf("delete redis state of join %q: %w", j.Name, err)
 			}
 		}

@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/fkmat/fkmat/internal/plan"
 
 	"github.com/fkmat/fkmat/internal/config"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -133,80 +131,6 @@ func pendingDefinition(ctx context.Context, source, target *pgxpool.Pool, slot s
 		ErrDefinitionPending, describeChange(was, p))
 }
 
-// OracleSQL returns the SQL join a plan maintains, with the target's column
-// names, in the target's column order.
-func OracleSQL(p *plan.JoinPlan) string {
-	if p.Edges != nil {
-		return oracleListSQL(p)
-	}
-	var sel []string
-	for i, k := range p.Left.Key {
-		sel = append(sel, "l."+ident(k.Name)+" AS "+ident(p.Left.KeyNames[i]))
-	}
-	for _, v := range p.Left.Values {
-		sel = append(sel, "l."+ident(v.Source.Name)+" AS "+ident(v.Name))
-	}
-	for _, v := range p.Right.Values {
-		sel = append(sel, "r."+ident(v.Source.Name)+" AS "+ident(v.Name))
-	}
-	var on []string
-	for i, fk := range p.Left.ForeignKey {
-		on = append(on, "l."+ident(fk.Name)+" = r."+ident(p.Right.Key[i].Name))
-	}
-	kind := "LEFT JOIN"
-	if p.Type == config.JoinInner {
-		kind = "JOIN"
-	}
-	return "SELECT " + strings.Join(sel, ", ") + " FROM " + plan.FromSQL(&p.Left) + " l " + kind + " " +
-		plan.FromSQL(&p.Right) + " r ON " + strings.Join(on, " AND ")
-}
-
-// listFrom is the FROM clause of a list-form join's SQL with its first n
-// entries.
-func listFrom(p *plan.JoinPlan, n int) string {
-	from := plan.FromSQL(&p.Left) + " l"
-	for i, e := range p.Edges[:n] {
-		var on []string
-		for k, fk := range e.Table.ForeignKey {
-			on = append(on, entryAlias(e.Parent)+"."+ident(fk.Name)+" = "+entryAlias(i)+"."+ident(e.Table.Key[k].Name))
-		}
-		kind := "LEFT JOIN"
-		if e.Type == config.JoinInner {
-			kind = "JOIN"
-		}
-		from += " " + kind + " " + plan.FromSQL(&e.Table) + " " + entryAlias(i) + " ON " + strings.Join(on, " AND ")
-	}
-	return from
-}
-
-// entryAlias is the SQL alias of the left table (t < 0) or of entry t in
-// the queries of a list-form join.
-func entryAlias(t int) string {
-	if t < 0 {
-		return "l"
-	}
-	return "e" + strconv.Itoa(t)
-}
-
-// oracleListSQL is OracleSQL of a list-form join: the join's SQL, the
-// entries joined in list order (alias l for the left table, e0, e1, ... for
-// the entries).
-func oracleListSQL(p *plan.JoinPlan) string {
-	var sel []string
-	for i, k := range p.Left.Key {
-		sel = append(sel, "l."+ident(k.Name)+" AS "+ident(p.Left.KeyNames[i]))
-	}
-	for _, v := range p.Left.Values {
-		sel = append(sel, "l."+ident(v.Source.Name)+" AS "+ident(v.Name))
-	}
-	for i, e := range p.Edges {
-		for _, v := range e.Table.Values {
-			sel = append(sel, entryAlias(i)+"."+ident(v.Source.Name)+" AS "+ident(v.Name))
-		}
-	}
-	return "SELECT " + strings.Join(sel, ", ") + " FROM " + listFrom(p, len(p.Edges))
-}
-
 func verifySameDB(ctx context.Context, db plan.Querier, p *plan.JoinPlan) (VerifyReport, error) {
 	r := VerifyReport{Join: p.Name, Target: p.Target.Ident()}
 	var keyE, keyT, keyJoin, restE, restT []string
@@ -240,10 +164,6 @@ func verifySameDB(ctx context.Context, db plan.Querier, p *plan.JoinPlan) (Verif
 	}
 	return r, nil
 }
-
-func ident(s string) string { return pgx.Identifier{s}.Sanitize() }
-
-func tableIdent(t config.TableName) string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
 
 // verifyMerge compares a join evaluated on the source with a target in
 // another database: both sides are streamed in the same key order (the keys'
@@ -312,93 +232,4 @@ func verifyMerge(ctx context.Context, source, target *pgxpool.Pool, p *plan.Join
 		}
 	}
 	return r, nil
-}
-
-// textRows streams a query's rows in text form.
-type textRows struct {
-	conn *pgxpool.Conn
-	rr   *pgconn.ResultReader
-	fail error
-}
-
-// textSettingsSQL sets what connectPostgres sets (textSettingsSQL) but
-// TimeZone, which the pool's sessions have from the configuration.
-const textSettingsSQL = "SET DateStyle = 'ISO, MDY'; SET IntervalStyle = 'postgres'; SET extra_float_digits = 1"
-
-func openRows(ctx context.Context, pool *pgxpool.Pool, sql string) (*textRows, error) {
-	return openRowsArgs(ctx, pool, sql, nil)
-}
-
-// openRowsArgs is openRows with text parameters.
-func openRowsArgs(ctx context.Context, pool *pgxpool.Pool, sql string, args [][]byte) (*textRows, error) {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := conn.Exec(ctx, textSettingsSQL); err != nil {
-		conn.Release()
-		return nil, err
-	}
-	return &textRows{conn: conn, rr: conn.Conn().PgConn().ExecParams(ctx, sql, args, nil, nil, nil)}, nil
-}
-
-// next returns the next row (copied), or nil at the end or on error.
-func (t *textRows) next() []*string {
-	if t.fail != nil || !t.rr.NextRow() {
-		return nil
-	}
-	vals := t.rr.Values()
-	row := make([]*string, len(vals))
-	for i, v := range vals {
-		if v != nil {
-			s := string(v)
-			row[i] = &s
-		}
-	}
-	return row
-}
-
-func (t *textRows) err() error {
-	if t.fail == nil {
-		_, t.fail = t.rr.Close()
-	}
-	return t.fail
-}
-
-func (t *textRows) close() {
-	_ = t.err()
-	t.conn.Release()
-}
-
-func compareKeys(a, b []*string) int {
-	for i := range a {
-		if c := strings.Compare(deref(a[i]), deref(b[i])); c != 0 {
-			return c
-		}
-	}
-	return 0
-}
-
-func rowsEqual(a, b []*string) bool {
-	for i := range a {
-		if (a[i] == nil) != (b[i] == nil) || deref(a[i]) != deref(b[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
-}
-
-func keyText(key []*string) string {
-	parts := make([]string, len(key))
-	for i, k := range key {
-		parts[i] = deref(k)
-	}
-	return "(" + strings.Join(parts, ",") + ")"
 }

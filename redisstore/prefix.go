@@ -1,6 +1,13 @@
 package redisstore
 
-import "fmt"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // A join's states are named by their key prefixes (Config.Prefix), all
 // under the join's root prefix "fkmat:<slot>:<join>":
@@ -52,4 +59,33 @@ func TablePrefix(slot, joinName string, t int) string {
 // far), which a rebuild and teardown delete.
 func StepPrefix(slot, joinName string, i int) string {
 	return fmt.Sprintf("%s~%d", Prefix(slot, joinName), i)
+}
+
+// DropGeneration drops generation gen of join name's Redis state, in
+// either form: one state, or one per table.
+func DropGeneration(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger, slot, name string, gen int) error {
+	base := GenerationPrefix(slot, name, gen)
+	prefixes := []string{base}
+	for t := range 64 { // the tables of a join of more than two tables, while there are
+		prefixes = append(prefixes, fmt.Sprintf("%s~t%d", base, t))
+	}
+	for i, prefix := range prefixes {
+		s, err := Open(ctx, rdb, Config{Prefix: prefix})
+		if err != nil {
+			return err
+		}
+		if _, err := s.Meta(ctx); errors.Is(err, ErrNoState) {
+			if i > 0 {
+				return nil
+			}
+			continue
+		} else if err != nil {
+			return err
+		}
+		log.Info("dropping the Redis state of a rebuild's other generation", "join", name, "generation", gen, "prefix", prefix)
+		if err := s.Drop(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -15,9 +15,6 @@ import (
 	"github.com/fkmat/fkmat/internal/wal"
 )
 
-// DefaultVerifyWait is the default Options.VerifyWait.
-const DefaultVerifyWait = time.Minute
-
 // ErrBehind means verify found a target behind its source: a comparison
 // would report the changes not yet applied as differences, so it compares
 // nothing (exit 3 from the CLI).
@@ -169,4 +166,15 @@ func lastCommit(ctx context.Context, target *pgxpool.Pool, slot string) time.Tim
 	var at time.Time
 	_ = target.QueryRow(ctx, `SELECT updated_at FROM fkmat.checkpoint WHERE slot = $1`, slot).Scan(&at)
 	return at
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

@@ -42,9 +42,6 @@ type daemon struct {
 	builds []*rebuild
 	// phases are the joins' phases in fkmat.join_state, as open read them.
 	phases map[string]string
-	// streaming says the joins stream while this daemon loads (a rebuild
-	// beside them): the load spares their slot (chunkTarget).
-	streaming bool
 	// switching orders a rebuild's switch with the partition moves: a move
 	// commits its rows into the WAL wholly before the switch's marker or
 	// not in this run (the next one follows the change again), never
@@ -181,37 +178,6 @@ func (d *daemon) joinOn(p *plan.JoinPlan, stores []*redisstore.Store) (pipeline.
 		return pipeline.NewPair(p, stores[0], d.opts.PageSize)
 	}
 	return pipeline.NewTree(p, stores, d.opts.PageSize)
-}
-
-// sizes returns what each of the join's states is sized for at Init.
-func (d *daemon) sizes(ctx context.Context, p *plan.JoinPlan) []redisstore.Size {
-	if p.Edges == nil {
-		return []redisstore.Size{{LeftRows: d.estimate(ctx, p.Left.Table), RightRows: d.estimate(ctx, p.Right.Table)}}
-	}
-	// A table's state holds its rows and the references of the entries
-	// its rows reference: the references to an entry with many rows
-	// referencing each of its keys (a supplier's lineitems) are spread
-	// over lanes, by its average.
-	rows := []int64{d.estimate(ctx, p.Left.Table)}
-	for _, e := range p.Edges {
-		rows = append(rows, d.estimate(ctx, e.Table.Table))
-	}
-	out := make([]redisstore.Size, len(rows))
-	for t := range out {
-		out[t].LeftRows = rows[t]
-	}
-	for i, e := range p.Edges {
-		from, entry := e.Parent+1, i+1
-		if rows[entry] > 0 && rows[from] > 0 {
-			if fan := redisstore.FanFor(float64(rows[from]) / float64(rows[entry])); fan > 1 {
-				if out[from].Fans == nil {
-					out[from].Fans = map[byte]int{}
-				}
-				out[from].Fans[pipeline.EdgeKey(entry, "")[0]] = fan
-			}
-		}
-	}
-	return out
 }
 
 // waitShort sums the Redis writes that run --redis-wait-replicas could not

@@ -13,11 +13,9 @@ import (
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/crash"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fkmat/fkmat/cdc"
-	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
 	"github.com/fkmat/fkmat/sink"
 )
@@ -166,23 +164,11 @@ func (d *daemon) backfill(ctx context.Context, reason string) error {
 	if err := d.dropOldLayout(ctx); err != nil {
 		return err
 	}
-	for _, j := range d.joins {
-		sizes := d.sizes(ctx, j.Plan())
-		for i, s := range j.Stores() {
-			if err := s.Init(ctx, epoch, j.Plan().Fingerprint, sizes[i]); err != nil {
-				return fmt.Errorf("join %q: %w", j.Plan().Name, err)
-			}
-		}
-	}
-	rows, err := d.load(ctx, slot.SnapshotName)
+	rows, leaves, err := d.loaderOf(d.joins, d.log, false).run(ctx, epoch, slot.SnapshotName, slot.ConsistentPoint)
 	if err != nil {
 		return err
 	}
 	crash.At("backfill: loaded", d.cfg.Slot)
-	leaves, err := d.checkRaced(ctx, slot.SnapshotName)
-	if err != nil {
-		return err
-	}
 	if err := d.finishBackfill(ctx, slot.ConsistentPoint, leaves); err != nil {
 		return err
 	}
@@ -315,35 +301,29 @@ func (d *daemon) beginBackfill(ctx context.Context, epoch string, consistent wal
 	return tx.CommitRows(ctx)
 }
 
-// finishBackfill records the consistent point as every join's Redis
-// checkpoint, then, in one target transaction, swaps each target's shadow
+// finishBackfill, in one target transaction, swaps each target's shadow
 // in (sink.Tx.Swap), records the slot's target checkpoint and the leaf
 // partitions the snapshot saw, and marks the joins streaming: readers see
 // the old rows until that commit and the new ones after it.
 func (d *daemon) finishBackfill(ctx context.Context, consistent wal.LSN, leaves map[uint32]leaf) error {
-	for _, j := range d.joins {
-		// The tables of a join of more than two tables commit from the
-		// last to the first, as while streaming.
-		stores := j.Stores()
-		for i := len(stores) - 1; i >= 0; i-- {
-			if err := stores[i].Commit(ctx, join.Mutations{}, consistent); err != nil {
-				return fmt.Errorf("join %q: %w", j.Plan().Name, err)
-			}
-		}
-	}
-	// A rename waits for the target's readers; a long query would queue
-	// every new reader behind the swap, so the swap waits a bounded time
-	// and tries again.
+	return d.swapRetrying(ctx, "swapping the rebuilt rows in", func() error {
+		return d.swapTargets(ctx, consistent, leaves)
+	})
+}
+
+// swapRetrying runs swap, a target transaction that renames targets,
+// again while a reader holds one of them: a rename waits for the target's
+// readers, and a long query would queue every new reader behind the swap,
+// so the swap waits a bounded time (swapLockTimeout) and tries again.
+func (d *daemon) swapRetrying(ctx context.Context, what string, swap func() error) error {
 	for attempt := 1; ; attempt++ {
-		err := d.swapTargets(ctx, consistent, leaves)
+		err := swap()
 		if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != "55P03" || attempt == swapAttempts {
 			return err
 		}
-		d.log.Warn("a reader of a target holds it: swapping the rebuilt rows in again shortly", "attempt", attempt, "of", swapAttempts)
-		select {
-		case <-ctx.Done():
+		d.log.Warn("a reader of a target holds it: "+what+" again shortly", "attempt", attempt, "of", swapAttempts)
+		if !sleepCtx(ctx, time.Second) {
 			return ctx.Err()
-		case <-time.After(time.Second):
 		}
 	}
 }
@@ -392,44 +372,4 @@ func outputSources(cols []plan.OutputColumn) []plan.SourceColumn {
 		out[i] = c.Source
 	}
 	return out
-}
-
-// checkRaced runs after the loads, on the backfill's snapshot: a relation
-// whose storage (relfilenode) as the snapshot sees it is not its current
-// one was truncated or rewritten after the snapshot, maybe before a load
-// read it, and the load may have seen it empty. It takes no lock (a lock
-// held across the loads would queue a TRUNCATE ahead of the loads' own
-// locks and hang them), so a rewrite that keeps the rows (VACUUM FULL)
-// also counts: the backfill is simply redone. It returns the leaf
-// partitions as the snapshot sees them, the ones the loads read, for the
-// daemon to compare later ones with.
-func (d *daemon) checkRaced(ctx context.Context, snapshot string) (map[uint32]leaf, error) {
-	tables := d.joinedTables()
-	names := make([]string, len(tables))
-	for i, t := range tables {
-		names[i] = pgx.Identifier{t.Schema, t.Name}.Sanitize()
-	}
-	var leaves map[uint32]leaf
-	err := inSnapshot(ctx, d.source, snapshot, func(conn *pgx.Conn) error {
-		var raced *string
-		err := conn.QueryRow(ctx, `
-			WITH RECURSIVE tree AS (
-				SELECT c.oid FROM pg_class c WHERE c.oid = ANY ($1::text[]::regclass[])
-				UNION ALL
-				SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid)
-			SELECT min(c.oid::regclass::text) FROM tree JOIN pg_class c ON c.oid = tree.oid
-			WHERE c.relkind = 'r' AND c.relfilenode IS DISTINCT FROM pg_relation_filenode(c.oid)`, names).Scan(&raced)
-		if err != nil {
-			return fmt.Errorf("check the joined tables after the backfill: %w", err)
-		}
-		if raced != nil {
-			return fmt.Errorf("%w: %s; backfilling again", errBackfillRaced, *raced)
-		}
-		leaves, err = readLeaves(ctx, conn, tables)
-		if catalogRaced(err) {
-			return fmt.Errorf("%w: a partition of a joined table was attached or detached (%w); backfilling again", errBackfillRaced, err)
-		}
-		return err
-	})
-	return leaves, err
 }

@@ -42,7 +42,7 @@ func (d *daemon) grow(ctx context.Context, p *pipeline.Pipeline) {
 		}
 		var due []growth
 		for _, j := range d.joins {
-			sizes := d.sizes(ctx, j.Plan())
+			sizes := stateSizes(ctx, d.source, j.Plan())
 			for i, store := range j.Stores() { // sizes has one per state
 				sh, grew, err := store.Outgrown(ctx, sizes[i])
 				if err != nil {

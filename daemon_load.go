@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/internal/wal"
 
 	"github.com/fkmat/fkmat/internal/config"
 
@@ -29,13 +31,72 @@ import (
 // loadPage is the number of rows per page read from the source.
 const loadPage = 10_000
 
+// loader builds joins' targets and Redis states from an exported snapshot
+// of the source: the backfill's joins, and a rebuild's new generation
+// beside the running joins. Both run the same sequence (run).
+type loader struct {
+	cfg            *config.Config
+	log            *slog.Logger
+	bars           io.Writer // Options.ProgressBars
+	source, target *pgxpool.Pool
+	obs            *observer // nil without --metrics-addr
+	joins          []pipeline.Join
+	// streaming says the joins' slot streams while this loads (a rebuild
+	// beside them): the load spares it (chunkTarget).
+	streaming bool
+}
+
+// loaderOf is the daemon's loader of joins.
+func (d *daemon) loaderOf(joins []pipeline.Join, log *slog.Logger, streaming bool) *loader {
+	return &loader{cfg: d.cfg, log: log, bars: d.opts.ProgressBars, source: d.source, target: d.target, obs: d.obs,
+		joins: joins, streaming: streaming}
+}
+
+// run is the load sequence. Each join's states are initialised under
+// epoch, sized for the tables as the catalog counts them; the targets'
+// shadows and the states are filled from the snapshot (load); the
+// snapshot is checked against truncations and partition changes that raced
+// the loads (checkRaced); then each state's checkpoint is set to the
+// snapshot's consistent point. It returns the rows loaded into the targets
+// and the leaf partitions the snapshot saw. The caller swaps the shadows
+// in.
+func (l *loader) run(ctx context.Context, epoch, snapshot string, consistent wal.LSN) (int64, map[uint32]leaf, error) {
+	for _, j := range l.joins {
+		sizes := stateSizes(ctx, l.source, j.Plan())
+		for i, s := range j.Stores() {
+			if err := s.Init(ctx, epoch, j.Plan().Fingerprint, sizes[i]); err != nil {
+				return 0, nil, fmt.Errorf("join %q: %w", j.Plan().Name, err)
+			}
+		}
+	}
+	rows, err := l.load(ctx, snapshot)
+	if err != nil {
+		return 0, nil, err
+	}
+	leaves, err := l.checkRaced(ctx, snapshot)
+	if err != nil {
+		return 0, nil, err
+	}
+	for _, j := range l.joins {
+		// The tables of a join of more than two tables commit from the
+		// last to the first, as while streaming.
+		stores := j.Stores()
+		for i := len(stores) - 1; i >= 0; i-- {
+			if err := stores[i].Commit(ctx, join.Mutations{}, consistent); err != nil {
+				return 0, nil, fmt.Errorf("join %q: %w", j.Plan().Name, err)
+			}
+		}
+	}
+	return rows, leaves, nil
+}
+
 // load is the initial load inside the exported snapshot: for every join, in
 // parallel, the target is filled by streaming the SQL join out of the source
 // with COPY into the target with COPY, and the Redis state is built from the
 // left and the right table, each streamed in its own snapshot transaction.
 // Memory is bounded by a few pages per stream, whatever the table sizes.
-func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
-	prog := newProgress(d.log.With("component", "backfill"), d.opts.ProgressBars)
+func (l *loader) load(ctx context.Context, snapshot string) (int64, error) {
+	prog := newProgress(l.log.With("component", "backfill"), l.bars)
 	defer prog.close()
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -43,7 +104,7 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 	recorded := make(chan struct{})
 	go func() {
 		defer close(recorded)
-		d.recordBuild(pctx, prog)
+		l.recordBuild(pctx, prog)
 	}()
 	defer func() {
 		stop()
@@ -60,11 +121,11 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 	var loads []load
 	add := func(t *task, fn func(context.Context) error) { loads = append(loads, load{t, fn}) }
 	var targets []*task
-	for _, j := range d.joins {
+	for _, j := range l.joins {
 		p := j.Plan()
-		target := prog.add(p.Name, "target", d.estimate(ctx, p.Left.Table))
+		target := prog.add(p.Name, "target", estimate(ctx, l.source, p.Left.Table))
 		targets = append(targets, target)
-		add(target, func(ctx context.Context) error { return d.loadTarget(ctx, snapshot, p, target) })
+		add(target, func(ctx context.Context) error { return l.loadTarget(ctx, snapshot, p, target) })
 		if p.Edges != nil {
 			// Each table once, into its own state: its rows and its
 			// references to the entries it references.
@@ -74,25 +135,25 @@ func (d *daemon) load(ctx context.Context, snapshot string) (int64, error) {
 				if tab > 0 {
 					name, table = p.Edges[tab-1].Alias, &p.Edges[tab-1].Table
 				}
-				task := prog.add(p.Name, "table "+name, d.estimate(ctx, table.Table))
+				task := prog.add(p.Name, "table "+name, estimate(ctx, l.source, table.Table))
 				add(task, func(ctx context.Context) error {
-					return d.loadRows(ctx, snapshot, table, layout.Columns(p, tab), j.Stores()[tab], task,
+					return l.loadRows(ctx, snapshot, table, layout.Columns(p, tab), j.Stores()[tab], task,
 						func(rows [][]join.Value) (join.Mutations, error) { return layout.Load(tab, rows) },
 						fmt.Sprintf("load the rows of %s of join %q", name, p.Name))
 				})
 			}
 			continue
 		}
-		right := prog.add(p.Name, "right "+p.Right.Table.String(), d.estimate(ctx, p.Right.Table))
-		left := prog.add(p.Name, "left "+p.Left.Table.String(), d.estimate(ctx, p.Left.Table))
-		add(right, func(ctx context.Context) error { return d.loadRight(ctx, snapshot, j, right) })
-		add(left, func(ctx context.Context) error { return d.loadLeft(ctx, snapshot, j, left) })
+		right := prog.add(p.Name, "right "+p.Right.Table.String(), estimate(ctx, l.source, p.Right.Table))
+		left := prog.add(p.Name, "left "+p.Left.Table.String(), estimate(ctx, l.source, p.Left.Table))
+		add(right, func(ctx context.Context) error { return l.loadRight(ctx, snapshot, j, right) })
+		add(left, func(ctx context.Context) error { return l.loadLeft(ctx, snapshot, j, left) })
 	}
 	slices.SortStableFunc(loads, func(a, b load) int { return cmp.Compare(b.t.total.Load(), a.t.total.Load()) })
 	g, gctx := newGroup(ctx)
 	g.SetLimit(loadsAtOnce)
-	for _, l := range loads {
-		g.Go(func() error { return l.fn(gctx) })
+	for _, ld := range loads {
+		g.Go(func() error { return ld.fn(gctx) })
 	}
 	if err := g.Wait(); err != nil {
 		return 0, fmt.Errorf("backfill: %w", err)
@@ -114,7 +175,7 @@ const buildInterval = 500 * time.Millisecond
 // recordBuild records the backfill's progress per join in fkmat.build and
 // in run's metrics, every buildInterval until ctx is done. A failed write
 // is only logged: progress is information, not state.
-func (d *daemon) recordBuild(ctx context.Context, prog *progress) {
+func (l *loader) recordBuild(ctx context.Context, prog *progress) {
 	t := time.NewTicker(buildInterval)
 	defer t.Stop()
 	for ticked(ctx, t.C) {
@@ -123,19 +184,19 @@ func (d *daemon) recordBuild(ctx context.Context, prog *progress) {
 		for _, name := range slices.Sorted(maps.Keys(joins)) {
 			n := joins[name]
 			batch.Queue(`UPDATE fkmat.build SET rows_done = $3, rows_total = $4, updated_at = now() WHERE slot = $1 AND join_name = $2`,
-				d.cfg.Slot, name, n[0], n[1])
-			d.obs.setBuild(name, n[0], n[1])
+				l.cfg.Slot, name, n[0], n[1])
+			l.obs.setBuild(name, n[0], n[1])
 		}
-		if err := d.target.SendBatch(ctx, batch).Close(); err != nil && ctx.Err() == nil {
-			d.log.Warn("could not record the backfill's progress in fkmat.build", "err", err)
+		if err := l.target.SendBatch(ctx, batch).Close(); err != nil && ctx.Err() == nil {
+			l.log.Warn("could not record the backfill's progress in fkmat.build", "err", err)
 		}
 	}
-	d.obs.setBuild("", 0, 0)
+	l.obs.setBuild("", 0, 0)
 }
 
 // estimate is tableRows of a table, 0 when it cannot be read.
-func (d *daemon) estimate(ctx context.Context, t config.TableName) int64 {
-	n, err := tableRows(ctx, d.source, t)
+func estimate(ctx context.Context, source *pgxpool.Pool, t config.TableName) int64 {
+	n, err := tableRows(ctx, source, t)
 	if err != nil {
 		return 0
 	}
@@ -169,19 +230,19 @@ func inSnapshot(ctx context.Context, pool *pgxpool.Pool, snapshot string, fn fun
 // STDIN` on the target, in a target transaction that creates the shadow
 // first (so COPY can FREEZE the rows). A shadow left by an interrupted
 // backfill is dropped first.
-func (d *daemon) loadTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
-	if d.cfg.Target == d.cfg.Source && d.streaming {
-		return d.chunkTarget(ctx, snapshot, p, t)
+func (l *loader) loadTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
+	if l.cfg.Target == l.cfg.Source && l.streaming {
+		return l.chunkTarget(ctx, snapshot, p, t)
 	}
-	if d.cfg.Target == d.cfg.Source {
-		return d.insertTarget(ctx, snapshot, p, t)
+	if l.cfg.Target == l.cfg.Source {
+		return l.insertTarget(ctx, snapshot, p, t)
 	}
-	return d.copyTarget(ctx, snapshot, p, t)
+	return l.copyTarget(ctx, snapshot, p, t)
 }
 
 // insertTarget is loadTarget within one database.
-func (d *daemon) insertTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
-	conn, err := d.source.Acquire(ctx)
+func (l *loader) insertTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
+	conn, err := l.source.Acquire(ctx)
 	if err != nil {
 		return err
 	}
@@ -214,10 +275,10 @@ func (d *daemon) insertTarget(ctx context.Context, snapshot string, p *plan.Join
 }
 
 // copyTarget is loadTarget across databases.
-func (d *daemon) copyTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
+func (l *loader) copyTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
 	shadow := sink.ShadowOf(&p.Target)
-	return d.copyJoin(ctx, snapshot, p, shadow, &rowCounter{t: t}, func(pr io.Reader) error {
-		conn, err := d.target.Acquire(ctx)
+	return l.copyJoin(ctx, snapshot, p, shadow, &rowCounter{t: t}, func(pr io.Reader) error {
+		conn, err := l.target.Acquire(ctx)
 		if err != nil {
 			return err
 		}
@@ -248,7 +309,7 @@ func (d *daemon) copyTarget(ctx context.Context, snapshot string, p *plan.JoinPl
 // copyJoin streams the SQL join of p out of the source, in the snapshot,
 // as COPY text into consume (through counter when set), and returns the
 // first error of either side.
-func (d *daemon) copyJoin(ctx context.Context, snapshot string, p *plan.JoinPlan, shadow *sink.Table, counter *rowCounter,
+func (l *loader) copyJoin(ctx context.Context, snapshot string, p *plan.JoinPlan, shadow *sink.Table, counter *rowCounter,
 	consume func(io.Reader) error) error {
 	pr, pw := io.Pipe()
 	var w io.Writer = pw
@@ -257,7 +318,7 @@ func (d *daemon) copyJoin(ctx context.Context, snapshot string, p *plan.JoinPlan
 	}
 	out := make(chan error, 1)
 	go func() {
-		err := inSnapshot(ctx, d.source, snapshot, func(conn *pgx.Conn) error {
+		err := inSnapshot(ctx, l.source, snapshot, func(conn *pgx.Conn) error {
 			_, err := conn.PgConn().CopyTo(ctx, w, "COPY ("+OracleSQL(p)+") TO STDOUT")
 			return err
 		})
@@ -294,17 +355,17 @@ const chunkRows = 20_000
 // INSERT … SELECT of insertTarget, one transaction of every row, left a
 // running 10M-row join's target stale for the time its slot took to decode
 // it. In chunks, the decoding goes along with the load.
-func (d *daemon) chunkTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
+func (l *loader) chunkTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task) error {
 	shadow := sink.ShadowOf(&p.Target)
-	if _, err := d.target.Exec(ctx, "DROP TABLE IF EXISTS "+shadow.Ident()); err != nil {
+	if _, err := l.target.Exec(ctx, "DROP TABLE IF EXISTS "+shadow.Ident()); err != nil {
 		return fmt.Errorf("drop the leftover %s: %w", shadow.Ident(), err)
 	}
-	if _, err := d.target.Exec(ctx, sink.CreateSQL(shadow)); err != nil {
+	if _, err := l.target.Exec(ctx, sink.CreateSQL(shadow)); err != nil {
 		return fmt.Errorf("create %s: %w", shadow.Ident(), err)
 	}
 	copySQL := "COPY " + shadow.Ident() + " (" + targetColumns(p) + ") FROM STDIN"
-	err := d.copyJoin(ctx, snapshot, p, shadow, nil, func(pr io.Reader) error {
-		conn, err := d.target.Acquire(ctx)
+	err := l.copyJoin(ctx, snapshot, p, shadow, nil, func(pr io.Reader) error {
+		conn, err := l.target.Acquire(ctx)
 		if err != nil {
 			return err
 		}
@@ -365,11 +426,11 @@ func (r *rowCounter) Write(b []byte) (int, error) {
 
 // loadRight streams the right table's key and projected columns into the
 // join's Redis state.
-func (d *daemon) loadRight(ctx context.Context, snapshot string, j pipeline.Join, t *task) error {
+func (l *loader) loadRight(ctx context.Context, snapshot string, j pipeline.Join, t *task) error {
 	p := j.Plan()
 	cols := append(append([]plan.SourceColumn{}, p.Right.Key...), outputSources(p.Right.Values)...)
 	nk := len(p.Right.Key)
-	return d.loadRows(ctx, snapshot, &p.Right, cols, j.Stores()[0], t, func(rows [][]join.Value) (join.Mutations, error) {
+	return l.loadRows(ctx, snapshot, &p.Right, cols, j.Stores()[0], t, func(rows [][]join.Value) (join.Mutations, error) {
 		m := join.Mutations{PutRight: make(map[join.Key]join.RightState, len(rows))}
 		for _, r := range rows {
 			k, err := join.EncodeKey(p.Spec.RightKey, r[:nk])
@@ -385,11 +446,11 @@ func (d *daemon) loadRight(ctx context.Context, snapshot string, j pipeline.Join
 // loadLeft streams the left table's key, foreign key and projected columns
 // into the join's Redis state: left rows with their value hash, and a
 // subscription for every non-NULL foreign key.
-func (d *daemon) loadLeft(ctx context.Context, snapshot string, j pipeline.Join, t *task) error {
+func (l *loader) loadLeft(ctx context.Context, snapshot string, j pipeline.Join, t *task) error {
 	p := j.Plan()
 	cols := append(append(append([]plan.SourceColumn{}, p.Left.Key...), p.Left.ForeignKey...), outputSources(p.Left.Values)...)
 	nk, nf := len(p.Left.Key), len(p.Left.ForeignKey)
-	return d.loadRows(ctx, snapshot, &p.Left, cols, j.Stores()[0], t, func(rows [][]join.Value) (join.Mutations, error) {
+	return l.loadRows(ctx, snapshot, &p.Left, cols, j.Stores()[0], t, func(rows [][]join.Value) (join.Mutations, error) {
 		m := join.Mutations{PutLeft: make(map[join.Key]join.LeftState, len(rows))}
 		for _, r := range rows {
 			pk, fk, vals := r[:nk], r[nk:nk+nf], r[nk+nf:]
@@ -415,7 +476,7 @@ func (d *daemon) loadLeft(ctx context.Context, snapshot string, j pipeline.Join,
 // mutations muts returns, counted in t. The rows go through a spool
 // (redisstore.Spool), written to Redis grouped by key once the table is
 // read. what names the load in its error.
-func (d *daemon) loadRows(ctx context.Context, snapshot string, table *plan.TablePlan, cols []plan.SourceColumn, store *redisstore.Store,
+func (l *loader) loadRows(ctx context.Context, snapshot string, table *plan.TablePlan, cols []plan.SourceColumn, store *redisstore.Store,
 	t *task, muts func(rows [][]join.Value) (join.Mutations, error), what string) error {
 	err := func() error {
 		sp, err := store.NewSpool(ctx, "", t.total.Load())
@@ -423,7 +484,7 @@ func (d *daemon) loadRows(ctx context.Context, snapshot string, table *plan.Tabl
 			return err
 		}
 		defer func() { _ = sp.Close() }()
-		err = scanParallel(ctx, d.source, snapshot, table, cols, func(ctx context.Context, rows [][]join.Value) error {
+		err = scanParallel(ctx, l.source, snapshot, table, cols, func(ctx context.Context, rows [][]join.Value) error {
 			m, err := muts(rows)
 			if err != nil {
 				return err
@@ -441,7 +502,7 @@ func (d *daemon) loadRows(ctx context.Context, snapshot string, table *plan.Tabl
 			return err
 		}
 		commands, entries := sp.Counts()
-		d.log.Debug("backfill wrote a table's state", "table", t.name, "temporary_file_bytes", sp.FileBytes(),
+		l.log.Debug("backfill wrote a table's state", "table", t.name, "temporary_file_bytes", sp.FileBytes(),
 			"commands", commands, "rows_and_references", entries)
 		return nil
 	}()
@@ -559,4 +620,78 @@ func scanQuery(ctx context.Context, conn *pgx.Conn, query string, page int, fn f
 		return nil
 	}
 	return fn(batch)
+}
+
+// sizes returns what each of the join's states is sized for at Init.
+func stateSizes(ctx context.Context, source *pgxpool.Pool, p *plan.JoinPlan) []redisstore.Size {
+	if p.Edges == nil {
+		return []redisstore.Size{{LeftRows: estimate(ctx, source, p.Left.Table), RightRows: estimate(ctx, source, p.Right.Table)}}
+	}
+	// A table's state holds its rows and the references of the entries
+	// its rows reference: the references to an entry with many rows
+	// referencing each of its keys (a supplier's lineitems) are spread
+	// over lanes, by its average.
+	rows := []int64{estimate(ctx, source, p.Left.Table)}
+	for _, e := range p.Edges {
+		rows = append(rows, estimate(ctx, source, e.Table.Table))
+	}
+	out := make([]redisstore.Size, len(rows))
+	for t := range out {
+		out[t].LeftRows = rows[t]
+	}
+	for i, e := range p.Edges {
+		from, entry := e.Parent+1, i+1
+		if rows[entry] > 0 && rows[from] > 0 {
+			if fan := redisstore.FanFor(float64(rows[from]) / float64(rows[entry])); fan > 1 {
+				if out[from].Fans == nil {
+					out[from].Fans = map[byte]int{}
+				}
+				out[from].Fans[pipeline.EdgeKey(entry, "")[0]] = fan
+			}
+		}
+	}
+	return out
+}
+
+// checkRaced runs after the loads, on the backfill's snapshot: a relation
+// whose storage (relfilenode) as the snapshot sees it is not its current
+// one was truncated or rewritten after the snapshot, maybe before a load
+// read it, and the load may have seen it empty. It takes no lock (a lock
+// held across the loads would queue a TRUNCATE ahead of the loads' own
+// locks and hang them), so a rewrite that keeps the rows (VACUUM FULL)
+// also counts: the backfill is simply redone. It returns the leaf
+// partitions as the snapshot sees them, the ones the loads read, for the
+// daemon to compare later ones with.
+func (l *loader) checkRaced(ctx context.Context, snapshot string) (map[uint32]leaf, error) {
+	var tables []config.TableName
+	for _, t := range publishedTables(plansOf(l.joins)) {
+		tables = append(tables, config.TableName{Schema: t.Schema, Name: t.Name})
+	}
+	names := make([]string, len(tables))
+	for i, t := range tables {
+		names[i] = pgx.Identifier{t.Schema, t.Name}.Sanitize()
+	}
+	var leaves map[uint32]leaf
+	err := inSnapshot(ctx, l.source, snapshot, func(conn *pgx.Conn) error {
+		var raced *string
+		err := conn.QueryRow(ctx, `
+			WITH RECURSIVE tree AS (
+				SELECT c.oid FROM pg_class c WHERE c.oid = ANY ($1::text[]::regclass[])
+				UNION ALL
+				SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid)
+			SELECT min(c.oid::regclass::text) FROM tree JOIN pg_class c ON c.oid = tree.oid
+			WHERE c.relkind = 'r' AND c.relfilenode IS DISTINCT FROM pg_relation_filenode(c.oid)`, names).Scan(&raced)
+		if err != nil {
+			return fmt.Errorf("check the joined tables after the backfill: %w", err)
+		}
+		if raced != nil {
+			return fmt.Errorf("%w: %s; backfilling again", errBackfillRaced, *raced)
+		}
+		leaves, err = readLeaves(ctx, conn, tables)
+		if catalogRaced(err) {
+			return fmt.Errorf("%w: a partition of a joined table was attached or detached (%w); backfilling again", errBackfillRaced, err)
+		}
+		return err
+	})
+	return leaves, err
 }

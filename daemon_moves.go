@@ -152,9 +152,9 @@ const stateKeysChunk = 20000
 // that has it, handing them to each a chunk at a time (a key in several
 // joins' states comes once per state). All joins must key the table by the
 // same columns.
-func (d *daemon) tableStateKeys(ctx context.Context, table config.TableName, each func(stateKeys) error) error {
+func (w *partitionWatcher) tableStateKeys(ctx context.Context, table config.TableName, each func(stateKeys) error) error {
 	var columns []string
-	for _, j := range d.joins {
+	for _, j := range w.joins {
 		jp, stores := j.Plan(), j.Stores()
 		for i, t := range jp.Tables() {
 			if t != table {
@@ -334,13 +334,13 @@ type moveResult struct {
 // moveRows follows a change of parent's partitions that moved rows (see the
 // top of this file). It must run once the pipeline has applied everything
 // committed before the change was seen.
-func (d *daemon) moveRows(ctx context.Context, parent config.TableName, m pendingMove) (moveResult, error) {
+func (w *partitionWatcher) moveRows(ctx context.Context, parent config.TableName, m pendingMove) (moveResult, error) {
 	var res moveResult
 	var gone [][]string
 	var keyCols []string
 	if m.left() {
 		start := time.Now()
-		sr, err := readRelation(ctx, d.source, parent)
+		sr, err := readRelation(ctx, w.source, parent)
 		if err != nil {
 			return res, err
 		}
@@ -348,17 +348,17 @@ func (d *daemon) moveRows(ctx context.Context, parent config.TableName, m pendin
 		// only keys in the partitions that lost rows can have left, and
 		// most of those are still there.
 		found := map[string][]string{}
-		err = d.tableStateKeys(ctx, parent, func(sk stateKeys) error {
+		err = w.tableStateKeys(ctx, parent, func(sk stateKeys) error {
 			keyCols = sk.columns
 			res.listed += len(sk.keys)
 			if !m.unbounded {
 				var err error
-				if sk.keys, err = keysWithin(ctx, d.source, sr, sk, m.bounds); err != nil {
+				if sk.keys, err = keysWithin(ctx, w.source, sr, sk, m.bounds); err != nil {
 					return err
 				}
 			}
 			res.within += len(sk.keys)
-			absent, err := absentKeys(ctx, d.source, sr, sk)
+			absent, err := absentKeys(ctx, w.source, sr, sk)
 			for _, k := range absent {
 				found[strings.Join(k, "\x00")] = k
 			}
@@ -377,10 +377,10 @@ func (d *daemon) moveRows(ctx context.Context, parent config.TableName, m pendin
 	// for the lock are short, and the pauses between them grow.
 	pause := time.Second
 	for attempt := 1; ; attempt++ {
-		t, err := d.tryMove(ctx, parent, m, keyCols, gone)
+		t, err := w.tryMove(ctx, parent, m, keyCols, gone)
 		res.deleted, res.upserted, res.after, res.lockTook = t.deleted, t.upserted, t.after, t.lockTook
 		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "55P03" {
-			d.log.Warn("a transaction holds a partitioned table: following its partition change again shortly",
+			w.log.Warn("a transaction holds a partitioned table: following its partition change again shortly",
 				"table", parent, "attempt", attempt, "retry_in", pause.String())
 			if !sleepCtx(ctx, pause) {
 				return res, ctx.Err()
@@ -393,9 +393,9 @@ func (d *daemon) moveRows(ctx context.Context, parent config.TableName, m pendin
 }
 
 // tryMove is the source transaction of moveRows.
-func (d *daemon) tryMove(ctx context.Context, parent config.TableName, m pendingMove, keyCols []string, gone [][]string) (moveResult, error) {
+func (w *partitionWatcher) tryMove(ctx context.Context, parent config.TableName, m pendingMove, keyCols []string, gone [][]string) (moveResult, error) {
 	var res moveResult
-	tx, err := d.source.Begin(ctx)
+	tx, err := w.source.Begin(ctx)
 	if err != nil {
 		return res, fmt.Errorf("follow the partitions of %s: %w", parent, err)
 	}
@@ -411,7 +411,7 @@ func (d *daemon) tryMove(ctx context.Context, parent config.TableName, m pending
 	if err != nil {
 		return res, err
 	}
-	w := &moveWriter{ctx: ctx, tx: tx, prefix: cdc.MessagePrefix(d.cfg.Slot), header: func(e *cdc.Embedded) {
+	mw := &moveWriter{ctx: ctx, tx: tx, prefix: cdc.MessagePrefix(w.cfg.Slot), header: func(e *cdc.Embedded) {
 		for _, t := range sr.types {
 			e.Type(t.oid, t.namespace, t.name)
 		}
@@ -428,21 +428,21 @@ func (d *daemon) tryMove(ctx context.Context, parent config.TableName, m pending
 			for i, name := range keyCols {
 				tuple[sr.rel.ColumnIndex(name)] = &k[i]
 			}
-			w.add(func(e *cdc.Embedded) { e.Delete(sr.rel.ID, tuple) })
-			if err := w.flushIfFull(); err != nil {
+			mw.add(func(e *cdc.Embedded) { e.Delete(sr.rel.ID, tuple) })
+			if err := mw.flushIfFull(); err != nil {
 				return res, err
 			}
 		}
 		res.deleted = len(still)
 	}
 	for _, l := range m.entered {
-		n, err := d.readPartition(ctx, tx, sr, l, w)
+		n, err := w.readPartition(ctx, tx, sr, l, mw)
 		if err != nil {
 			return res, err
 		}
 		res.upserted += n
 	}
-	if err := w.flush(); err != nil {
+	if err := mw.flush(); err != nil {
 		return res, err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -450,7 +450,7 @@ func (d *daemon) tryMove(ctx context.Context, parent config.TableName, m pending
 	}
 	res.lockTook = time.Since(locked)
 	var after int64
-	if err := d.source.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - '0/0')::bigint`).Scan(&after); err != nil {
+	if err := w.source.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - '0/0')::bigint`).Scan(&after); err != nil {
 		return res, fmt.Errorf("read the source's WAL position: %w", err)
 	}
 	res.after = wal.LSN(after)
@@ -458,8 +458,8 @@ func (d *daemon) tryMove(ctx context.Context, parent config.TableName, m pending
 }
 
 // readPartition writes an update of every row of partition l (attached to
-// sr's table) into w, and returns how many.
-func (d *daemon) readPartition(ctx context.Context, tx pgx.Tx, sr *sourceRelation, l leaf, w *moveWriter) (int, error) {
+// sr's table) into mw, and returns how many.
+func (w *partitionWatcher) readPartition(ctx context.Context, tx pgx.Tx, sr *sourceRelation, l leaf, mw *moveWriter) (int, error) {
 	// Under the lock on the parent, the partition cannot be detached.
 	var schema, name string
 	if err := tx.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`,
@@ -491,13 +491,13 @@ func (d *daemon) readPartition(ctx context.Context, tx pgx.Tx, sr *sourceRelatio
 				s := string(v)
 				tuple[i] = &s
 			}
-			w.add(func(e *cdc.Embedded) { e.Update(sr.rel.ID, tuple) })
+			mw.add(func(e *cdc.Embedded) { e.Update(sr.rel.ID, tuple) })
 			page++
 		}
 		if _, err := rr.Close(); err != nil {
 			return 0, fmt.Errorf("read partition %s: %w", l.name, err)
 		}
-		if err := w.flushIfFull(); err != nil {
+		if err := mw.flushIfFull(); err != nil {
 			return 0, err
 		}
 		n += page

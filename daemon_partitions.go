@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/fkmat/fkmat/internal/config"
+	"github.com/fkmat/fkmat/internal/pipeline"
+	"github.com/fkmat/fkmat/internal/plan"
 	"github.com/fkmat/fkmat/internal/wal"
 
 	"github.com/jackc/pgx/v5"
@@ -126,13 +129,13 @@ func catalogRaced(err error) bool {
 
 // readCatalog reads the partitions of the joined tables in one round trip,
 // again when it raced with partition DDL (catalogRaced).
-func (d *daemon) readCatalog(ctx context.Context) (catalogRead, error) {
+func (w *partitionWatcher) readCatalog(ctx context.Context) (catalogRead, error) {
 	for attempt := 1; ; attempt++ {
-		r, err := d.readCatalogOnce(ctx)
+		r, err := w.readCatalogOnce(ctx)
 		if !catalogRaced(err) || attempt == 5 {
 			return r, err
 		}
-		d.log.Debug("reading the partitions raced with partition DDL; reading them again", "err", err)
+		w.log.Debug("reading the partitions raced with partition DDL; reading them again", "err", err)
 		if !sleepCtx(ctx, 100*time.Millisecond) {
 			return r, ctx.Err()
 		}
@@ -140,15 +143,15 @@ func (d *daemon) readCatalog(ctx context.Context) (catalogRead, error) {
 }
 
 // readCatalogOnce is one attempt of readCatalog.
-func (d *daemon) readCatalogOnce(ctx context.Context) (catalogRead, error) {
-	tables := d.joinedTables()
+func (w *partitionWatcher) readCatalogOnce(ctx context.Context) (catalogRead, error) {
+	tables := w.joinedTables()
 	batch := &pgx.Batch{}
 	batch.Queue(`SELECT (pg_current_wal_lsn() - '0/0')::bigint`)
 	batch.Queue(`SELECT NOT EXISTS (SELECT FROM pg_snapshot_xip(pg_current_snapshot()) x WHERE pg_xact_status(x) = 'committed'),
 		EXISTS (SELECT FROM unnest($1::text[]) t JOIN pg_class c ON c.oid = to_regclass(t) WHERE c.relkind = 'p')`, tableIdents(tables))
 	batch.Queue(leavesQuery, tableIdents(tables))
 	batch.Queue(`SELECT (pg_current_wal_lsn() - '0/0')::bigint`)
-	res := d.source.SendBatch(ctx, batch)
+	res := w.source.SendBatch(ctx, batch)
 	defer res.Close()
 	var r catalogRead
 	var before, after int64
@@ -193,9 +196,9 @@ func recordLeaves(ctx context.Context, tx execer, slot string, leaves map[uint32
 }
 
 // joinedTables lists the tables of the daemon's joins, each once.
-func (d *daemon) joinedTables() []config.TableName {
+func (w *partitionWatcher) joinedTables() []config.TableName {
 	var out []config.TableName
-	for _, t := range publishedTables(d.plans) {
+	for _, t := range publishedTables(w.plans) {
 		out = append(out, config.TableName{Schema: t.Schema, Name: t.Name})
 	}
 	return out
@@ -219,12 +222,29 @@ func knownLeaves(ctx context.Context, db *pgxpool.Pool, slot string) (map[uint32
 	return out, rows.Err()
 }
 
-// storageWatch holds, between checks, the leaves as last recorded, the
-// leaves whose storage changed with the source WAL position at which the
-// change was seen, and the partition changes that moved rows and are not
-// followed yet. The partition watcher and the stream's last
-// acknowledgement share it.
-type storageWatch struct {
+// partitionWatcher follows the partitions of the joined partitioned
+// tables, which the WAL does not carry: a check at start (check), then one
+// every Options.PartitionCheckInterval beside the stream (run). A partition
+// attached or detached with its rows, or truncated alone, is followed by
+// moving the rows into or out of the joins (moveRows). Until the pipeline
+// has applied every move, the slot is not confirmed past it (clear).
+//
+// Between checks it holds the leaves as last recorded, the leaves whose
+// storage changed with the source WAL position at which the change was
+// seen, and the partition changes that moved rows and are not followed
+// yet; the stream's last acknowledgement shares them.
+type partitionWatcher struct {
+	cfg            *config.Config
+	log            *slog.Logger
+	interval       time.Duration // Options.PartitionCheckInterval
+	source, target *pgxpool.Pool
+	plans          []*plan.JoinPlan
+	joins          []pipeline.Join
+	obs            *observer // nil without --metrics-addr
+	// switching is the daemon's: no move commits across a rebuild's
+	// switch marker.
+	switching *sync.Mutex
+
 	mu      sync.Mutex
 	known   map[uint32]leaf // nil until a check recorded them
 	pending map[uint32]pendingStorage
@@ -239,12 +259,19 @@ type storageWatch struct {
 	applied func() wal.LSN
 }
 
+// partitionWatcher returns the daemon's partition watcher; applied is the
+// position up to which the pipeline has applied every transaction.
+func (d *daemon) partitionWatcher(applied func() wal.LSN) *partitionWatcher {
+	return &partitionWatcher{cfg: d.cfg, log: d.log, interval: d.opts.PartitionCheckInterval, source: d.source, target: d.target,
+		plans: d.plans, joins: d.joins, obs: d.obs, switching: &d.switching, applied: applied}
+}
+
 type pendingStorage struct {
 	relfilenode uint32
 	seenAt      wal.LSN
 }
 
-// checkPartitions compares the joined tables' partitions with the known
+// check compares the joined tables' partitions with the known
 // ones. A partition that came or went empty is recorded (its rows, if any,
 // came through the WAL). One that brought or took rows with it is followed
 // by moveRows once the pipeline has applied everything committed before the
@@ -264,9 +291,8 @@ type pendingStorage struct {
 // (VACUUM FULL, CLUSTER, a rewriting ALTER TABLE) is fine; anything else
 // took the partition's rows without row changes in the WAL, and is
 // followed as a move.
-func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalogRead) error {
-	cur, seenAt := at.leaves, at.after // a change seen was committed before at.after
-	known, err := knownLeaves(ctx, d.target, d.cfg.Slot)
+func (w *partitionWatcher) check(ctx context.Context, at catalogRead) error {
+	known, err := knownLeaves(ctx, w.target, w.cfg.Slot)
 	if err != nil {
 		return err
 	}
@@ -276,7 +302,7 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 		}
 	}
 	if len(known) == 0 {
-		for _, l := range cur {
+		for _, l := range at.leaves {
 			return fmt.Errorf("%w: fkmat has no record of the partitions of %s: it was backfilled by an older fkmat, whose publication "+
 				"did not publish partitioned tables via their root (their streamed changes were lost); run fkmat backfill --force",
 				ErrPartitionsChanged, l.parent)
@@ -284,6 +310,34 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 		w.known = map[uint32]leaf{}
 		return nil
 	}
+	next, moves, err := w.compare(ctx, known, at)
+	if err != nil {
+		return err
+	}
+	for oid := range w.pending {
+		if _, ok := next[oid]; !ok {
+			delete(w.pending, oid)
+		}
+	}
+	if len(moves) > 0 {
+		// A change seen was committed before at.after.
+		done, err := w.followMoves(ctx, moves, at.after)
+		if err != nil || !done {
+			return err
+		}
+	}
+	if err := w.saveLeaves(ctx, known, next); err != nil {
+		return err
+	}
+	w.known = next
+	return nil
+}
+
+// compare compares the leaves the catalog read at shows with the known
+// ones. It returns the leaves to record, and the moves of rows into and
+// out of the joins that the changes call for, by partitioned table.
+func (w *partitionWatcher) compare(ctx context.Context, known map[uint32]leaf, at catalogRead) (map[uint32]leaf, map[string]*pendingMove, error) {
+	cur, seenAt := at.leaves, at.after // a change seen was committed before at.after
 	next := map[uint32]leaf{}
 	moves := map[string]*pendingMove{}
 	move := func(parent string) *pendingMove {
@@ -301,7 +355,7 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 		if reattached {
 			// Every row may have changed meanwhile, even in the
 			// transaction of the ATTACH: read them all.
-			d.log.Info("a partition of a joined table was detached and attached back", "table", l.parent, "partition", l.name)
+			w.log.Info("a partition of a joined table was detached and attached back", "table", l.parent, "partition", l.name)
 			m := move(l.parent)
 			m.entered = append(m.entered, l)
 			m.lost(k)
@@ -310,23 +364,23 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 			continue
 		}
 		if !ok || k.parent != l.parent {
-			old, err := hasOldRows(ctx, d.source, l, true)
+			old, err := hasOldRows(ctx, w.source, l, true)
 			if err != nil {
-				return err
+				return nil, nil, err
 			}
 			if old {
-				d.log.Info("a partition was attached to a joined table with rows in it", "table", l.parent, "partition", l.name)
+				w.log.Info("a partition was attached to a joined table with rows in it", "table", l.parent, "partition", l.name)
 				m := move(l.parent)
 				m.entered = append(m.entered, l)
 			} else {
-				d.log.Info("a partition was added to a joined table", "table", l.parent, "partition", l.name)
+				w.log.Info("a partition was added to a joined table", "table", l.parent, "partition", l.name)
 			}
 			next[oid] = l
 			continue
 		}
-		adopt, lost, err := d.checkStorage(ctx, w, k, l, seenAt)
+		adopt, lost, err := w.checkStorage(ctx, k, l, seenAt)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		if lost {
 			move(l.parent).lost(k)
@@ -348,39 +402,24 @@ func (d *daemon) checkPartitions(ctx context.Context, w *storageWatch, at catalo
 			continue
 		}
 		l := known[oid]
-		old, err := hasOldRows(ctx, d.source, l, true)
+		old, err := hasOldRows(ctx, w.source, l, true)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		if old {
-			d.log.Info("a partition with rows left a joined table (detached or dropped)", "table", l.parent, "partition", l.name)
+			w.log.Info("a partition with rows left a joined table (detached or dropped)", "table", l.parent, "partition", l.name)
 			move(l.parent).lost(l)
 		} else {
-			d.log.Info("an empty partition left a joined table", "table", l.parent, "partition", l.name)
+			w.log.Info("an empty partition left a joined table", "table", l.parent, "partition", l.name)
 		}
 	}
-	for oid := range w.pending {
-		if _, ok := next[oid]; !ok {
-			delete(w.pending, oid)
-		}
-	}
-	if len(moves) > 0 {
-		done, err := d.followMoves(ctx, w, moves, seenAt)
-		if err != nil || !done {
-			return err
-		}
-	}
-	if err := d.saveLeaves(ctx, known, next); err != nil {
-		return err
-	}
-	w.known = next
-	return nil
+	return next, moves, nil
 }
 
 // followMoves follows the moves of rows, once the pipeline has applied
 // everything committed before each was first seen; it reports whether it
 // did.
-func (d *daemon) followMoves(ctx context.Context, w *storageWatch, moves map[string]*pendingMove, seenAt wal.LSN) (bool, error) {
+func (w *partitionWatcher) followMoves(ctx context.Context, moves map[string]*pendingMove, seenAt wal.LSN) (bool, error) {
 	if w.moves == nil {
 		w.moves = map[string]wal.LSN{}
 	}
@@ -397,23 +436,23 @@ func (d *daemon) followMoves(ctx context.Context, w *storageWatch, moves map[str
 	if !ready {
 		return false, nil
 	}
-	if !d.switching.TryLock() {
+	if !w.switching.TryLock() {
 		return false, nil // a rebuild switches: after it, the next run follows the change
 	}
-	defer d.switching.Unlock()
+	defer w.switching.Unlock()
 	for _, parent := range slices.Sorted(maps.Keys(moves)) {
 		m := moves[parent]
-		table := d.joinedTable(parent)
+		table := w.joinedTable(parent)
 		start := time.Now()
-		res, err := d.moveRows(ctx, table, *m)
+		res, err := w.moveRows(ctx, table, *m)
 		if err != nil {
 			return false, err
 		}
-		d.log.Info("followed a partition change of a joined table", "table", parent, "rows_left", res.deleted, "rows_entered", res.upserted,
+		w.log.Info("followed a partition change of a joined table", "table", parent, "rows_left", res.deleted, "rows_entered", res.upserted,
 			"took", time.Since(start).Round(time.Millisecond).String(), "lsn", res.after.String(),
 			"state_keys", res.listed, "keys_in_partitions", res.within, "lookup_took", res.lookTook.Round(time.Millisecond).String(),
 			"lock_held", res.lockTook.Round(time.Millisecond).String())
-		d.obs.moved(parent, res, time.Since(start))
+		w.obs.moved(parent, res, time.Since(start))
 		w.awaiting = max(w.awaiting, res.after)
 	}
 	clear(w.moves)
@@ -421,8 +460,8 @@ func (d *daemon) followMoves(ctx context.Context, w *storageWatch, moves map[str
 }
 
 // joinedTable returns the joined table whose name (regclass text) is name.
-func (d *daemon) joinedTable(name string) config.TableName {
-	for _, t := range d.joinedTables() {
+func (w *partitionWatcher) joinedTable(name string) config.TableName {
+	for _, t := range w.joinedTables() {
 		if t.String() == name {
 			return t
 		}
@@ -432,7 +471,7 @@ func (d *daemon) joinedTable(name string) config.TableName {
 
 // saveLeaves writes the differences between the known leaves and next. It
 // never writes truncated_xid, which the pipeline sets concurrently.
-func (d *daemon) saveLeaves(ctx context.Context, known, next map[uint32]leaf) error {
+func (w *partitionWatcher) saveLeaves(ctx context.Context, known, next map[uint32]leaf) error {
 	batch := &pgx.Batch{}
 	for _, oid := range slices.Sorted(maps.Keys(next)) {
 		l := next[oid]
@@ -443,17 +482,17 @@ func (d *daemon) saveLeaves(ctx context.Context, known, next map[uint32]leaf) er
 		batch.Queue(`INSERT INTO fkmat.partitions (slot, parent, leaf_oid, leaf, relfilenode, attached, bound) VALUES ($1, $2, $3, $4, $5, $6, $7)
 			ON CONFLICT (slot, leaf_oid) DO UPDATE SET parent = EXCLUDED.parent, leaf = EXCLUDED.leaf, relfilenode = EXCLUDED.relfilenode,
 				attached = EXCLUDED.attached, bound = EXCLUDED.bound`,
-			d.cfg.Slot, l.parent, l.oid, l.name, l.relfilenode, l.attached, l.bound)
+			w.cfg.Slot, l.parent, l.oid, l.name, l.relfilenode, l.attached, l.bound)
 	}
 	for _, oid := range slices.Sorted(maps.Keys(known)) {
 		if _, ok := next[oid]; !ok {
-			batch.Queue(`DELETE FROM fkmat.partitions WHERE slot = $1 AND leaf_oid = $2`, d.cfg.Slot, oid)
+			batch.Queue(`DELETE FROM fkmat.partitions WHERE slot = $1 AND leaf_oid = $2`, w.cfg.Slot, oid)
 		}
 	}
 	if batch.Len() == 0 {
 		return nil
 	}
-	if err := d.target.SendBatch(ctx, batch).Close(); err != nil {
+	if err := w.target.SendBatch(ctx, batch).Close(); err != nil {
 		return fmt.Errorf("record partitions: %w", err)
 	}
 	return nil
@@ -462,7 +501,7 @@ func (d *daemon) saveLeaves(ctx context.Context, known, next map[uint32]leaf) er
 // checkStorage compares a known leaf k with its current state l and reports
 // whether l's storage is to be recorded, and whether it lost rows without
 // row changes in the WAL.
-func (d *daemon) checkStorage(ctx context.Context, w *storageWatch, k, l leaf, seenAt wal.LSN) (adopt, lost bool, err error) {
+func (w *partitionWatcher) checkStorage(ctx context.Context, k, l leaf, seenAt wal.LSN) (adopt, lost bool, err error) {
 	switch {
 	case k.relfilenode == nil: // recorded by an older fkmat
 		return true, false, nil
@@ -488,19 +527,19 @@ func (d *daemon) checkStorage(ctx context.Context, w *storageWatch, k, l leaf, s
 		return false, false, nil
 	}
 	delete(w.pending, l.oid)
-	old, err := hasOldRows(ctx, d.source, l, false)
+	old, err := hasOldRows(ctx, w.source, l, false)
 	if err != nil {
 		return false, false, err
 	}
 	if old {
-		d.log.Info("a partition of a joined table was rewritten with its rows (VACUUM FULL, CLUSTER or a rewriting ALTER TABLE)",
+		w.log.Info("a partition of a joined table was rewritten with its rows (VACUUM FULL, CLUSTER or a rewriting ALTER TABLE)",
 			"table", l.parent, "partition", l.name)
 		return true, false, nil
 	}
 	// Truncated on its own (Postgres does not publish a TRUNCATE of a
 	// single partition when the publication publishes via the partitioned
 	// table), or emptied and then rewritten.
-	d.log.Info("a partition of a joined table was truncated on its own", "table", l.parent, "partition", l.name)
+	w.log.Info("a partition of a joined table was truncated on its own", "table", l.parent, "partition", l.name)
 	return true, true, nil
 }
 
@@ -556,22 +595,22 @@ func hasOldRows(ctx context.Context, db *pgxpool.Pool, l leaf, ofThatTxn bool) (
 // confirm, the partition watcher reads the catalog to clear them.
 const partitionClearInterval = 200 * time.Millisecond
 
-// clearPartitions reads the catalog and, when no partition of a joined
+// clear reads the catalog and, when no partition of a joined
 // table changed in a way the join has not followed, clears the stream to
 // the WAL position read before it: partition DDL is not in the stream, so
 // the slot is never confirmed past a DETACH, DROP, ATTACH or single
 // partition TRUNCATE until the catalog has been checked after it. A change
 // the join cannot follow is ErrPartitionsChanged, and nothing after it is
 // cleared.
-func (d *daemon) clearPartitions(ctx context.Context, w *storageWatch, stream *cdc.Stream) error {
+func (w *partitionWatcher) clear(ctx context.Context, stream *cdc.Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	at, err := d.readCatalog(ctx)
+	at, err := w.readCatalog(ctx)
 	if err != nil {
 		return err
 	}
 	if w.known == nil || len(w.pending) > 0 || !sameLeaves(at.leaves, w.known) {
-		if err := d.checkPartitions(ctx, w, at); err != nil {
+		if err := w.check(ctx, at); err != nil {
 			return err
 		}
 	}
@@ -584,7 +623,7 @@ func (d *daemon) clearPartitions(ctx context.Context, w *storageWatch, stream *c
 // clearable says whether nothing the join has not followed lies behind the
 // catalog read just checked: no storage change or move waits, and the last
 // move written is applied.
-func (w *storageWatch) clearable() bool {
+func (w *partitionWatcher) clearable() bool {
 	return len(w.pending) == 0 && len(w.moves) == 0 && w.applied() >= w.awaiting
 }
 
@@ -604,29 +643,29 @@ func sameLeaves(cur, known map[uint32]leaf) bool {
 	return true
 }
 
-// watchPartitions clears the held stream while it has positions to
+// run clears the held stream while it has positions to
 // confirm (every partitionClearInterval), and checks the partitions at
 // least every Options.PartitionCheckInterval, until ctx is done or a check
 // finds a change the join cannot follow.
-func (d *daemon) watchPartitions(ctx context.Context, w *storageWatch, stream *cdc.Stream) error {
-	t := time.NewTicker(min(partitionClearInterval, d.opts.PartitionCheckInterval))
+func (w *partitionWatcher) run(ctx context.Context, stream *cdc.Stream) error {
+	t := time.NewTicker(min(partitionClearInterval, w.interval))
 	defer t.Stop()
 	last := time.Now()
 	for ticked(ctx, t.C) {
 		st := stream.Stats()
 		waiting := st.Held && st.ConfirmableLSN > st.ClearedLSN
-		if !waiting && time.Since(last) < d.opts.PartitionCheckInterval {
+		if !waiting && time.Since(last) < w.interval {
 			continue
 		}
 		last = time.Now()
-		if err := d.clearPartitions(ctx, w, stream); err != nil {
+		if err := w.clear(ctx, stream); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			if errors.Is(err, ErrPartitionsChanged) {
 				return err
 			}
-			d.log.Warn("checking the partitions of the joined tables failed", "err", err)
+			w.log.Warn("checking the partitions of the joined tables failed", "err", err)
 		}
 	}
 	return nil

@@ -5,19 +5,17 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/plan"
 	"github.com/fkmat/fkmat/internal/wal"
-	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
 	"github.com/fkmat/fkmat/sink"
 )
@@ -242,7 +240,11 @@ type rebuildTimings struct {
 // runRebuilds builds d.builds beside the running joins (the main pipeline
 // main, streaming mainStream) and switches them in; mainDone is closed
 // once the main pipeline has stopped. It returns errRebuilt after the
-// switch, or the error that stopped it: the next start builds again.
+// switch, or the error that stopped it: the next start builds again. Its
+// steps are those of the header of this file: load the new generation
+// from a second slot (loadBeside), catch it up to the running joins and
+// stop both streams at one marker (catchUpBeside), then swap the shadows
+// in (switchBeside).
 func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDone <-chan struct{}) (err error) {
 	started := time.Now()
 	defer func() {
@@ -252,11 +254,9 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 			}
 		}
 	}()
-	var tm rebuildTimings
 	names := make([]string, len(d.builds))
-	plans := make([]*plan.JoinPlan, len(d.builds))
 	for i, b := range d.builds {
-		names[i], plans[i] = b.plan.Name, b.plan
+		names[i] = b.plan.Name
 	}
 	log := d.log.With("component", "rebuild", "joins", strings.Join(names, ","))
 	slotName := rebuildSlot(d.cfg.Slot)
@@ -270,99 +270,62 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 	if err := d.dropRebuildSlot(ctx, client); err != nil {
 		return err
 	}
-	// The new generation: a build left behind by an earlier attempt is
-	// replaced.
-	bd := &daemon{cfg: d.cfg, opts: d.opts, log: log, source: d.source, target: d.target, rdb: d.rdb,
-		plans: plans, writer: sink.NewWriter(d.target), obs: d.obs, streaming: true}
-	for _, b := range d.builds {
-		j, err := d.openJoin(ctx, b.plan, b.gen)
-		if err != nil {
-			return err
-		}
-		for _, s := range j.Stores() {
-			if err := s.Drop(ctx); err != nil {
-				return fmt.Errorf("join %q: %w", b.plan.Name, err)
-			}
-		}
-		bd.joins = append(bd.joins, j)
-	}
-	if err := d.recordRebuild(ctx, "loading"); err != nil {
-		return err
-	}
 	// The build's heartbeat: status calls a build that stops recording
 	// interrupted.
 	bctx, stopBeat := context.WithCancel(ctx)
 	defer stopBeat()
-	go func() {
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for ticked(bctx, t.C) {
-			if _, err := d.target.Exec(bctx, `UPDATE fkmat.build SET updated_at = now() WHERE slot = $1`, d.cfg.Slot); err != nil && bctx.Err() == nil {
-				log.Warn("could not record the rebuild's progress in fkmat.build", "err", err)
-			}
-		}
-	}()
-	slot, err := client.CreateSlot(ctx, true)
+	go d.buildHeartbeat(bctx, log)
+
+	var tm rebuildTimings
+	nb, err := d.loadBeside(ctx, log, client)
 	if err != nil {
 		return err
-	}
-	defer func() { _ = slot.Release(context.WithoutCancel(ctx)) }()
-	log.Info("rebuild started beside the running joins", "slot", slotName, "consistent_point", slot.ConsistentPoint.String(),
-		"reason", d.builds[0].reason)
-	epoch := redisstore.NewEpoch()
-	for _, j := range bd.joins {
-		sizes := d.sizes(ctx, j.Plan())
-		for i, s := range j.Stores() {
-			if err := s.Init(ctx, epoch, j.Plan().Fingerprint, sizes[i]); err != nil {
-				return fmt.Errorf("join %q: %w", j.Plan().Name, err)
-			}
-		}
-	}
-	rows, err := bd.load(ctx, slot.SnapshotName)
-	if err != nil {
-		return err
-	}
-	leaves, err := bd.checkRaced(ctx, slot.SnapshotName)
-	if err != nil {
-		return err
-	}
-	if err := slot.Release(ctx); err != nil {
-		return err
-	}
-	for _, j := range bd.joins {
-		stores := j.Stores()
-		for i := len(stores) - 1; i >= 0; i-- {
-			if err := stores[i].Commit(ctx, join.Mutations{}, slot.ConsistentPoint); err != nil {
-				return fmt.Errorf("join %q: %w", j.Plan().Name, err)
-			}
-		}
 	}
 	tm.load = time.Since(started)
-	log.Info("rebuild loaded; catching up", "rows", rows, "seconds", tm.load.Seconds())
+	log.Info("rebuild loaded; catching up", "rows", nb.rows, "seconds", tm.load.Seconds())
+	catching := time.Now()
+	if err := d.catchUpBeside(ctx, log, client, nb, mainStream); err != nil {
+		return err
+	}
+	tm.catchUp = time.Since(catching)
+	switching := time.Now()
+	at, err := d.switchBeside(ctx, nb, mainDone)
+	if err != nil {
+		return err
+	}
+	tm.switchOver = time.Since(switching)
+	for _, b := range d.builds {
+		d.obs.switchedIn(b.plan.Name)
+	}
+	// The second slot is garbage now. The old generations are dropped by
+	// the next run, beside its stream (dropLeftovers): deleting a large
+	// state's keys takes a while, and nothing streams until this returns.
+	if err := client.DropSlot(ctx); err != nil {
+		log.Warn("could not drop the rebuild's slot; the next start drops it", "slot", client.Config().Slot, "err", err)
+	}
+	log.Info("rebuild switched in", "rows", nb.rows, "load_seconds", tm.load.Seconds(), "catch_up_seconds", tm.catchUp.Seconds(),
+		"switch_seconds", tm.switchOver.Seconds(), "seconds", time.Since(started).Seconds(), "checkpoint", at.String())
+	return errRebuilt
+}
 
-	// The catch-up: the new joins, writing into the shadows, on the
-	// second slot.
-	if _, err := d.target.Exec(ctx, `DELETE FROM fkmat.checkpoint WHERE slot = $1`, slotName); err != nil {
+// catchUpBeside streams the second slot from its consistent point into the
+// new generation and the targets' shadows. Once it is within a moment of
+// the running joins, it writes a marker into the WAL and stops both
+// streams there (cdc.EmitSwitch, cdc.Stream.StopAt); it returns once the
+// catch-up has applied every transaction before the marker.
+func (d *daemon) catchUpBeside(ctx context.Context, log *slog.Logger, client *cdc.Client, nb *besideBuild, mainStream *cdc.Stream) error {
+	if _, err := d.target.Exec(ctx, `DELETE FROM fkmat.checkpoint WHERE slot = $1`, client.Config().Slot); err != nil {
 		return fmt.Errorf("reset the rebuild's checkpoint: %w", err)
 	}
-	var shadows []pipeline.Join
-	for _, j := range bd.joins {
-		sp := *j.Plan()
-		sp.Target = *sink.ShadowOf(&j.Plan().Target)
-		sj, err := d.joinOn(&sp, j.Stores())
-		if err != nil {
-			return err
-		}
-		if _, err := sj.Resume(ctx); err != nil {
-			return err
-		}
-		shadows = append(shadows, sj)
+	shadows, err := d.shadowJoins(ctx, nb.joins)
+	if err != nil {
+		return err
 	}
-	stream := client.NewStream(slot.ConsistentPoint)
+	stream := client.NewStream(nb.consistent)
 	catchUp := pipeline.New(pipeline.Config{
-		Slot: slotName, Publication: d.cfg.Publication, Joins: shadows, Source: stream,
+		Slot: client.Config().Slot, Publication: d.cfg.Publication, Joins: shadows, Source: stream,
 		Target: pipeline.SinkTarget{W: sink.NewWriter(d.target)}, Limits: d.opts.Batch,
-		Log: log.With("pipeline", "rebuild"), TargetCheckpoint: slot.ConsistentPoint,
+		Log: log.With("pipeline", "rebuild"), TargetCheckpoint: nb.consistent,
 		Ignore:    func(config.TableName) bool { return true },
 		Generator: d.generator(plansOf(shadows)...),
 	})
@@ -392,102 +355,164 @@ func (d *daemon) runRebuilds(ctx context.Context, mainStream *cdc.Stream, mainDo
 		}
 		return err
 	})
-	g.Go(func() error {
-		// Switch once the catch-up is within a moment of the source: the
-		// main pipeline then waits for it at the marker only briefly.
-		t := time.NewTicker(200 * time.Millisecond)
-		defer t.Stop()
-		catching := time.Now()
-		for ticked(gctx, t.C) {
-			// At least a second (the stream may not have received
-			// anything yet), then once the catch-up is within a second of
-			// the source and its stream within switchSlack of the main
-			// one's (a walsender busy decoding a large transaction sends
-			// nothing, and its pipeline then looks idle).
-			if lag, _ := catchUp.Lag(time.Now()); lag > 1 || time.Since(catching) < time.Second {
-				continue
-			}
-			if got := max(stream.Stats().ReceivedLSN, slot.ConsistentPoint); got+switchSlack < mainStream.Stats().ReceivedLSN {
-				continue
-			}
-			tm.catchUp = time.Since(catching)
-			if err := d.recordRebuild(gctx, "switching"); err != nil {
-				return err
-			}
-			// No partition move commits across the marker. Held for the
-			// rest of this run: it ends at the switch, and the next run
-			// follows a partition change seen meanwhile.
-			d.switching.Lock()
-			id := rand.Text()
-			mainStream.StopAt(id)
-			stream.StopAt(id)
-			at, err := cdc.EmitSwitch(gctx, d.source, d.cfg.Slot, id)
-			if err != nil {
-				return err
-			}
-			log.Info("rebuild caught up; switching at the marker", "marker_lsn", at.String())
-			return nil
-		}
-		return gctx.Err()
-	})
+	g.Go(func() error { return d.switchWhenCaughtUp(gctx, log, catchUp, stream, mainStream, nb.consistent) })
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	switchStart := time.Now()
+	select {
+	case <-caughtUp:
+		return nil
+	default:
+		return errors.New("the rebuild's catch-up stopped before the switch marker")
+	}
+}
+
+// switchWhenCaughtUp waits until the catch-up is within a moment of the
+// source, then writes the switch marker and stops both streams at it: the
+// main pipeline then waits for the catch-up at the marker only briefly.
+func (d *daemon) switchWhenCaughtUp(ctx context.Context, log *slog.Logger, catchUp *pipeline.Pipeline, stream, mainStream *cdc.Stream,
+	consistent wal.LSN) error {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	catching := time.Now()
+	for ticked(ctx, t.C) {
+		// At least a second (the stream may not have received
+		// anything yet), then once the catch-up is within a second of
+		// the source and its stream within switchSlack of the main
+		// one's (a walsender busy decoding a large transaction sends
+		// nothing, and its pipeline then looks idle).
+		if lag, _ := catchUp.Lag(time.Now()); lag > 1 || time.Since(catching) < time.Second {
+			continue
+		}
+		if got := max(stream.Stats().ReceivedLSN, consistent); got+switchSlack < mainStream.Stats().ReceivedLSN {
+			continue
+		}
+		if err := d.recordRebuild(ctx, "switching"); err != nil {
+			return err
+		}
+		// No partition move commits across the marker. Held for the
+		// rest of this run: it ends at the switch, and the next run
+		// follows a partition change seen meanwhile.
+		d.switching.Lock()
+		id := rand.Text()
+		mainStream.StopAt(id)
+		stream.StopAt(id)
+		at, err := cdc.EmitSwitch(ctx, d.source, d.cfg.Slot, id)
+		if err != nil {
+			return err
+		}
+		log.Info("rebuild caught up; switching at the marker", "marker_lsn", at.String())
+		return nil
+	}
+	return ctx.Err()
+}
+
+// shadowJoins returns the rebuilt joins writing into their targets'
+// shadows, resumed from their states.
+func (d *daemon) shadowJoins(ctx context.Context, built []pipeline.Join) ([]pipeline.Join, error) {
+	var shadows []pipeline.Join
+	for _, j := range built {
+		sp := *j.Plan()
+		sp.Target = *sink.ShadowOf(&j.Plan().Target)
+		sj, err := d.joinOn(&sp, j.Stores())
+		if err != nil {
+			return nil, err
+		}
+		if _, err := sj.Resume(ctx); err != nil {
+			return nil, err
+		}
+		shadows = append(shadows, sj)
+	}
+	return shadows, nil
+}
+
+// switchBeside waits for the main pipeline to stop at the marker, then
+// swaps the shadows in at the later of its checkpoint and the new
+// generation's (switchRebuilt), and returns that position.
+func (d *daemon) switchBeside(ctx context.Context, nb *besideBuild, mainDone <-chan struct{}) (wal.LSN, error) {
 	select {
 	case <-mainDone:
 	case <-ctx.Done():
-		return ctx.Err()
+		return 0, ctx.Err()
 	}
-	<-caughtUp
-	mainAt, err := d.writer.Checkpoint(ctx, d.cfg.Slot)
+	at, err := d.writer.Checkpoint(ctx, d.cfg.Slot)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	at := mainAt
-	for _, j := range bd.joins {
+	for _, j := range nb.joins {
 		for _, s := range j.Stores() {
 			at = max(at, s.Checkpoint())
 		}
 	}
-	if err := d.switchRebuilt(ctx, bd, epoch, slotName, at, leaves); err != nil {
-		return err
+	return at, d.switchRebuilt(ctx, nb.joins, nb.epoch, rebuildSlot(d.cfg.Slot), at, nb.leaves)
+}
+
+// buildHeartbeat touches fkmat.build every second until ctx is done.
+func (d *daemon) buildHeartbeat(ctx context.Context, log *slog.Logger) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for ticked(ctx, t.C) {
+		if _, err := d.target.Exec(ctx, `UPDATE fkmat.build SET updated_at = now() WHERE slot = $1`, d.cfg.Slot); err != nil && ctx.Err() == nil {
+			log.Warn("could not record the rebuild's progress in fkmat.build", "err", err)
+		}
 	}
-	tm.switchOver = time.Since(switchStart)
+}
+
+// besideBuild is the new generation of the rebuilt joins, loaded.
+type besideBuild struct {
+	joins      []pipeline.Join
+	epoch      string
+	consistent wal.LSN // the second slot's consistent point
+	rows       int64
+	leaves     map[uint32]leaf // as the snapshot saw them
+}
+
+// loadBeside opens the new generation of each rebuilt join's state (a
+// build left behind by an earlier attempt is replaced), creates the second
+// slot, and loads the states and the targets' shadows from its snapshot.
+func (d *daemon) loadBeside(ctx context.Context, log *slog.Logger, client *cdc.Client) (*besideBuild, error) {
+	nb := &besideBuild{epoch: redisstore.NewEpoch()}
 	for _, b := range d.builds {
-		d.obs.switchedIn(b.plan.Name)
+		j, err := d.openJoin(ctx, b.plan, b.gen)
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range j.Stores() {
+			if err := s.Drop(ctx); err != nil {
+				return nil, fmt.Errorf("join %q: %w", b.plan.Name, err)
+			}
+		}
+		nb.joins = append(nb.joins, j)
 	}
-	// The second slot is garbage now. The old generations are dropped by
-	// the next run, beside its stream (dropLeftovers): deleting a large
-	// state's keys takes a while, and nothing streams until this returns.
-	if err := client.DropSlot(ctx); err != nil {
-		log.Warn("could not drop the rebuild's slot; the next start drops it", "slot", slotName, "err", err)
+	if err := d.recordRebuild(ctx, "loading"); err != nil {
+		return nil, err
 	}
-	log.Info("rebuild switched in", "rows", rows, "load_seconds", tm.load.Seconds(), "catch_up_seconds", tm.catchUp.Seconds(),
-		"switch_seconds", tm.switchOver.Seconds(), "seconds", time.Since(started).Seconds(), "checkpoint", at.String())
-	return errRebuilt
+	slot, err := client.CreateSlot(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = slot.Release(context.WithoutCancel(ctx)) }()
+	log.Info("rebuild started beside the running joins", "slot", slot.Name, "consistent_point", slot.ConsistentPoint.String(),
+		"reason", d.builds[0].reason)
+	nb.consistent = slot.ConsistentPoint
+	nb.rows, nb.leaves, err = d.loaderOf(nb.joins, log, true).run(ctx, nb.epoch, slot.SnapshotName, slot.ConsistentPoint)
+	if err != nil {
+		return nil, err
+	}
+	return nb, slot.Release(ctx)
 }
 
 // switchRebuilt is the target transaction of a rebuild's switch: each
 // rebuilt target's shadow replaces it, and the joins' new definitions,
 // epoch, generation and checkpoint are recorded. Readers see the old rows
 // and shape until it commits, the new ones after.
-func (d *daemon) switchRebuilt(ctx context.Context, bd *daemon, epoch, slotName string, at wal.LSN, leaves map[uint32]leaf) error {
-	for attempt := 1; ; attempt++ {
-		err := d.switchOnce(ctx, bd, epoch, slotName, at, leaves)
-		if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != "55P03" || attempt == swapAttempts {
-			return err
-		}
-		d.log.Warn("a reader of a target holds it: switching the rebuilt target in again shortly", "attempt", attempt, "of", swapAttempts)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
-		}
-	}
+func (d *daemon) switchRebuilt(ctx context.Context, built []pipeline.Join, epoch, slotName string, at wal.LSN, leaves map[uint32]leaf) error {
+	return d.swapRetrying(ctx, "switching the rebuilt target in", func() error {
+		return d.switchOnce(ctx, built, epoch, slotName, at, leaves)
+	})
 }
 
-func (d *daemon) switchOnce(ctx context.Context, bd *daemon, epoch, slotName string, at wal.LSN, leaves map[uint32]leaf) error {
+func (d *daemon) switchOnce(ctx context.Context, built []pipeline.Join, epoch, slotName string, at wal.LSN, leaves map[uint32]leaf) error {
 	tx, err := d.writer.Begin(ctx)
 	if err != nil {
 		return err

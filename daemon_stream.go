@@ -19,83 +19,27 @@ import (
 )
 
 // stream runs the batch loop from the older of the target and Redis
-// checkpoints.
+// checkpoints: the joins resumed (resume), the stream opened after the
+// partitions were checked (openStream), the pipeline built (pipelineOf),
+// then the stream, the pipeline and their companions supervised together.
 func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	targetLSN, err := d.writer.Checkpoint(ctx, d.cfg.Slot)
 	if err != nil {
 		return err
 	}
-	start := targetLSN
-	var cuts []wal.LSN
-	for _, j := range d.joins {
-		r, err := j.Resume(ctx)
-		if err != nil {
-			return err
-		}
-		if r.Undone {
-			// A crash in the middle of a large transaction left its
-			// partial Redis state behind: it is undone and replayed.
-			d.log.Warn("undid a partially applied large transaction", "join", j.Plan().Name)
-		}
-		start = min(start, r.Checkpoint)
-		for i, cp := range r.Ahead {
-			cuts = append(cuts, cp)
-			d.log.Warn("the tables of a join of more than two tables are at different checkpoints (a crash between their commits); the tables behind catch up first",
-				"join", j.Plan().Name, "table", i, "table_lsn", cp.String(), "lowest_lsn", r.Checkpoint.String())
-		}
+	start, cuts, err := d.resume(ctx, targetLSN)
+	if err != nil {
+		return err
 	}
 	if err := d.cdc.EnsurePublication(ctx); err != nil {
 		return err
 	}
-	// Partitions attached or detached while the daemon was away. Until the
-	// stream runs, the pipeline has applied up to the target's checkpoint.
-	watch := &storageWatch{applied: func() wal.LSN { return targetLSN }}
-	at, err := d.readCatalog(ctx)
+	stream, watch, err := d.openStream(ctx, start, targetLSN)
 	if err != nil {
 		return err
 	}
-	if err := d.checkPartitions(ctx, watch, at); err != nil {
-		return err
-	}
 	rs.start, rs.streaming = start, true
-	stream := d.cdc.NewStream(start)
-	if at.partitioned {
-		// Partition DDL is not in the stream: the slot is confirmed only
-		// up to where the catalog was checked (clearPartitions).
-		stream.Hold()
-		if at.settled && watch.clearable() {
-			stream.Clear(at.before)
-		}
-	}
-	var frozenAt wal.LSN
-	for _, b := range d.builds {
-		if b.frozenAt != 0 && (frozenAt == 0 || b.frozenAt < frozenAt) {
-			frozenAt = b.frozenAt
-		}
-	}
-	if frozenAt != 0 {
-		// A join left unmaintained until its rebuild switches in: the
-		// slot is not confirmed past where it was left, so that nobody
-		// takes its target for caught up.
-		stream.Limit(frozenAt)
-	}
-	watch.mu.Lock()
-	watch.applied = func() wal.LSN { return stream.Stats().ConfirmableLSN }
-	watch.mu.Unlock()
-	// The tables only a rebuild joins are published for it: the main
-	// pipeline skips their changes.
-	var rebuilding []config.TableName
-	for _, b := range d.builds {
-		rebuilding = append(rebuilding, b.plan.Tables()...)
-	}
-	joined := d.joinedTables()
-	p := pipeline.New(pipeline.Config{
-		Slot: d.cfg.Slot, Publication: d.cfg.Publication, Joins: d.joins, Source: stream, Target: pipeline.SinkTarget{W: d.writer},
-		Limits: d.opts.Batch, Log: d.log.With("component", "pipeline"), TargetCheckpoint: targetLSN, Cuts: cuts,
-		OnBatch: rs.progress, OnTiming: d.obs.timingHook(),
-		Ignore:    func(t config.TableName) bool { return slices.Contains(rebuilding, t) && !slices.Contains(joined, t) },
-		Generator: d.generator(d.plans...),
-	})
+	p := d.pipelineOf(stream, watch, targetLSN, cuts, rs)
 
 	// The stream, the pipeline and the sweeper are supervised together: the
 	// first error stops the others, and all have returned before the
@@ -132,24 +76,8 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	d.log.Info("streaming", "slot", d.cfg.Slot, "start_lsn", start.String(), "joins", len(d.joins))
 	d.obs.attach(p)
 	d.obs.setPhase("streaming")
-	g.Go(func() error {
-		d.sweep(gctx, p.Garbage())
-		return nil
-	})
-	g.Go(func() error { return d.watchPartitions(gctx, watch, stream) })
-	g.Go(func() error { return d.monitor(gctx, p) })
-	g.Go(func() error {
-		d.grow(gctx, p)
-		return nil
-	})
-	g.Go(func() error { return d.verifyLoop(gctx, p, rs.verify) })
+	d.startCompanions(gctx, g, p, watch, stream, rs)
 	mainDone := make(chan struct{})
-	g.Go(func() error {
-		if err := d.dropLeftovers(gctx); err != nil && gctx.Err() == nil {
-			d.log.Warn("could not drop what an interrupted rebuild left behind; the next start tries again", "err", err)
-		}
-		return nil
-	})
 	if len(d.builds) > 0 {
 		g.Go(func() error { return d.runRebuilds(gctx, stream, mainDone) })
 	}
@@ -166,7 +94,7 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 			// Clear the last acknowledgement, unless the join cannot go
 			// on (then nothing after the change may be confirmed).
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
-			if err := d.clearPartitions(cctx, watch, stream); err != nil && !errors.Is(err, ErrPartitionsChanged) {
+			if err := watch.clear(cctx, stream); err != nil && !errors.Is(err, ErrPartitionsChanged) {
 				d.log.Warn("checking the partitions of the joined tables failed", "err", err)
 			}
 			cancel()
@@ -181,6 +109,116 @@ func (d *daemon) stream(ctx context.Context, rs *runState) error {
 	c := p.Counters()
 	d.log.Info("stopped", "batches", c.Batches, "txns", c.Txns, "changes", c.Changes)
 	return nil
+}
+
+// startCompanions starts, in g, what runs beside the main pipeline p: the
+// sweeper of dropped generations, the partition watcher, the monitor, the
+// state resizer, the continuous verifier, and the deletion of what an
+// interrupted rebuild left behind.
+func (d *daemon) startCompanions(ctx context.Context, g group, p *pipeline.Pipeline, watch *partitionWatcher, stream *cdc.Stream, rs *runState) {
+	g.Go(func() error {
+		d.sweep(ctx, p.Garbage())
+		return nil
+	})
+	g.Go(func() error { return watch.run(ctx, stream) })
+	g.Go(func() error { return d.monitor(ctx, p) })
+	g.Go(func() error {
+		d.grow(ctx, p)
+		return nil
+	})
+	g.Go(func() error { return d.verifyLoop(ctx, p, rs.verify) })
+	g.Go(func() error {
+		if err := d.dropLeftovers(ctx); err != nil && ctx.Err() == nil {
+			d.log.Warn("could not drop what an interrupted rebuild left behind; the next start tries again", "err", err)
+		}
+		return nil
+	})
+}
+
+// resume resumes each join from its Redis state and returns where the
+// stream starts (the oldest checkpoint, at most the target's) and the
+// checkpoints of tables ahead of their join's others.
+func (d *daemon) resume(ctx context.Context, targetLSN wal.LSN) (wal.LSN, []wal.LSN, error) {
+	start := targetLSN
+	var cuts []wal.LSN
+	for _, j := range d.joins {
+		r, err := j.Resume(ctx)
+		if err != nil {
+			return 0, nil, err
+		}
+		if r.Undone {
+			// A crash in the middle of a large transaction left its
+			// partial Redis state behind: it is undone and replayed.
+			d.log.Warn("undid a partially applied large transaction", "join", j.Plan().Name)
+		}
+		start = min(start, r.Checkpoint)
+		for i, cp := range r.Ahead {
+			cuts = append(cuts, cp)
+			d.log.Warn("the tables of a join of more than two tables are at different checkpoints (a crash between their commits); the tables behind catch up first",
+				"join", j.Plan().Name, "table", i, "table_lsn", cp.String(), "lowest_lsn", r.Checkpoint.String())
+		}
+	}
+	return start, cuts, nil
+}
+
+// openStream follows the partitions attached or detached while the daemon
+// was away, then returns the stream from start, held while a joined table
+// is partitioned and limited while a join waits for its rebuild, and the
+// partition watcher that clears it.
+func (d *daemon) openStream(ctx context.Context, start, targetLSN wal.LSN) (*cdc.Stream, *partitionWatcher, error) {
+	// Until the stream runs, the pipeline has applied up to the target's
+	// checkpoint.
+	watch := d.partitionWatcher(func() wal.LSN { return targetLSN })
+	at, err := watch.readCatalog(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := watch.check(ctx, at); err != nil {
+		return nil, nil, err
+	}
+	stream := d.cdc.NewStream(start)
+	if at.partitioned {
+		// Partition DDL is not in the stream: the slot is confirmed only
+		// up to where the catalog was checked (partitionWatcher.clear).
+		stream.Hold()
+		if at.settled && watch.clearable() {
+			stream.Clear(at.before)
+		}
+	}
+	var frozenAt wal.LSN
+	for _, b := range d.builds {
+		if b.frozenAt != 0 && (frozenAt == 0 || b.frozenAt < frozenAt) {
+			frozenAt = b.frozenAt
+		}
+	}
+	if frozenAt != 0 {
+		// A join left unmaintained until its rebuild switches in: the
+		// slot is not confirmed past where it was left, so that nobody
+		// takes its target for caught up.
+		stream.Limit(frozenAt)
+	}
+	watch.mu.Lock()
+	watch.applied = func() wal.LSN { return stream.Stats().ConfirmableLSN }
+	watch.mu.Unlock()
+	return stream, watch, nil
+}
+
+// pipelineOf is the main pipeline of the joins on stream.
+func (d *daemon) pipelineOf(stream *cdc.Stream, watch *partitionWatcher, targetLSN wal.LSN, cuts []wal.LSN, rs *runState) *pipeline.Pipeline {
+	// The tables only a rebuild joins are published for it: the main
+	// pipeline skips their changes.
+	var rebuilding []config.TableName
+	for _, b := range d.builds {
+		rebuilding = append(rebuilding, b.plan.Tables()...)
+	}
+	joined := watch.joinedTables()
+	return pipeline.New(pipeline.Config{
+		Slot: d.cfg.Slot, Publication: d.cfg.Publication, Joins: d.joins, Source: stream, Target: pipeline.SinkTarget{W: d.writer},
+		Limits: d.opts.Batch, Log: d.log.With("component", "pipeline"), TargetCheckpoint: targetLSN, Cuts: cuts,
+		OnBatch: rs.progress, OnTiming: d.obs.timingHook(),
+		Ignore:    func(t config.TableName) bool { return slices.Contains(rebuilding, t) && !slices.Contains(joined, t) },
+		Generator: d.generator(d.plans...),
+	})
 }
 
 // errTakenOverLate is a batch the slot's previous holder committed after

@@ -378,9 +378,7 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}
-	gaugeOf := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
+	gaugeOf := gaugeTo(ch)
 	counter(mBatches, float64(c.Batches))
 	counter(mTxns, float64(c.Txns))
 	counter(mChanges, float64(c.Changes))
@@ -439,40 +437,59 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 	gaugeOf(mStalled, stalled)
 	gaugeOf(mStallCount, recurrences)
 	if p != nil {
-		st := p.SourceStats()
-		lag := 0.0
-		if st.ServerWALEnd > st.AckedLSN {
-			lag = float64(st.ServerWALEnd - st.AckedLSN)
-		}
-		gaugeOf(mLag, lag)
-		gaugeOf(mAcked, float64(st.AckedLSN))
-		gaugeOf(mBuffered, float64(st.BufferedChanges))
-		lag, last := p.Lag(time.Now())
-		gaugeOf(mLagSeconds, lag)
-		if !last.IsZero() {
-			gaugeOf(mLastCommit, float64(last.UnixNano())/1e9)
-		}
+		collectStream(ch, p)
 	}
 	ch <- prometheus.MustNewConstMetric(mBuild, prometheus.GaugeValue, 1, buildinfo.Version(), buildinfo.GoVersion())
 	if slot != nil && slot.Exists {
-		gaugeOf(mRetained, float64(slot.RetainedBytes))
-		if slot.SafeWALSize >= 0 {
-			gaugeOf(mSafeWAL, float64(slot.SafeWALSize))
-		}
-		for _, s := range walStatuses {
-			v := 0.0
-			if s == slot.WALStatus {
-				v = 1
-			}
-			ch <- prometheus.MustNewConstMetric(mWALStatus, prometheus.GaugeValue, v, s)
-		}
-		active := 0.0
-		if slot.Active {
-			active = 1
-		}
-		gaugeOf(mSlotActive, active)
-		gaugeOf(mSlotLag, float64(slot.LagBytes))
+		collectSlot(ch, slot)
 	}
+}
+
+// gaugeTo returns a function that sends a gauge's value to ch.
+func gaugeTo(ch chan<- prometheus.Metric) func(d *prometheus.Desc, v float64, labels ...string) {
+	return func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+}
+
+// collectStream sends the metrics of the stream's position and lag.
+func collectStream(ch chan<- prometheus.Metric, p *pipeline.Pipeline) {
+	gaugeOf := gaugeTo(ch)
+	st := p.SourceStats()
+	lag := 0.0
+	if st.ServerWALEnd > st.AckedLSN {
+		lag = float64(st.ServerWALEnd - st.AckedLSN)
+	}
+	gaugeOf(mLag, lag)
+	gaugeOf(mAcked, float64(st.AckedLSN))
+	gaugeOf(mBuffered, float64(st.BufferedChanges))
+	lag, last := p.Lag(time.Now())
+	gaugeOf(mLagSeconds, lag)
+	if !last.IsZero() {
+		gaugeOf(mLastCommit, float64(last.UnixNano())/1e9)
+	}
+}
+
+// collectSlot sends the metrics of the replication slot.
+func collectSlot(ch chan<- prometheus.Metric, slot *cdc.SlotInfo) {
+	gaugeOf := gaugeTo(ch)
+	gaugeOf(mRetained, float64(slot.RetainedBytes))
+	if slot.SafeWALSize >= 0 {
+		gaugeOf(mSafeWAL, float64(slot.SafeWALSize))
+	}
+	for _, s := range walStatuses {
+		v := 0.0
+		if s == slot.WALStatus {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(mWALStatus, prometheus.GaugeValue, v, s)
+	}
+	active := 0.0
+	if slot.Active {
+		active = 1
+	}
+	gaugeOf(mSlotActive, active)
+	gaugeOf(mSlotLag, float64(slot.LagBytes))
 }
 
 // serveMetrics serves /metrics, /healthz and /readyz on addr until ctx is

@@ -53,25 +53,11 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	if err := ownersBeforeStart(ctx, cfg); err != nil {
 		return err
 	}
-	var obs *observer
-	if opts.MetricsAddr != "" {
-		obs = newObserver(cfg)
-		obs.stuckAfter = opts.StuckAfter
-		mctx, stopMetrics := context.WithCancel(ctx)
-		addr, wait, err := serveMetrics(mctx, opts.MetricsAddr, obs, opts.Logger)
-		if err != nil {
-			stopMetrics()
-			return &config.ConfigError{Problems: []string{err.Error() + "; choose another --metrics-addr"}}
-		}
-		defer func() {
-			stopMetrics()
-			wait()
-		}()
-		opts.Logger.Info("serving metrics", "addr", addr.String())
-		if opts.MetricsBound != nil {
-			opts.MetricsBound(addr)
-		}
+	obs, stopMetrics, err := startMetrics(ctx, cfg, opts)
+	if err != nil {
+		return err
 	}
+	defer stopMetrics()
 	delay := time.Second
 	connected := false // once, in this process
 	var stalls stallTracker
@@ -137,41 +123,9 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			return err
 		case stopCredentials:
 			return credentialsError(err)
-		case retryConnection:
-			obs.restarted()
-			opts.Logger.Error("cannot reach a server, or it is not ready; restarting from the checkpoints when it is",
-				"err", err, "retry_in", wait.Round(time.Millisecond))
-		case retryOrStall:
-			obs.restarted()
-			st := stalls.observe(rs.start, rs.streaming, err)
-			if st.Recurrences == 0 && errors.Is(err, pipeline.ErrWidened) {
-				// Followed at once: the restart widens the target
-				// column first (daemon.widen).
-				opts.Logger.Info("a joined column's type was widened; restarting from the checkpoints to follow it", "change", err)
-				wait = 0
-				break
-			}
-			if c, ok := errors.AsType[*crash.Error](err); ok && st.Recurrences == 0 {
-				opts.Logger.Error("panic recovered; restarting from the checkpoints (the same panic again is a stall)",
-					"err", err, "stack", string(c.Stack), "retry_in", wait.Round(time.Millisecond))
-				break
-			}
-			if st.Recurrences == 0 {
-				opts.Logger.Error("pipeline failed; restarting from the checkpoints", "err", err, "retry_in", wait.Round(time.Millisecond))
-				break
-			}
-			// The same error at the same position: a stall, shown
-			// everywhere an operator looks.
-			obs.setStall(&st)
-			if rerr := recordStall(ctx, cfg, &st); rerr != nil {
-				opts.Logger.Warn("could not record the stall in fkmat.stall", "err", rerr)
-			}
-			if st.Recurrences >= opts.MaxStallRestarts {
-				opts.Logger.Error("pipeline stalled; giving up", stallAttrs(st, opts.MaxStallRestarts)...)
-				return stallError(st, opts.MaxStallRestarts)
-			}
-			opts.Logger.Error("pipeline stalled: the same error recurs at the same source position; restarting",
-				append(stallAttrs(st, opts.MaxStallRestarts), "retry_in", wait.Round(time.Millisecond))...)
+		}
+		if wait, err = onRetry(ctx, cfg, opts, obs, &stalls, rs, err, class, wait); err != nil {
+			return err
 		}
 		if class == retryConnection {
 			// Back as soon as the servers answer again, not at the end of
@@ -184,6 +138,77 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		}
 		delay = min(2*delay, maxRetryDelay)
 	}
+}
+
+// startMetrics serves the metrics at Options.MetricsAddr, if set, until the
+// returned stop is called; without it the observer is nil (its methods
+// then do nothing).
+func startMetrics(ctx context.Context, cfg *config.Config, opts Options) (*observer, func(), error) {
+	if opts.MetricsAddr == "" {
+		return nil, func() {}, nil
+	}
+	obs := newObserver(cfg)
+	obs.stuckAfter = opts.StuckAfter
+	mctx, stopMetrics := context.WithCancel(ctx)
+	addr, wait, err := serveMetrics(mctx, opts.MetricsAddr, obs, opts.Logger)
+	if err != nil {
+		stopMetrics()
+		return nil, nil, &config.ConfigError{Problems: []string{err.Error() + "; choose another --metrics-addr"}}
+	}
+	opts.Logger.Info("serving metrics", "addr", addr.String())
+	if opts.MetricsBound != nil {
+		opts.MetricsBound(addr)
+	}
+	return obs, func() {
+		stopMetrics()
+		wait()
+	}, nil
+}
+
+// onRetry reports a failure that Run retries (class retryConnection or
+// retryOrStall) and records one that recurs at the same source position as
+// a stall. It returns how long to wait before the retry, or the error Run
+// gives up with.
+func onRetry(ctx context.Context, cfg *config.Config, opts Options, obs *observer, stalls *stallTracker, rs *runState, err error,
+	class recovery, wait time.Duration) (time.Duration, error) {
+	switch class {
+	case retryConnection:
+		obs.restarted()
+		opts.Logger.Error("cannot reach a server, or it is not ready; restarting from the checkpoints when it is",
+			"err", err, "retry_in", wait.Round(time.Millisecond))
+	case retryOrStall:
+		obs.restarted()
+		st := stalls.observe(rs.start, rs.streaming, err)
+		if st.Recurrences == 0 && errors.Is(err, pipeline.ErrWidened) {
+			// Followed at once: the restart widens the target
+			// column first (daemon.widen).
+			opts.Logger.Info("a joined column's type was widened; restarting from the checkpoints to follow it", "change", err)
+			wait = 0
+			break
+		}
+		if c, ok := errors.AsType[*crash.Error](err); ok && st.Recurrences == 0 {
+			opts.Logger.Error("panic recovered; restarting from the checkpoints (the same panic again is a stall)",
+				"err", err, "stack", string(c.Stack), "retry_in", wait.Round(time.Millisecond))
+			break
+		}
+		if st.Recurrences == 0 {
+			opts.Logger.Error("pipeline failed; restarting from the checkpoints", "err", err, "retry_in", wait.Round(time.Millisecond))
+			break
+		}
+		// The same error at the same position: a stall, shown
+		// everywhere an operator looks.
+		obs.setStall(&st)
+		if rerr := recordStall(ctx, cfg, &st); rerr != nil {
+			opts.Logger.Warn("could not record the stall in fkmat.stall", "err", rerr)
+		}
+		if st.Recurrences >= opts.MaxStallRestarts {
+			opts.Logger.Error("pipeline stalled; giving up", stallAttrs(st, opts.MaxStallRestarts)...)
+			return 0, stallError(st, opts.MaxStallRestarts)
+		}
+		opts.Logger.Error("pipeline stalled: the same error recurs at the same source position; restarting",
+			append(stallAttrs(st, opts.MaxStallRestarts), "retry_in", wait.Round(time.Millisecond))...)
+	}
+	return wait, nil
 }
 
 // maxRetryDelay caps the wait between restarts after an error.

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -63,54 +65,21 @@ func Teardown(ctx context.Context, cfg *config.Config, dropTarget bool, opts Opt
 	if err := client.Teardown(ctx); err != nil {
 		return err
 	}
-	// The second slot of a rebuild beside the running joins, if one was
-	// interrupted.
-	rebuilder, err := cdc.New(cdc.Config{ConnString: cfg.Source, Slot: rebuildSlot(cfg.Slot), Publication: cfg.Publication,
-		Tables: configuredTables(cfg), Logger: opts.Logger})
-	if err != nil {
-		return err
-	}
-	if err := rebuilder.DropSlot(ctx); err != nil {
-		return err
-	}
-	// The slot an interrupted backfill loaded from.
-	loader, err := cdc.New(cdc.Config{ConnString: cfg.Source, Slot: cdc.BackfillSlot(cfg.Slot), Publication: cfg.Publication,
-		Tables: configuredTables(cfg), Logger: opts.Logger})
-	if err != nil {
-		return err
-	}
-	if err := loader.DropSlot(ctx); err != nil {
-		return err
+	// The second slot of a rebuild beside the running joins, and the slot
+	// a backfill loads from, if one was interrupted.
+	for _, slot := range []string{rebuildSlot(cfg.Slot), cdc.BackfillSlot(cfg.Slot)} {
+		other, err := cdc.New(cdc.Config{ConnString: cfg.Source, Slot: slot, Publication: cfg.Publication,
+			Tables: configuredTables(cfg), Logger: opts.Logger})
+		if err != nil {
+			return err
+		}
+		if err := other.DropSlot(ctx); err != nil {
+			return err
+		}
 	}
 	for _, j := range cfg.Joins {
-		// The generations a rebuild beside the running join made.
-		var gen int
-		if err := target.QueryRow(ctx, `SELECT coalesce((SELECT generation FROM fkmat.join_state WHERE slot = $1 AND join_name = $2), 0)`,
-			cfg.Slot, j.Name).Scan(&gen); err != nil {
-			if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || (pgErr.Code != "42P01" && pgErr.Code != "42703" && pgErr.Code != "3F000") {
-				return fmt.Errorf("read the generation of join %q: %w", j.Name, err)
-			}
-		}
-		for g := 1; g <= gen+1; g++ {
-			if err := redisstore.DropGeneration(ctx, rdb, opts.Logger, cfg.Slot, j.Name, g); err != nil {
-				return fmt.Errorf("delete redis state of join %q: %w", j.Name, err)
-			}
-		}
-		prefixes := []string{redisstore.Prefix(cfg.Slot, j.Name)}
-		for i := range j.Rights {
-			prefixes = append(prefixes, redisstore.StepPrefix(cfg.Slot, j.Name, i))
-		}
-		if len(j.Rights) > 0 {
-			prefixes = append(prefixes, redisstore.StatePrefixes(cfg.Slot, j.Name, len(j.Rights), 0)...)
-		}
-		for _, prefix := range prefixes {
-			store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: prefix})
-			if err == nil {
-				err = store.Drop(ctx)
-			}
-			if err != nil {
-				return fmt.Errorf("delete redis state of join %q: %w", j.Name, err)
-			}
+		if err := dropJoinState(ctx, target, rdb, cfg.Slot, j, opts.Logger); err != nil {
+			return err
 		}
 	}
 	for _, j := range cfg.Joins {
@@ -125,22 +94,7 @@ func Teardown(ctx context.Context, cfg *config.Config, dropTarget bool, opts Opt
 			return err
 		}
 	}
-	tx, err := target.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	for _, q := range []string{`DELETE FROM fkmat.join_state WHERE slot = $1`, `DELETE FROM fkmat.checkpoint WHERE slot = $1`,
-		`DELETE FROM fkmat.stall WHERE slot = $1`, `DELETE FROM fkmat.partitions WHERE slot = $1`,
-		`DELETE FROM fkmat.daemon WHERE slot = $1`, `DELETE FROM fkmat.owner WHERE slot = $1`, `DELETE FROM fkmat.build WHERE slot = $1`} {
-		if _, err := tx.Exec(ctx, q, cfg.Slot); err != nil {
-			return fmt.Errorf("delete fkmat metadata: %w", err)
-		}
-	}
-	if _, err := tx.Exec(ctx, `DELETE FROM fkmat.checkpoint WHERE slot = $1`, rebuildSlot(cfg.Slot)); err != nil {
-		return fmt.Errorf("delete fkmat metadata: %w", err)
-	}
-	return tx.Commit(ctx)
+	return deleteMetadata(ctx, target, cfg.Slot)
 }
 
 // droppableTarget returns j's target if teardown may drop it: fkmat's
@@ -187,6 +141,63 @@ func refuseHeld(ctx context.Context, client *cdc.Client, target *pgxpool.Pool, s
 	}
 	return fmt.Errorf("%w: replication slot %q is held by %s; stop that fkmat (its run or backfill) first, "+
 		"then run fkmat teardown again: ending its walsender would only make it reconnect", cdc.ErrSlotInUse, slot, describeHolder(ctx, target, slot, h))
+}
+
+// dropJoinState deletes every Redis state of join j: each generation a
+// rebuild beside the running join made, the state per table, and the
+// states of the layout before 2026-12.
+func dropJoinState(ctx context.Context, target *pgxpool.Pool, rdb redis.UniversalClient, slot string, j config.JoinConfig, log *slog.Logger) error {
+	// The generations a rebuild beside the running join made.
+	var gen int
+	if err := target.QueryRow(ctx, `SELECT coalesce((SELECT generation FROM fkmat.join_state WHERE slot = $1 AND join_name = $2), 0)`,
+		slot, j.Name).Scan(&gen); err != nil {
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || (pgErr.Code != "42P01" && pgErr.Code != "42703" && pgErr.Code != "3F000") {
+			return fmt.Errorf("read the generation of join %q: %w", j.Name, err)
+		}
+	}
+	for g := 1; g <= gen+1; g++ {
+		if err := redisstore.DropGeneration(ctx, rdb, log, slot, j.Name, g); err != nil {
+			return fmt.Errorf("delete redis state of join %q: %w", j.Name, err)
+		}
+	}
+	prefixes := []string{redisstore.Prefix(slot, j.Name)}
+	for i := range j.Rights {
+		prefixes = append(prefixes, redisstore.StepPrefix(slot, j.Name, i))
+	}
+	if len(j.Rights) > 0 {
+		prefixes = append(prefixes, redisstore.StatePrefixes(slot, j.Name, len(j.Rights), 0)...)
+	}
+	for _, prefix := range prefixes {
+		store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: prefix})
+		if err == nil {
+			err = store.Drop(ctx)
+		}
+		if err != nil {
+			return fmt.Errorf("delete redis state of join %q: %w", j.Name, err)
+		}
+	}
+	return nil
+}
+
+// deleteMetadata deletes slot's rows of fkmat's metadata in the target, in
+// one transaction.
+func deleteMetadata(ctx context.Context, target *pgxpool.Pool, slot string) error {
+	tx, err := target.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	for _, q := range []string{`DELETE FROM fkmat.join_state WHERE slot = $1`, `DELETE FROM fkmat.checkpoint WHERE slot = $1`,
+		`DELETE FROM fkmat.stall WHERE slot = $1`, `DELETE FROM fkmat.partitions WHERE slot = $1`,
+		`DELETE FROM fkmat.daemon WHERE slot = $1`, `DELETE FROM fkmat.owner WHERE slot = $1`, `DELETE FROM fkmat.build WHERE slot = $1`} {
+		if _, err := tx.Exec(ctx, q, slot); err != nil {
+			return fmt.Errorf("delete fkmat metadata: %w", err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM fkmat.checkpoint WHERE slot = $1`, rebuildSlot(slot)); err != nil {
+		return fmt.Errorf("delete fkmat metadata: %w", err)
+	}
+	return tx.Commit(ctx)
 }
 
 // TeardownPlan lists what Teardown drops for cfg, where it exists, without

@@ -464,7 +464,7 @@ func appendTruncations(out []truncation, t *cdc.Txn) []truncation {
 // noteTruncations records, with the target write that applies them, the
 // source transactions whose TRUNCATE of a partitioned table gave its
 // partitions new storage: the partition check tells them from a TRUNCATE of
-// one partition, which Postgres does not publish (see checkPartitions).
+// one partition, which Postgres does not publish (see partitionWatcher.check in the root package).
 func noteTruncations(ctx context.Context, tx TargetTx, slot string, ts []truncation) error {
 	for _, t := range ts {
 		if err := tx.Exec(ctx, `UPDATE fkmat.partitions SET truncated_xid = $3 WHERE slot = $1 AND parent = $2`,

@@ -14,6 +14,7 @@ import (
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/plan"
 	"github.com/fkmat/fkmat/migrations"
+	"github.com/fkmat/fkmat/redisstore"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -111,7 +112,8 @@ func isCertificateError(err error) bool {
 
 // connectRedis connects to the Redis of url: one server (redis://,
 // rediss://) or a Redis Cluster (redis+cluster://, rediss+cluster://, with
-// comma-separated seed nodes), and checks that it answers.
+// comma-separated seed nodes), and checks that it answers and is not older
+// than redisstore.MinVersion.
 func connectRedis(ctx context.Context, url string) (redis.UniversalClient, error) {
 	rdb, err := newRedisClient(url)
 	if err != nil {
@@ -124,6 +126,13 @@ func connectRedis(ctx context.Context, url string) (redis.UniversalClient, error
 		}
 		if isCertificateError(err) {
 			return nil, fmt.Errorf("%w: connect to redis %s: %w", errCertificate, config.RedactURL(url), redactErr(err, url))
+		}
+		return nil, fmt.Errorf("connect to redis %s: %w", config.RedactURL(url), redactErr(err, url))
+	}
+	if err := redisstore.CheckVersion(ctx, rdb); err != nil {
+		_ = rdb.Close()
+		if errors.Is(err, redisstore.ErrTooOld) {
+			return nil, &config.ConfigError{Problems: []string{fmt.Sprintf("redis %s: %v", config.RedactURL(url), err)}}
 		}
 		return nil, fmt.Errorf("connect to redis %s: %w", config.RedactURL(url), redactErr(err, url))
 	}

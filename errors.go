@@ -71,11 +71,15 @@ func (e *redactedError) Unwrap() error { return e.err }
 type recovery int
 
 const (
-	// stopRun: retrying can never fix it, only a change of the
-	// configuration or a rebuild: a configuration error, a schema change
-	// the join cannot follow, lost state under --on-lost-state refuse, a
-	// slot or publication gone or invalidated.
+	// stopRun: retrying can never fix it, only a rebuild or a person: a
+	// schema change the join cannot follow, lost state under
+	// --on-lost-state refuse, a slot or publication gone or invalidated.
 	stopRun recovery = iota
+	// stopConfig: stopRun for what the configuration, a grant or a
+	// server's setting must fix, which check reports too: a configuration
+	// error, a target of another shape, a server without wal_level=logical
+	// or too old, a role without REPLICATION.
+	stopConfig
 	// stopCredentials: a server refused the credentials or certificate
 	// before run ever connected: a configuration error naming the fix.
 	// After a first connection they may be being rotated, and run retries.
@@ -112,6 +116,8 @@ func recoveryOf(err error, connected bool) recovery {
 	case credentials:
 		// Once connected, credentials refused may be being rotated.
 		return retryOrStall
+	case configProblem(err):
+		return stopConfig
 	case stops(err):
 		return stopRun
 	case connectionError(err), errors.Is(err, pipeline.ErrStateChanged), errors.Is(err, errBackfillRaced), errors.Is(err, errTargetBusy):
@@ -123,11 +129,45 @@ func recoveryOf(err error, connected bool) recovery {
 	return retryOrStall
 }
 
+// configProblem reports whether err is one the configuration, a grant or a
+// server's setting must fix.
+func configProblem(err error) bool {
+	_, isConfig := errors.AsType[*config.ConfigError](err)
+	return isConfig || errors.Is(err, sink.ErrShapeMismatch) || errors.Is(err, cdc.ErrWALLevel) ||
+		errors.Is(err, cdc.ErrReplicationPrivilege) || errors.Is(err, cdc.ErrServerVersion) || errors.Is(err, redisstore.ErrTooOld)
+}
+
+// Exit statuses of the commands (the CLI's; ExitCode).
+const (
+	ExitOK      = 0
+	ExitFailure = 1 // a failure, or verify found differences
+	ExitConfig  = 2 // bad usage, or a problem of the configuration, a grant or a server setting
+	ExitBehind  = 3 // verify found the targets behind the source
+)
+
+// ExitCode is the exit status for a command's error, from the
+// classification run restarts by (recoveryOf): ExitConfig for what run
+// stops at once because only the configuration, a grant or a server
+// setting fixes it (refused credentials included), ExitBehind for verify's
+// ErrBehind, ExitFailure for anything else.
+func ExitCode(err error) int {
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.Is(err, ErrBehind):
+		return ExitBehind
+	}
+	switch recoveryOf(err, false) {
+	case stopConfig, stopCredentials:
+		return ExitConfig
+	}
+	return ExitFailure
+}
+
 // stops reports whether retrying can never fix err.
 func stops(err error) bool {
-	_, isConfig := errors.AsType[*config.ConfigError](err)
-	return isConfig || errors.Is(err, pipeline.ErrSchemaChanged) || errors.Is(err, ErrLostState) ||
-		errors.Is(err, ErrPartitionsChanged) || errors.Is(err, sink.ErrShapeMismatch) || errors.Is(err, sink.ErrCannotSwap) ||
+	return errors.Is(err, pipeline.ErrSchemaChanged) || errors.Is(err, ErrLostState) ||
+		errors.Is(err, ErrPartitionsChanged) || errors.Is(err, sink.ErrCannotSwap) ||
 		errors.Is(err, sink.ErrCheckpointBackwards) || errors.Is(err, sink.ErrFenced) || cdc.Unrecoverable(err)
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/redisstore"
+	"github.com/fkmat/fkmat/sink"
 )
 
 // replyErr is a Redis error reply, as go-redis returns it (redis.Error).
@@ -80,7 +81,11 @@ func TestRecoveryOf(t *testing.T) {
 		// terminal, the credentials come first.
 		{fmt.Errorf("%w: connect: %w", errAuthentication, &pgconn.PgError{Code: "28P01"}), false, stopCredentials},
 		{fmt.Errorf("%w: connect: %w", errAuthentication, &pgconn.PgError{Code: "28P01"}), true, retryOrStall},
-		{&config.ConfigError{Problems: []string{"bad"}}, true, stopRun},
+		{&config.ConfigError{Problems: []string{"bad"}}, true, stopConfig},
+		{fmt.Errorf("join %q: %w", "j", sink.ErrShapeMismatch), true, stopConfig},
+		{fmt.Errorf("preflight: %w", cdc.ErrWALLevel), false, stopConfig},
+		{fmt.Errorf("preflight: %w", cdc.ErrReplicationPrivilege), false, stopConfig},
+		{fmt.Errorf("redis: %w", redisstore.ErrTooOld), false, stopConfig},
 		{fmt.Errorf("join %q: %w", "j", pipeline.ErrSchemaChanged), true, stopRun},
 		{fmt.Errorf("join %q: %w", "j", pipeline.ErrWidened), true, retryOrStall}, // restarted at once by Run
 		{fmt.Errorf("join %q: %w: x", "j", errTargetBusy), true, retryConnection},
@@ -89,6 +94,34 @@ func TestRecoveryOf(t *testing.T) {
 	} {
 		if got := recoveryOf(c.err, c.connected); got != c.want {
 			t.Errorf("recoveryOf(%v, connected %v) = %d, want %d", c.err, c.connected, got, c.want)
+		}
+	}
+}
+
+// TestExitCode: the commands' exit statuses follow recoveryOf: what only
+// the configuration, a grant or a server setting fixes is 2, refused
+// credentials too; verify's targets behind is 3; the rest is 1.
+func TestExitCode(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		err  error
+		want int
+	}{
+		{nil, 0},
+		{&config.ConfigError{Problems: []string{"bad"}}, 2},
+		{fmt.Errorf("join %q: %w", "j", sink.ErrShapeMismatch), 2},
+		{fmt.Errorf("%w: set wal_level=logical", cdc.ErrWALLevel), 2},
+		{fmt.Errorf("%w: fkmat", cdc.ErrReplicationPrivilege), 2},
+		{fmt.Errorf("%w: connect to redis: %w", errAuthentication, replyErr("WRONGPASS invalid username-password pair")), 2},
+		{fmt.Errorf("%w: x509", errCertificate), 2},
+		{&BehindError{}, 3},
+		{fmt.Errorf("%w: gone", ErrLostState), 1},
+		{fmt.Errorf("stream: %w", cdc.ErrSlotInvalidated), 1},
+		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, 1},
+		{&pgconn.PgError{Code: "42501"}, 1},
+	} {
+		if got := ExitCode(c.err); got != c.want {
+			t.Errorf("ExitCode(%v) = %d, want %d", c.err, got, c.want)
 		}
 	}
 }

@@ -119,7 +119,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		}
 		wait := retryWait(delay)
 		switch class {
-		case stopRun:
+		case stopRun, stopConfig:
 			return err
 		case stopCredentials:
 			return credentialsError(err)

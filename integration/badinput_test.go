@@ -349,6 +349,25 @@ func TestBadInputUnreachable(t *testing.T) {
 	}
 }
 
+// TestBadInputOldRedis: a Redis that does not say its version (one older
+// than 6.0 does not know HELLO; here it is renamed away) is refused by
+// check and by run, exit 2, naming the fix, before anything is written.
+func TestBadInputOldRedis(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, shop)
+	old := testenv.StartLocalRedis(t, "--rename-command", "HELLO", "")
+	env := withEnv(cliEnv(t, tc, leftJoinYAML), "FKMAT_REDIS_URL", old.URL())
+	for _, args := range [][]string{{"check"}, {"run"}} {
+		r := runCLI(t, env, args...)
+		if r.code != 2 || !strings.Contains(r.stderr, "does not know HELLO") || !strings.Contains(r.stderr, "fkmat needs Redis 6.2.0 or newer") {
+			t.Errorf("%s: exit %d, want 2 naming the Redis version\n%s%s", args[0], r.code, r.stdout, r.stderr)
+		}
+	}
+	if n, err := old.Client().DBSize(context.Background()).Result(); err != nil || n != 0 {
+		t.Errorf("the old Redis holds %d keys (%v), want none", n, err)
+	}
+}
+
 // TestBadInputLargeValues: source values of 2 MB on both sides (a text
 // column of each table) go through backfill, streaming inserts, fan-out
 // updates and unchanged-TOAST updates; the target equals the SQL join.

@@ -467,12 +467,13 @@ func TestSecurityPasswordRedaction(t *testing.T) {
 	wrongParam.RawQuery = q.Encode()
 	for _, bad := range []string{wrongUser.String(), wrongParam.String()} {
 		benv := withEnv(env, "FKMAT_SOURCE_URL", bad)
+		// A refused password is bad configuration (exit 2, naming the fix),
+		// for every command: run has never connected, and does not wait it
+		// out as an outage.
 		keep("check (wrong password)", runCLI(t, benv, "check", "--log-level", "debug"), 2)
 		for _, cmd := range []string{"migrate", "backfill", "status", "verify", "teardown"} {
-			keep(cmd+" (wrong password)", runCLI(t, benv, cmd, "--log-level", "debug"), 1)
+			keep(cmd+" (wrong password)", runCLI(t, benv, cmd, "--log-level", "debug"), 2)
 		}
-		// run has never connected: a refused password is bad configuration
-		// (exit 2, naming the fix), not an outage to wait out.
 		d := startRunCLI(t, benv, "--log-level", "debug")
 		select {
 		case err := <-d.done:

@@ -121,7 +121,7 @@ func appendBacklen(b []byte, l uint64) []byte {
 
 // appendDumpPayload appends the RESTORE payload of an object of type typ
 // encoded as lp.
-func appendDumpPayload(b []byte, typ byte, lp []byte) []byte {
+func appendDumpPayload(b []byte, typ byte, lp []byte, version uint16) []byte {
 	start := len(b)
 	b = append(b, typ)
 	switch n := uint64(len(lp)); {
@@ -135,7 +135,7 @@ func appendDumpPayload(b []byte, typ byte, lp []byte) []byte {
 		b = binary.BigEndian.AppendUint64(append(b, 0x81), n)
 	}
 	b = append(b, lp...)
-	b = binary.LittleEndian.AppendUint16(b, rdbVersion)
+	b = binary.LittleEndian.AppendUint16(b, version)
 	return binary.LittleEndian.AppendUint64(b, crc64Jones(b[start:]))
 }
 

@@ -75,7 +75,7 @@ func TestDumpPayload(t *testing.T) {
 	if err := rdb.HSet(ctx, key, args...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	checkDump(t, rdb, key, appendDumpPayload(nil, rdbTypeHashListpack, lp.bytes()), "hash")
+	checkDump(t, rdb, key, appendDumpPayload(nil, rdbTypeHashListpack, lp.bytes(), rdbVersion), "hash")
 
 	zkey := "z"
 	members := slices.Clone(elems)
@@ -91,7 +91,7 @@ func TestDumpPayload(t *testing.T) {
 	if err := rdb.ZAdd(ctx, zkey, zs...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	checkDump(t, rdb, zkey, appendDumpPayload(nil, rdbTypeZsetListpack, lp.bytes()), "zset")
+	checkDump(t, rdb, zkey, appendDumpPayload(nil, rdbTypeZsetListpack, lp.bytes(), rdbVersion), "zset")
 }
 
 // checkDump compares payload with DUMP of key (but for the RDB version

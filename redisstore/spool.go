@@ -51,10 +51,12 @@ type Spool struct {
 	// merge bounds the bytes of one partition sorted and written at once
 	// (spoolMergeBytes).
 	merge int64
-	// limits are the listpack limits of the keys written whole; noRestore
-	// is set once the server refused a RESTORE.
-	limits    listpackLimits
-	noRestore atomic.Bool
+	// limits are the listpack limits of the keys written whole, in
+	// payloads of RDB version rdbVersion; noRestore is set when the server
+	// is older than RestoreVersion, or once it refused a RESTORE.
+	limits     listpackLimits
+	rdbVersion uint16
+	noRestore  atomic.Bool
 	// commands and entries count the commands sent and the rows and
 	// subscriptions they carried.
 	commands, entries atomic.Int64
@@ -121,8 +123,15 @@ func (s *Store) NewSpool(ctx context.Context, dir string, rows int64) (*Spool, e
 		return nil, fmt.Errorf("load redis state: unlink the backfill's temporary file: %w", err)
 	}
 	n := int(min(max(rows/spoolRowsPerPart, 1), spoolMaxParts))
-	return &Spool{s: s, meta: cur, file: f, parts: make([]spoolPart, n), limits: defaultListpackLimits,
-		chunk: max(spoolMemoryBytes/n, 16<<10), merge: spoolMergeBytes}, nil
+	sp := &Spool{s: s, meta: cur, file: f, parts: make([]spoolPart, n), limits: defaultListpackLimits,
+		rdbVersion: cmp.Or(s.dumpVersion, rdbVersion), chunk: max(spoolMemoryBytes/n, 16<<10), merge: spoolMergeBytes}
+	// A server before 7.0 cannot read listpack payloads (RDB 10): every
+	// key goes by HSET or ZADD. One that does not say its version is
+	// tried, and a refusal falls back the same way (exec).
+	if v, err := ServerVersion(ctx, s.rdb); err == nil && v.Before(RestoreVersion) {
+		sp.noRestore.Store(true)
+	}
+	return sp, nil
 }
 
 // Close releases the spool's temporary file.
@@ -370,7 +379,7 @@ func (w *spoolWriter) listpack(kind byte, run []spoolEntry) (string, int, bool) 
 	}
 	n := w.lp.n / 2 // rows, or members
 	start := len(w.payloads)
-	w.payloads = appendDumpPayload(w.payloads, typ, w.lp.bytes())
+	w.payloads = appendDumpPayload(w.payloads, typ, w.lp.bytes(), w.sp.rdbVersion)
 	// The payloads stay unchanged until the pipeline has run (an append
 	// that grows w.payloads leaves the old array as it was; exec reuses it
 	// once the pipeline ran).
@@ -387,10 +396,11 @@ func (w *spoolWriter) flushFull(n int) error {
 	return w.exec()
 }
 
-// exec runs the pipeline. A RESTORE the server refuses (Redis before 7.0,
-// a user without the permission, a key that exists already) is written
-// again with HSET or ZADD, and a refusal of the payload or the command
-// stops the spool from trying RESTORE again.
+// exec runs the pipeline. A RESTORE the server refuses (a payload of an RDB
+// version newer than the server's, a user without the permission, a key
+// that exists already) is written again with HSET or ZADD, and a refusal
+// of the payload or the command stops the spool from trying RESTORE
+// again.
 func (w *spoolWriter) exec() error {
 	if w.pending == 0 && len(w.restores) == 0 {
 		return nil

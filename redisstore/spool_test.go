@@ -41,6 +41,15 @@ func TestSpool(t *testing.T) {
 			testSpool(t, s, split, true)
 		})
 	}
+	t.Run("server/payload-too-new", func(t *testing.T) {
+		// The server refuses the payloads for its version, as Redis 6.2
+		// refuses those of 7.0 (RDB 10): "DUMP payload version or
+		// checksum are wrong".
+		t.Parallel()
+		s, _ := newStore(t, Config{PageSize: 100})
+		s.dumpVersion = 0xfff0
+		testSpool(t, s, false, false)
+	})
 	t.Run("server/without-restore", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()

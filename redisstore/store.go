@@ -136,6 +136,10 @@ type Store struct {
 	// on each shard: an error skips the shard and fails the write, as a
 	// crash between two shards' commits would.
 	beforeApply func(shard int) error
+	// dumpVersion, when set by tests, is the RDB version of the backfill's
+	// RESTORE payloads (0: rdbVersion): a higher one than the server's is
+	// refused as Redis 6.2 refuses 7.0's.
+	dumpVersion uint16
 
 	// right caches right rows (see rightCache).
 	right *rightCache

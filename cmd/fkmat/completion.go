@@ -113,7 +113,9 @@ sslrootcert, ...) apply to both databases.
 0: done (run: stopped by SIGINT or SIGTERM after its last batch).
 1: a failure: a database or Redis error that retries did not fix, a
 difference found by verify, a problem reported by status.
-2: a configuration or usage problem: the message names the fix.
+2: a usage problem, or one only the configuration, a grant or a server
+setting fixes (a refused password, wal_level, a Redis older than 6.2):
+what run stops at at once instead of retrying. The message names the fix.
 3: verify: the target is behind the source (no daemon streaming, or still
 behind at the deadline of --wait); nothing was compared.
 

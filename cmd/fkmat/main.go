@@ -25,18 +25,16 @@ import (
 	"golang.org/x/term"
 
 	"github.com/fkmat/fkmat"
-	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/buildinfo"
 	"github.com/fkmat/fkmat/internal/crash"
-	"github.com/fkmat/fkmat/sink"
 )
 
 // Exit codes: 0 ok, 1 failure or difference, 2 bad usage or configuration,
-// 3 (verify) a target behind its source.
+// 3 (verify) a target behind its source. The commands' errors are
+// classified by fkmat.ExitCode, from what run restarts by.
 const (
-	exitFailure = 1
-	exitUsage   = 2
-	exitBehind  = 3
+	exitFailure = fkmat.ExitFailure
+	exitUsage   = fkmat.ExitConfig
 )
 
 // GC defaults, unless GOGC or GOMEMLIMIT say otherwise: fkmat's heap is
@@ -186,22 +184,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		msg = "unknown command " + strings.Replace(topic, ". did you mean", "; did you mean", 1)
 	}
 	fmt.Fprintln(stderr, "fkmat:", msg)
-	var ee *exitError
-	var ce *config.ConfigError
-	switch {
-	case errors.As(err, &ee):
+	if ee, ok := errors.AsType[*exitError](err); ok {
 		return ee.code
-	case errors.As(err, &ce):
-		return exitUsage
-	case errors.Is(err, sink.ErrShapeMismatch), errors.Is(err, cdc.ErrWALLevel), errors.Is(err, cdc.ErrReplicationPrivilege):
-		// Configuration problems found only on the way (fkmat check reports
-		// them too): an existing target of another shape, a server without
-		// wal_level=logical, a role without REPLICATION.
-		return exitUsage
-	case strings.HasPrefix(err.Error(), "No help topic"): // fkmat help <unknown command>
+	}
+	if strings.HasPrefix(err.Error(), "No help topic") { // fkmat help <unknown command>
 		return exitUsage
 	}
-	return exitFailure
+	return fkmat.ExitCode(err)
 }
 
 // versionCommand prints what --version prints.

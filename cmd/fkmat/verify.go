@@ -26,10 +26,7 @@ func verifyCommand() *cli.Command {
 				return &exitError{code: exitUsage, err: fmt.Errorf("--wait %s: use a positive duration (e.g. 30s)", opts.VerifyWait)}
 			}
 			reports, err := fkmat.Verify(c.Context, cfg, opts)
-			if errors.Is(err, fkmat.ErrBehind) {
-				return &exitError{code: exitBehind, err: err}
-			}
-			if err != nil {
+			if err != nil { // ErrBehind: exit 3 (fkmat.ExitCode)
 				return err
 			}
 			differ := false

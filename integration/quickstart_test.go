@@ -26,19 +26,20 @@ func repoRoot(t *testing.T) string {
 	return filepath.Dir(filepath.Dir(file))
 }
 
-// quickStartLines returns the commands of the README's quick start: the
-// lines of the shell block between the <!-- quickstart --> markers, without
-// comments, blank lines and the clone (the test runs in this checkout).
-func quickStartLines(t *testing.T, root string) []string {
+// quickStartLines returns the commands of one of the README's quick
+// starts: the lines of the shell block between the <!-- name --> markers,
+// without comments, blank lines and the clone (the test runs in this
+// checkout).
+func quickStartLines(t *testing.T, root, name string) []string {
 	t.Helper()
 	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(readme)
-	start, end := strings.Index(s, "<!-- quickstart -->"), strings.Index(s, "<!-- /quickstart -->")
+	start, end := strings.Index(s, "<!-- "+name+" -->"), strings.Index(s, "<!-- /"+name+" -->")
 	if start < 0 || end < start {
-		t.Fatal("README.md has no <!-- quickstart --> ... <!-- /quickstart --> block")
+		t.Fatalf("README.md has no <!-- %s --> ... <!-- /%s --> block", name, name)
 	}
 	var lines []string
 	sc := bufio.NewScanner(strings.NewReader(s[start:end]))
@@ -53,7 +54,7 @@ func quickStartLines(t *testing.T, root string) []string {
 		}
 		lines = append(lines, line)
 	}
-	if len(lines) < 6 {
+	if len(lines) < 5 {
 		t.Fatalf("README quick start: only %d commands: %q", len(lines), lines)
 	}
 	return lines
@@ -143,27 +144,83 @@ func runIn(ctx context.Context, dir string, env []string, name string, args ...s
 	return string(out), err
 }
 
-// TestReadmeQuickStart runs the README's quick start as written, in this
-// checkout: Compose starts Postgres and Redis from the local test images
-// (FKMAT_POSTGRES_IMAGE, FKMAT_REDIS_IMAGE, on free ports), then check
-// --plan, run in the background, a rename through psql in the container,
-// status and verify (each retried until the daemon has caught up), and
-// the stop. The join is a chain (orders -> customers -> regions), and
-// verify compares it with its SQL.
+// TestReadmeQuickStart runs the README's two quick starts as written, in
+// this checkout, each on its own Compose project (free ports, the local
+// test images for Postgres and Redis: FKMAT_POSTGRES_IMAGE,
+// FKMAT_REDIS_IMAGE). "compose": Docker alone; the fkmat service runs the
+// image the repository's Dockerfile builds (buildDockerfile), healthy once
+// the join streams,
+// then a rename through psql, status and verify in the fkmat container.
+// "build": Postgres and Redis only, then check --plan, run in the
+// background, the rename, status and verify, and the stop. status and
+// verify are retried until the daemon has caught up; the join is a chain
+// (orders -> customers -> regions), and verify compares it with its SQL.
 func TestReadmeQuickStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs Docker")
 	}
 	testenv.Shared(t) // Docker running, the test images built
 	root := repoRoot(t)
-	lines := quickStartLines(t, root)
-	pgPort, redisPort := freePort(t), freePort(t)
-	project := fmt.Sprintf("fkmatqs%d", os.Getpid())
+	image := buildDockerfile(t, root, "fkmat-test/quickstart")
+	for _, name := range []string{"quickstart", "quickstart-build"} {
+		t.Run(name, func(t *testing.T) {
+			runQuickStart(t, root, quickStartLines(t, root, name), "FKMAT_IMAGE="+image)
+		})
+	}
+}
+
+// buildDockerfile builds the repository's Dockerfile as `docker build .`
+// does, from this checkout's files (tracked or not, not ignored), and
+// returns the image's name. No registry is reachable here: the Go image is
+// this machine's Go (scripts/go-image.sh), and modules come from this
+// machine's module cache (GOPROXY=file://, a build argument of the
+// Dockerfile). It checks what the image is: its version, user, port and
+// metrics address.
+func buildDockerfile(t *testing.T, root, name string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	goImage, err := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "go-image.sh")).Output()
+	if err != nil {
+		t.Fatalf("scripts/go-image.sh: %v", err)
+	}
+	modCache, err := exec.CommandContext(ctx, "go", "env", "GOMODCACHE").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	copyTree := fmt.Sprintf("git ls-files -co --exclude-standard -z | tar --null -c -T - | tar -x -C %q && cp -r %q %q",
+		dir, filepath.Join(strings.TrimSpace(string(modCache)), "cache", "download"), filepath.Join(dir, ".modproxy"))
+	if out, err := runIn(ctx, root, os.Environ(), "bash", "-c", copyTree); err != nil {
+		t.Fatalf("the build context: %v\n%s", err, out)
+	}
+	image := name + ":latest"
+	start := time.Now()
+	if out, err := runIn(ctx, dir, os.Environ(), "docker", "build", "-q", "--build-arg", "GO_IMAGE="+strings.TrimSpace(string(goImage)),
+		"--build-arg", "GOPROXY=file:///src/.modproxy", "--build-arg", "VERSION=v0.0.0-dockerfile", "-t", image, "."); err != nil {
+		t.Fatalf("docker build: %v\n%s", err, out)
+	}
+	t.Logf("docker build: %.1f s", time.Since(start).Seconds())
+	if out, err := runIn(ctx, dir, os.Environ(), "docker", "run", "--rm", image, "version"); err != nil || !strings.HasPrefix(out, "fkmat v0.0.0-dockerfile ") {
+		t.Fatalf("the Dockerfile's image, fkmat version: %v %q", err, out)
+	}
+	out, err := runIn(ctx, dir, os.Environ(), "docker", "image", "inspect", "-f", "{{json .Config.Env}} {{json .Config.ExposedPorts}} {{.Config.User}}", image)
+	if err != nil || !strings.Contains(out, `"FKMAT_METRICS_ADDR=:9187"`) || !strings.Contains(out, `"9187/tcp"`) || !strings.Contains(out, "65532") {
+		t.Fatalf("the Dockerfile's image does not serve its metrics on the port it exposes, as user 65532: %v %s", err, out)
+	}
+	return image
+}
+
+// runQuickStart runs the lines of a quick start.
+func runQuickStart(t *testing.T, root string, lines []string, extraEnv ...string) {
+	pgPort, redisPort, metricsPort := freePort(t), freePort(t), freePort(t)
+	project := fmt.Sprintf("fkmatqs%d%d", os.Getpid(), pgPort)
 	env := append(os.Environ(),
 		"FKMAT_POSTGRES_IMAGE="+imageOr("FKMAT_TEST_POSTGRES_IMAGE", testenv.DefaultPostgresImage),
 		"FKMAT_REDIS_IMAGE="+imageOr("FKMAT_TEST_REDIS_IMAGE", testenv.DefaultRedisImage),
 		"FKMAT_POSTGRES_PORT="+strconv.Itoa(pgPort), "FKMAT_REDIS_PORT="+strconv.Itoa(redisPort),
-		"COMPOSE_PROJECT_NAME="+project)
+		"FKMAT_METRICS_PORT="+strconv.Itoa(metricsPort), "COMPOSE_PROJECT_NAME="+project)
+	env = append(env, extraEnv...)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	var file string
@@ -177,9 +234,13 @@ func TestReadmeQuickStart(t *testing.T) {
 		if file != "" {
 			cctx, ccancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer ccancel()
+			if t.Failed() {
+				out, _ := compose(cctx, t, root, env, []string{"-f", file, "logs", "--no-color"})
+				t.Logf("docker compose logs:\n%s", out)
+			}
 			_, _ = compose(cctx, t, root, env, []string{"-f", file, "down", "-v"})
 		}
-		if t.Failed() {
+		if t.Failed() && daemon != nil {
 			t.Logf("fkmat run's output:\n%s", daemonOut.String())
 		}
 	})
@@ -187,9 +248,27 @@ func TestReadmeQuickStart(t *testing.T) {
 		s = strings.ReplaceAll(s, "127.0.0.1:5432", "127.0.0.1:"+strconv.Itoa(pgPort))
 		return strings.ReplaceAll(s, "127.0.0.1:6379", "127.0.0.1:"+strconv.Itoa(redisPort))
 	}
+	// run retries a command until it passes: the daemon backfills first.
+	retried := func(line string, run func() (string, error)) {
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			out, err := run()
+			if err == nil {
+				t.Log(out)
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %v\n%s\nfkmat run:\n%s", line, err, out, daemonOut.String())
+			}
+			time.Sleep(time.Second)
+		}
+	}
+	verified := false
 	for _, line := range lines {
 		line = localize(line)
 		t.Logf("$ %s", line)
+		waits := strings.Contains(line, "fkmat status") || strings.Contains(line, "fkmat verify")
+		verified = verified || strings.Contains(line, "fkmat verify")
 		switch {
 		case strings.HasPrefix(line, "export "):
 			env = append(env, strings.Fields(strings.TrimPrefix(line, "export "))...)
@@ -201,6 +280,10 @@ func TestReadmeQuickStart(t *testing.T) {
 			if slices.Index(args, "exec") >= 0 {
 				// psql -c "…": the quoted SQL is one argument.
 				args = shellWords(t, strings.TrimPrefix(line, "docker compose "))
+			}
+			if waits {
+				retried(line, func() (string, error) { return compose(ctx, t, root, env, args) })
+				continue
 			}
 			out, err := compose(ctx, t, root, env, args)
 			if err != nil {
@@ -231,20 +314,8 @@ func TestReadmeQuickStart(t *testing.T) {
 				}
 				file = ""
 			}
-		case strings.Contains(line, "fkmat status") || strings.Contains(line, "fkmat verify"):
-			// The daemon backfills first: wait until the command passes.
-			deadline := time.Now().Add(3 * time.Minute)
-			for {
-				out, err := runIn(ctx, root, env, "bash", "-c", line)
-				if err == nil {
-					t.Log(out)
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%s: %v\n%s\nfkmat run:\n%s", line, err, out, daemonOut.String())
-				}
-				time.Sleep(time.Second)
-			}
+		case waits:
+			retried(line, func() (string, error) { return runIn(ctx, root, env, "bash", "-c", line) })
 		default:
 			out, err := runIn(ctx, root, env, "bash", "-c", line)
 			if err != nil {
@@ -253,8 +324,11 @@ func TestReadmeQuickStart(t *testing.T) {
 			t.Log(out)
 		}
 	}
-	if daemon == nil || daemon.ProcessState == nil {
-		t.Fatal("the quick start never started and stopped fkmat run")
+	if !verified {
+		t.Fatal("the quick start never ran fkmat verify")
+	}
+	if daemon != nil && daemon.ProcessState == nil {
+		t.Fatal("the quick start started fkmat run and never stopped it")
 	}
 }
 

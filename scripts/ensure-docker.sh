@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes a Docker engine answer on this machine: installs the packages fkmat's
 # tests need when they are missing (Docker, debootstrap, redis-server, and
-# promtool and systemd-analyze for the deployment files, pgbench, Compose) (as root, with apt-get), then starts dockerd
+# promtool and systemd-analyze for the deployment files, pgbench, Compose,
+# a static busybox) (as root, with apt-get), then starts dockerd
 # in the background when no engine answers. Idempotent; prints what it does.
 set -euo pipefail
 
@@ -19,6 +20,9 @@ command -v systemd-analyze >/dev/null 2>&1 || need_pkgs+=(systemd)
 # The README's quick start (TestReadmeQuickStart) runs Compose: the plugin,
 # or Debian's docker-compose.
 docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1 || need_pkgs+=(docker-compose)
+# The Dockerfile's test builds it on a Go image made of this machine's Go
+# and a static busybox (scripts/go-image.sh).
+dpkg -s busybox-static >/dev/null 2>&1 || need_pkgs+=(busybox-static)
 # pgbench drives the pgbench bench workload and TestContinuousVerifyPgbench.
 [ -x /usr/lib/postgresql/15/bin/pgbench ] || need_pkgs+=(postgresql-client-15)
 if ((${#need_pkgs[@]})); then

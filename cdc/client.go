@@ -494,14 +494,14 @@ func (s *Slot) Release(ctx context.Context) error {
 // Teardown drops the slot and the publication; missing ones are fine. A slot
 // that a process is streaming from is ErrSlotInUse: stop that process first.
 func (c *Client) Teardown(ctx context.Context) error {
+	if err := c.DropSlot(ctx); err != nil {
+		return err
+	}
 	conn, err := c.connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer closeConn(conn)
-	if err := c.dropSlot(ctx, conn); err != nil {
-		return err
-	}
 	if _, err := conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+quoteIdent(c.cfg.Publication)); err != nil {
 		return fmt.Errorf("drop publication %q: %w", c.cfg.Publication, c.mapErr(err))
 	}

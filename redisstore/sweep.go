@@ -126,9 +126,31 @@ func (s *Store) sweepStep(ctx context.Context, keys []string) (int, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}
+	var stale []string
+	err := s.watchMeta(ctx, func(tx *redis.Tx, m Meta) error {
+		stale = s.staleKeys(stale[:0], keys, m)
+		if len(stale) == 0 {
+			return nil
+		}
+		_, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Unlink(ctx, stale...)
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return len(stale), nil
+}
+
+// watchMeta runs fn with the meta hash read under WATCH, again while a
+// concurrent write to it fails fn's transaction (up to sweepRetries
+// times). It fails with errPaused, calling nothing, when a partial
+// transaction is in flight.
+func (s *Store) watchMeta(ctx context.Context, fn func(tx *redis.Tx, m Meta) error) error {
 	meta := s.keys.meta()
 	for range sweepRetries {
-		var stale []string
 		err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
 			m, err := readMeta(ctx, tx, meta)
 			if err != nil {
@@ -137,25 +159,13 @@ func (s *Store) sweepStep(ctx context.Context, keys []string) (int, error) {
 			if m.InFlight != 0 {
 				return errPaused
 			}
-			stale = s.staleKeys(stale[:0], keys, m)
-			if len(stale) == 0 {
-				return nil
-			}
-			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				p.Unlink(ctx, stale...)
-				return nil
-			})
-			return err
+			return fn(tx, m)
 		}, meta)
-		if errors.Is(err, redis.TxFailedErr) {
-			continue
+		if !errors.Is(err, redis.TxFailedErr) {
+			return err
 		}
-		if err != nil {
-			return 0, err
-		}
-		return len(stale), nil
 	}
-	return 0, errors.New("meta hash keeps changing; retry later")
+	return errors.New("meta hash keeps changing; retry later")
 }
 
 // staleKeys appends to dst the keys among keys whose generation m does not
@@ -203,51 +213,37 @@ func (s *Store) sweepUnit(ctx context.Context, keys []string) (int, error) {
 		return 0, err
 	}
 	defer release()
-	meta := s.keys.meta()
-	for range sweepRetries {
-		var (
-			stale   []string
-			next    Meta
-			rd      *redo
-			execErr error
-		)
-		err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
-			m, err := readMeta(ctx, tx, meta)
-			if err != nil {
-				return err
-			}
-			if m.InFlight != 0 {
-				return errPaused
-			}
-			next = m
-			stale = s.staleKeys(stale[:0], keys, m)
-			if len(stale) == 0 {
-				return nil
-			}
-			_, execErr = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				w := newWrites()
-				w.unlink = stale
-				rd, err = s.stage(ctx, p, w, &next, false)
-				return err
-			})
-			return execErr
-		}, meta)
-		if errors.Is(err, redis.TxFailedErr) {
-			continue
+	var (
+		stale []string
+		next  Meta
+		rd    *redo
+	)
+	err = s.watchMeta(ctx, func(tx *redis.Tx, m Meta) error {
+		next = m
+		stale = s.staleKeys(stale[:0], keys, m)
+		if len(stale) == 0 {
+			return nil
 		}
-		if err != nil {
-			return 0, err
-		}
-		if rd == nil {
-			return 0, nil
-		}
-		if err := s.settle(ctx, nil, nil, next, "sweep"); err != nil {
-			return 0, err
-		}
-		if _, err := s.finishUnit(ctx, rd); err != nil {
-			return 0, err
-		}
-		return len(stale), nil
+		_, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			w := newWrites()
+			w.unlink = stale
+			var err error
+			rd, err = s.stage(ctx, p, w, &next, false)
+			return err
+		})
+		return err
+	})
+	if err != nil {
+		return 0, err
 	}
-	return 0, errors.New("meta hash keeps changing; retry later")
+	if rd == nil {
+		return 0, nil
+	}
+	if err := s.settle(ctx, nil, nil, next, "sweep"); err != nil {
+		return 0, err
+	}
+	if _, err := s.finishUnit(ctx, rd); err != nil {
+		return 0, err
+	}
+	return len(stale), nil
 }

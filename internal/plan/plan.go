@@ -382,10 +382,8 @@ func resolveJoin(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 	if jc.IsList() {
 		return resolveList(jc, lookup)
 	}
-	var probs []string
-	add := func(format string, args ...any) {
-		probs = append(probs, fmt.Sprintf("join %q: ", jc.Name)+fmt.Sprintf(format, args...))
-	}
+	probs := &joinProblems{join: jc.Name}
+	add := probs.add
 	left, err := lookup(jc.Left.Table)
 	if err != nil {
 		return nil, nil, err
@@ -401,7 +399,7 @@ func resolveJoin(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 		add("right %s; check right.table", right.notFound())
 	}
 	if !left.exists || !right.exists {
-		return nil, probs, nil
+		return nil, probs.list, nil
 	}
 
 	p := &JoinPlan{Name: jc.Name, Type: jc.Type}
@@ -428,8 +426,8 @@ func resolveJoin(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 	resolveWhere(right, &p.Right, jc.Right.Where, "right.where", add)
 	checkReplicaIdentity(right, p.Right.Key, "right", add)
 	checkUnique(right, p.Right.Key, "right", add)
-	if len(probs) > 0 || !finishPlan(p, jc, add) {
-		return nil, probs, nil
+	if len(probs.list) > 0 || !finishPlan(p, jc, add) {
+		return nil, probs.list, nil
 	}
 	p.Spec = SpecOf(p)
 	return p, nil, nil
@@ -729,12 +727,20 @@ func Fingerprint(p *JoinPlan) string {
 // resolveList resolves the list form of a join (README, "Joins of more than
 // two tables"): every table, key, foreign key (in its `from` table),
 // FK/key types per edge, replica identities, unique keys, and output names.
+// joinProblems gathers the problems of one join, each named by the join.
+type joinProblems struct {
+	join string
+	list []string
+}
+
+func (p *joinProblems) add(format string, args ...any) {
+	p.list = append(p.list, fmt.Sprintf("join %q: ", p.join)+fmt.Sprintf(format, args...))
+}
+
 // A list form that resolves runs as a join.Tree (pipeline.TreeLayoutOf).
 func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTable, error)) (*JoinPlan, []string, error) {
-	var probs []string
-	add := func(format string, args ...any) {
-		probs = append(probs, fmt.Sprintf("join %q: ", jc.Name)+fmt.Sprintf(format, args...))
-	}
+	probs := &joinProblems{join: jc.Name}
+	add := probs.add
 	left, err := lookup(jc.Left.Table)
 	if err != nil {
 		return nil, nil, err
@@ -753,8 +759,8 @@ func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 		}
 		cts = append(cts, ct)
 	}
-	if len(probs) > 0 {
-		return nil, probs, nil
+	if len(probs.list) > 0 {
+		return nil, probs.list, nil
 	}
 	p := &JoinPlan{Name: jc.Name, Type: jc.Type}
 	p.Left.Table, p.Left.Replica, p.Left.Partitioned = jc.Left.Table, left.replica, left.partitioned
@@ -808,8 +814,8 @@ func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 			claim(v.Name, e.Alias)
 		}
 	}
-	if len(probs) > 0 || !finishPlan(p, jc, add) {
-		return nil, probs, nil
+	if len(probs.list) > 0 || !finishPlan(p, jc, add) {
+		return nil, probs.list, nil
 	}
 	return p, nil, nil
 }

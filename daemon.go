@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/plan"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/fkmat/fkmat/internal/config"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -39,7 +41,7 @@ type daemon struct {
 	// builds are the joins to build anew beside the running ones (a
 	// changed definition, backfill --force): d.plans holds their old
 	// definitions meanwhile (daemon_rebuild.go).
-	builds []*rebuild
+	builds []*rebuildJob
 	// phases are the joins' phases in fkmat.join_state, as open read them.
 	phases map[string]string
 	// switching orders a rebuild's switch with the partition moves: a move
@@ -180,21 +182,6 @@ func (d *daemon) joinOn(p *plan.JoinPlan, stores []*redisstore.Store) (pipeline.
 	return pipeline.NewTree(p, stores, d.opts.PageSize)
 }
 
-// waitShort sums the Redis writes that run --redis-wait-replicas could not
-// confirm, over every join's states, and says why the last of them (of
-// some state) came short.
-func waitShort(joins []pipeline.Join) (n int64, why string) {
-	for _, j := range joins {
-		for _, s := range j.Stores() {
-			if k := s.WaitShort(); k > 0 {
-				n += k
-				why = s.LastWaitShort()
-			}
-		}
-	}
-	return n, why
-}
-
 func (d *daemon) close() {
 	if d.source != nil {
 		d.source.Close()
@@ -310,4 +297,38 @@ func (d *daemon) ensureTarget(ctx context.Context, p *plan.JoinPlan, replace boo
 	}
 	d.log.Warn("the target has the join's old shape: the backfill replaces it with the new one when it is done", "target", p.Target.Ident())
 	return nil
+}
+
+// swapRetrying runs swap, a target transaction that renames targets,
+// again while a reader holds one of them: a rename waits for the target's
+// readers, and a long query would queue every new reader behind the swap,
+// so the swap waits a bounded time (swapLockTimeout) and tries again.
+func (d *daemon) swapRetrying(ctx context.Context, what string, swap func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := swap()
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != "55P03" || attempt == swapAttempts {
+			return err
+		}
+		d.log.Warn("a reader of a target holds it: "+what+" again shortly", "attempt", attempt, "of", swapAttempts)
+		if !sleepCtx(ctx, time.Second) {
+			return ctx.Err()
+		}
+	}
+}
+
+// swapAttempts and swapLockTimeout bound the wait of the swap for the
+// targets' readers: a lock not granted within swapLockTimeout is tried
+// again, up to swapAttempts times.
+const (
+	swapAttempts    = 30
+	swapLockTimeout = "5s"
+)
+
+// plansOf returns the joins' plans.
+func plansOf(joins []pipeline.Join) []*plan.JoinPlan {
+	out := make([]*plan.JoinPlan, len(joins))
+	for i, j := range joins {
+		out[i] = j.Plan()
+	}
+	return out
 }

@@ -13,8 +13,6 @@ import (
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/crash"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/redisstore"
 	"github.com/fkmat/fkmat/sink"
@@ -127,15 +125,15 @@ func (d *daemon) backfill(ctx context.Context, reason string) error {
 	// consistent point over targets that do not hold it yet would tell a
 	// reader who waits for it that they are caught up; so would one
 	// created again when a backfill starts over.
-	loader, err := cdc.New(cdc.Config{ConnString: d.cfg.Source, Slot: cdc.BackfillSlot(d.cfg.Slot), Publication: d.cfg.Publication,
+	snapshots, err := cdc.New(cdc.Config{ConnString: d.cfg.Source, Slot: cdc.BackfillSlot(d.cfg.Slot), Publication: d.cfg.Publication,
 		Tables: d.cdc.Config().Tables, Logger: d.log})
 	if err != nil {
 		return err
 	}
-	if err := loader.DropSlot(ctx); err != nil { // an interrupted backfill's
+	if err := snapshots.DropSlot(ctx); err != nil { // an interrupted backfill's
 		return err
 	}
-	slot, err := loader.CreateSlot(ctx, true)
+	slot, err := snapshots.CreateSlot(ctx, true)
 	if errors.Is(err, cdc.ErrSlotExists) {
 		// Dropped a moment ago: another process created it since, and
 		// backfills from it.
@@ -149,7 +147,7 @@ func (d *daemon) backfill(ctx context.Context, reason string) error {
 	defer func() {
 		_ = slot.Release(context.WithoutCancel(ctx))
 		if !done {
-			if err := loader.DropSlot(context.WithoutCancel(ctx)); err != nil {
+			if err := snapshots.DropSlot(context.WithoutCancel(ctx)); err != nil {
 				d.log.Warn("could not drop the backfill's slot; the next backfill drops it", "slot", slot.Name, "err", err)
 			}
 		}
@@ -184,7 +182,7 @@ func (d *daemon) backfill(ctx context.Context, reason string) error {
 	if err := d.cdc.CopySlot(ctx, slot.Name); err != nil {
 		return err
 	}
-	if err := loader.DropSlot(ctx); err != nil {
+	if err := snapshots.DropSlot(ctx); err != nil {
 		return err
 	}
 	done = true
@@ -311,31 +309,6 @@ func (d *daemon) finishBackfill(ctx context.Context, consistent wal.LSN, leaves 
 	})
 }
 
-// swapRetrying runs swap, a target transaction that renames targets,
-// again while a reader holds one of them: a rename waits for the target's
-// readers, and a long query would queue every new reader behind the swap,
-// so the swap waits a bounded time (swapLockTimeout) and tries again.
-func (d *daemon) swapRetrying(ctx context.Context, what string, swap func() error) error {
-	for attempt := 1; ; attempt++ {
-		err := swap()
-		if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != "55P03" || attempt == swapAttempts {
-			return err
-		}
-		d.log.Warn("a reader of a target holds it: "+what+" again shortly", "attempt", attempt, "of", swapAttempts)
-		if !sleepCtx(ctx, time.Second) {
-			return ctx.Err()
-		}
-	}
-}
-
-// swapAttempts and swapLockTimeout bound the wait of the swap for the
-// targets' readers: a lock not granted within swapLockTimeout is tried
-// again, up to swapAttempts times.
-const (
-	swapAttempts    = 30
-	swapLockTimeout = "5s"
-)
-
 // swapTargets is the target transaction of finishBackfill.
 func (d *daemon) swapTargets(ctx context.Context, consistent wal.LSN, leaves map[uint32]leaf) error {
 	tx, err := d.writer.Begin(ctx)
@@ -364,12 +337,4 @@ func (d *daemon) swapTargets(ctx context.Context, consistent wal.LSN, leaves map
 		return err
 	}
 	return tx.Commit(ctx, d.cfg.Slot, consistent)
-}
-
-func outputSources(cols []plan.OutputColumn) []plan.SourceColumn {
-	out := make([]plan.SourceColumn, len(cols))
-	for i, c := range cols {
-		out[i] = c.Source
-	}
-	return out
 }

@@ -123,7 +123,7 @@ func (l *loader) load(ctx context.Context, snapshot string) (int64, error) {
 	var targets []*task
 	for _, j := range l.joins {
 		p := j.Plan()
-		target := prog.add(p.Name, "target", estimate(ctx, l.source, p.Left.Table))
+		target := prog.add(p.Name, "target", rowsOrZero(ctx, l.source, p.Left.Table))
 		targets = append(targets, target)
 		add(target, func(ctx context.Context) error { return l.loadTarget(ctx, snapshot, p, target) })
 		if p.Edges != nil {
@@ -135,7 +135,7 @@ func (l *loader) load(ctx context.Context, snapshot string) (int64, error) {
 				if tab > 0 {
 					name, table = p.Edges[tab-1].Alias, &p.Edges[tab-1].Table
 				}
-				task := prog.add(p.Name, "table "+name, estimate(ctx, l.source, table.Table))
+				task := prog.add(p.Name, "table "+name, rowsOrZero(ctx, l.source, table.Table))
 				add(task, func(ctx context.Context) error {
 					return l.loadRows(ctx, snapshot, table, layout.Columns(p, tab), j.Stores()[tab], task,
 						func(rows [][]join.Value) (join.Mutations, error) { return layout.Load(tab, rows) },
@@ -144,8 +144,8 @@ func (l *loader) load(ctx context.Context, snapshot string) (int64, error) {
 			}
 			continue
 		}
-		right := prog.add(p.Name, "right "+p.Right.Table.String(), estimate(ctx, l.source, p.Right.Table))
-		left := prog.add(p.Name, "left "+p.Left.Table.String(), estimate(ctx, l.source, p.Left.Table))
+		right := prog.add(p.Name, "right "+p.Right.Table.String(), rowsOrZero(ctx, l.source, p.Right.Table))
+		left := prog.add(p.Name, "left "+p.Left.Table.String(), rowsOrZero(ctx, l.source, p.Left.Table))
 		add(right, func(ctx context.Context) error { return l.loadRight(ctx, snapshot, j, right) })
 		add(left, func(ctx context.Context) error { return l.loadLeft(ctx, snapshot, j, left) })
 	}
@@ -194,8 +194,8 @@ func (l *loader) recordBuild(ctx context.Context, prog *progress) {
 	l.obs.setBuild("", 0, 0)
 }
 
-// estimate is tableRows of a table, 0 when it cannot be read.
-func estimate(ctx context.Context, source *pgxpool.Pool, t config.TableName) int64 {
+// rowsOrZero is tableRows of a table, 0 when it cannot be read.
+func rowsOrZero(ctx context.Context, source *pgxpool.Pool, t config.TableName) int64 {
 	n, err := tableRows(ctx, source, t)
 	if err != nil {
 		return 0
@@ -625,15 +625,15 @@ func scanQuery(ctx context.Context, conn *pgx.Conn, query string, page int, fn f
 // sizes returns what each of the join's states is sized for at Init.
 func stateSizes(ctx context.Context, source *pgxpool.Pool, p *plan.JoinPlan) []redisstore.Size {
 	if p.Edges == nil {
-		return []redisstore.Size{{LeftRows: estimate(ctx, source, p.Left.Table), RightRows: estimate(ctx, source, p.Right.Table)}}
+		return []redisstore.Size{{LeftRows: rowsOrZero(ctx, source, p.Left.Table), RightRows: rowsOrZero(ctx, source, p.Right.Table)}}
 	}
 	// A table's state holds its rows and the references of the entries
 	// its rows reference: the references to an entry with many rows
 	// referencing each of its keys (a supplier's lineitems) are spread
 	// over lanes, by its average.
-	rows := []int64{estimate(ctx, source, p.Left.Table)}
+	rows := []int64{rowsOrZero(ctx, source, p.Left.Table)}
 	for _, e := range p.Edges {
-		rows = append(rows, estimate(ctx, source, e.Table.Table))
+		rows = append(rows, rowsOrZero(ctx, source, e.Table.Table))
 	}
 	out := make([]redisstore.Size, len(rows))
 	for t := range out {
@@ -694,4 +694,12 @@ func (l *loader) checkRaced(ctx context.Context, snapshot string) (map[uint32]le
 		return err
 	})
 	return leaves, err
+}
+
+func outputSources(cols []plan.OutputColumn) []plan.SourceColumn {
+	out := make([]plan.SourceColumn, len(cols))
+	for i, c := range cols {
+		out[i] = c.Source
+	}
+	return out
 }

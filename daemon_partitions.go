@@ -452,7 +452,7 @@ func (w *partitionWatcher) followMoves(ctx context.Context, moves map[string]*pe
 			"took", time.Since(start).Round(time.Millisecond).String(), "lsn", res.after.String(),
 			"state_keys", res.listed, "keys_in_partitions", res.within, "lookup_took", res.lookTook.Round(time.Millisecond).String(),
 			"lock_held", res.lockTook.Round(time.Millisecond).String())
-		w.obs.moved(parent, res, time.Since(start))
+		w.obs.moved(parent, res.deleted, res.upserted, time.Since(start))
 		w.awaiting = max(w.awaiting, res.after)
 	}
 	clear(w.moves)

@@ -46,8 +46,8 @@ import (
 // left behind are replaced). A crash after it leaves the old generation and
 // the second slot, which the next start drops.
 
-// rebuild is one join to build anew beside the running one.
-type rebuild struct {
+// rebuildJob is one join to build anew beside the running one.
+type rebuildJob struct {
 	// old is the definition the target was built with, which streams
 	// until the switch; plan the one to build.
 	old, plan *plan.JoinPlan
@@ -68,7 +68,7 @@ var errRebuilt = errors.New("rebuilt joins switched in")
 // (other than by widened types, which widen followed), or a rebuild was
 // asked for. What would make the switch lose something is refused here,
 // before anything is built.
-func (d *daemon) planRebuild(ctx context.Context, p *plan.JoinPlan, st joinState) (*rebuild, error) {
+func (d *daemon) planRebuild(ctx context.Context, p *plan.JoinPlan, st joinState) (*rebuildJob, error) {
 	if !d.opts.online || !st.exists || st.phase != "streaming" || st.definition == nil {
 		return nil, nil // a backfill, if anything: assess says
 	}
@@ -82,7 +82,7 @@ func (d *daemon) planRebuild(ctx context.Context, p *plan.JoinPlan, st joinState
 		} else if err := d.checkAttached(ctx, &was, p); err != nil {
 			return nil, err
 		}
-		return &rebuild{plan: p, gen: st.generation + 1, frozenAt: st.frozenLSN,
+		return &rebuildJob{plan: p, gen: st.generation + 1, frozenAt: st.frozenLSN,
 			reason: "a rebuild that left the join unmaintained was interrupted; the target is not maintained until it switches in"}, nil
 	case d.opts.rebuildAll && st.fingerprint == p.Fingerprint:
 		reason = "fkmat backfill --force"
@@ -108,7 +108,7 @@ func (d *daemon) planRebuild(ctx context.Context, p *plan.JoinPlan, st joinState
 		if err := d.checkAttached(ctx, &was, p); err != nil {
 			return nil, err
 		}
-		return &rebuild{plan: p, gen: st.generation + 1, reason: fmt.Sprintf(
+		return &rebuildJob{plan: p, gen: st.generation + 1, reason: fmt.Sprintf(
 			"the join's definition changed, and the %s it was built with is gone from the source (renamed, dropped or retyped): "+
 				"the target keeps its rows, not maintained, until the rebuild switches in", stale)}, nil
 	}
@@ -124,7 +124,7 @@ func (d *daemon) planRebuild(ctx context.Context, p *plan.JoinPlan, st joinState
 	if reason == "" {
 		reason = "the join's definition changed: " + describeChange(old, p)
 	}
-	return &rebuild{old: old, plan: p, gen: st.generation + 1, reason: reason}, nil
+	return &rebuildJob{old: old, plan: p, gen: st.generation + 1, reason: reason}, nil
 }
 
 // checkAttached refuses a new shape for target was when what is attached
@@ -180,10 +180,10 @@ func (d *daemon) serveLayout(ctx context.Context, j pipeline.Join, gen int) (pip
 	if err != nil {
 		return nil, err
 	}
-	if slices.ContainsFunc(d.builds, func(b *rebuild) bool { return b.plan.Name == p.Name }) {
+	if slices.ContainsFunc(d.builds, func(b *rebuildJob) bool { return b.plan.Name == p.Name }) {
 		return served, nil // rebuilt beside already
 	}
-	b := &rebuild{old: p, plan: p, gen: gen + 1, reason: fmt.Sprintf(
+	b := &rebuildJob{old: p, plan: p, gen: gen + 1, reason: fmt.Sprintf(
 		"the Redis state's layout changes (from %s; an upgraded fkmat or other sub_shards/row_shards): the old state serves until the new one has caught up",
 		strings.Join(layouts, ", "))}
 	d.builds = append(d.builds, b)
@@ -201,7 +201,7 @@ func targetChanged(name string, was, now *sink.Table) error {
 
 // freeze records that join b is not maintained until its rebuild switches
 // in, before anything streams: the slot then moves on without it.
-func (d *daemon) freeze(ctx context.Context, b *rebuild) error {
+func (d *daemon) freeze(ctx context.Context, b *rebuildJob) error {
 	if b.frozenAt != 0 {
 		return nil // already
 	}
@@ -546,7 +546,7 @@ func (d *daemon) switchOnce(ctx context.Context, built []pipeline.Join, epoch, s
 	// since. The others' are the running daemon's, which it kept.
 	var now []config.TableName
 	for _, p := range d.plans {
-		if !slices.ContainsFunc(d.builds, func(b *rebuild) bool { return b.old == p }) {
+		if !slices.ContainsFunc(d.builds, func(b *rebuildJob) bool { return b.old == p }) {
 			now = append(now, p.Tables()...)
 		}
 	}
@@ -668,7 +668,7 @@ func (d *daemon) dropLeftovers(ctx context.Context) error {
 			return err
 		}
 		gens := []int{st.generation - 1}
-		if !slices.ContainsFunc(d.builds, func(b *rebuild) bool { return b.plan.Name == name }) {
+		if !slices.ContainsFunc(d.builds, func(b *rebuildJob) bool { return b.plan.Name == name }) {
 			gens = append(gens, st.generation+1)
 		}
 		for _, gen := range gens {
@@ -681,13 +681,4 @@ func (d *daemon) dropLeftovers(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// plansOf returns the joins' plans.
-func plansOf(joins []pipeline.Join) []*plan.JoinPlan {
-	out := make([]*plan.JoinPlan, len(joins))
-	for i, j := range joins {
-		out[i] = j.Plan()
-	}
-	return out
 }

@@ -7,8 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/fkmat/fkmat/internal/pipeline"
@@ -25,52 +23,6 @@ const verifyChunkRows = 1000
 // verifyRecheckTries is how often a differing key is read again while the
 // source keeps changing it, before the verifier lets it go unconfirmed.
 const verifyRecheckTries = 3
-
-// verifyCounters are the background verifier's figures, read by /metrics:
-// the rounds completed over every join, and each join's own figures.
-type verifyCounters struct {
-	rounds atomic.Int64
-	joins  sync.Map // join name → *joinVerify
-}
-
-// joinVerify are one join's verification figures.
-type joinVerify struct {
-	checked atomic.Int64 // rows compared, in all rounds
-	// current counts the confirmed differences of the join's verification
-	// in progress, last those of its last completed one.
-	current, last atomic.Int64
-}
-
-// join returns the figures of the join named name.
-func (v *verifyCounters) join(name string) *joinVerify {
-	jv, _ := v.joins.LoadOrStore(name, &joinVerify{})
-	return jv.(*joinVerify)
-}
-
-// each calls fn with every join's figures.
-func (v *verifyCounters) each(fn func(name string, jv *joinVerify)) {
-	v.joins.Range(func(k, jv any) bool {
-		fn(k.(string), jv.(*joinVerify))
-		return true
-	})
-}
-
-// checked is the rows compared over every join.
-func (v *verifyCounters) checked() (n int64) {
-	v.each(func(_ string, jv *joinVerify) { n += jv.checked.Load() })
-	return n
-}
-
-// differences is the sum of the joins' differences.
-func (v *verifyCounters) differences() (n int64) {
-	v.each(func(_ string, jv *joinVerify) { n += jv.differences() })
-	return n
-}
-
-// differences is the gauge fkmat_verify_differences{join}: the confirmed
-// differences of the join's last completed verification, or of the one in
-// progress once it has found more.
-func (jv *joinVerify) differences() int64 { return max(jv.current.Load(), jv.last.Load()) }
 
 // verifyLoop compares every target with its SQL join in the background,
 // once per Options.VerifyInterval (counted from the end of a round), until

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"net"
+	"reflect"
+	"runtime"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/internal/config"
@@ -214,3 +217,27 @@ func pgRecovery(err error) (r recovery, ok bool) {
 	// (42), data the target refuses (22), and anything else.
 	return retryOrStall, true
 }
+
+// group is an errgroup whose goroutines return a panic as a *crash.Error
+// (see recoveryOf), named by the function that panicked.
+type group struct{ *errgroup.Group }
+
+func newGroup(ctx context.Context) (group, context.Context) {
+	g, gctx := errgroup.WithContext(ctx)
+	return group{g}, gctx
+}
+
+// Go runs fn in the group.
+func (g group) Go(fn func() error) {
+	g.Group.Go(func() (err error) {
+		defer crash.Recover(&err, func() (string, uint64) {
+			return "in " + runtime.FuncForPC(reflect.ValueOf(fn).Pointer()).Name(), 0
+		})
+		return fn()
+	})
+}
+
+// ErrBehind means verify found a target behind its source: a comparison
+// would report the changes not yet applied as differences, so it compares
+// nothing (exit 3 from the CLI).
+var ErrBehind = errors.New("the targets are behind the source")

@@ -15,11 +15,6 @@ import (
 	"github.com/fkmat/fkmat/internal/wal"
 )
 
-// ErrBehind means verify found a target behind its source: a comparison
-// would report the changes not yet applied as differences, so it compares
-// nothing (exit 3 from the CLI).
-var ErrBehind = errors.New("the targets are behind the source")
-
 // BehindError says how far behind the targets are, and why.
 type BehindError struct {
 	Slot string

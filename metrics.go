@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -163,12 +164,12 @@ func (o *observer) resized(join string, took time.Duration) {
 }
 
 // moved counts a partition change of table followed in took.
-func (o *observer) moved(table string, res moveResult, took time.Duration) {
+func (o *observer) moved(table string, left, entered int, took time.Duration) {
 	o.locked(func() {
 		m := o.moves[table]
 		m.n++
-		m.left += int64(res.deleted)
-		m.entered += int64(res.upserted)
+		m.left += int64(left)
+		m.entered += int64(entered)
 		m.seconds += took.Seconds()
 		o.moves[table] = m
 	})
@@ -546,4 +547,65 @@ func serveMetrics(ctx context.Context, addr string, o *observer, log *slog.Logge
 		return nil
 	})
 	return l.Addr(), func() { _ = g.Wait() }, nil
+}
+
+// verifyCounters are the background verifier's figures, read by /metrics:
+// the rounds completed over every join, and each join's own figures.
+type verifyCounters struct {
+	rounds atomic.Int64
+	joins  sync.Map // join name → *joinVerify
+}
+
+// joinVerify are one join's verification figures.
+type joinVerify struct {
+	checked atomic.Int64 // rows compared, in all rounds
+	// current counts the confirmed differences of the join's verification
+	// in progress, last those of its last completed one.
+	current, last atomic.Int64
+}
+
+// join returns the figures of the join named name.
+func (v *verifyCounters) join(name string) *joinVerify {
+	jv, _ := v.joins.LoadOrStore(name, &joinVerify{})
+	return jv.(*joinVerify)
+}
+
+// each calls fn with every join's figures.
+func (v *verifyCounters) each(fn func(name string, jv *joinVerify)) {
+	v.joins.Range(func(k, jv any) bool {
+		fn(k.(string), jv.(*joinVerify))
+		return true
+	})
+}
+
+// checked is the rows compared over every join.
+func (v *verifyCounters) checked() (n int64) {
+	v.each(func(_ string, jv *joinVerify) { n += jv.checked.Load() })
+	return n
+}
+
+// differences is the sum of the joins' differences.
+func (v *verifyCounters) differences() (n int64) {
+	v.each(func(_ string, jv *joinVerify) { n += jv.differences() })
+	return n
+}
+
+// differences is the gauge fkmat_verify_differences{join}: the confirmed
+// differences of the join's last completed verification, or of the one in
+// progress once it has found more.
+func (jv *joinVerify) differences() int64 { return max(jv.current.Load(), jv.last.Load()) }
+
+// waitShort sums the Redis writes that run --redis-wait-replicas could not
+// confirm, over every join's states, and says why the last of them (of
+// some state) came short.
+func waitShort(joins []pipeline.Join) (n int64, why string) {
+	for _, j := range joins {
+		for _, s := range j.Stores() {
+			if k := s.WaitShort(); k > 0 {
+				n += k
+				why = s.LastWaitShort()
+			}
+		}
+	}
+	return n, why
 }

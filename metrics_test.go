@@ -30,8 +30,8 @@ func TestMetricsLabels(t *testing.T) {
 	o.setBuild("orders_x", 1200, 5000)
 	o.setRebuild("items_x", "catching up")
 	o.switchedIn("orders_x")
-	o.moved("public.orders", moveResult{deleted: 100, upserted: 7}, 2*time.Second)
-	o.moved("public.orders", moveResult{upserted: 3}, time.Second)
+	o.moved("public.orders", 100, 7, 2*time.Second)
+	o.moved("public.orders", 0, 3, time.Second)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	addr, wait, err := serveMetrics(ctx, "127.0.0.1:0", o, slog.New(slog.DiscardHandler))

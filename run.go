@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"reflect"
-	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -19,8 +17,6 @@ import (
 
 	"github.com/fkmat/fkmat/cdc"
 	"github.com/fkmat/fkmat/sink"
-
-	"golang.org/x/sync/errgroup"
 )
 
 // ShutdownTimeout bounds how long Run takes to return once ctx is done: the
@@ -335,23 +331,4 @@ func runOnce(ctx context.Context, cfg *config.Config, opts Options, obs *observe
 		}
 	}
 	return d.stream(ctx, rs)
-}
-
-// group is an errgroup whose goroutines return a panic as a *crash.Error
-// (see recoveryOf), named by the function that panicked.
-type group struct{ *errgroup.Group }
-
-func newGroup(ctx context.Context) (group, context.Context) {
-	g, gctx := errgroup.WithContext(ctx)
-	return group{g}, gctx
-}
-
-// Go runs fn in the group.
-func (g group) Go(fn func() error) {
-	g.Group.Go(func() (err error) {
-		defer crash.Recover(&err, func() (string, uint64) {
-			return "in " + runtime.FuncForPC(reflect.ValueOf(fn).Pointer()).Name(), 0
-		})
-		return fn()
-	})
 }

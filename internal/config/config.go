@@ -57,6 +57,8 @@ type JoinConfig struct {
 	// Rights is the list form's entries, in order; nil in the two-table
 	// form.
 	Rights []RightConfig
+	// Rollups are the child tables rolled up into the left table's rows.
+	Rollups []RollupConfig
 }
 
 // IsList reports whether the join uses the list form of `right:`.
@@ -486,8 +488,13 @@ func (c *Config) problems() []string {
 			for _, prob := range validateList(j, func(key string) bool { return c.reported(i, key) }) {
 				add("%s: %s", where, prob)
 			}
-		} else if j.Right.Table.IsZero() && !c.reported(i, "right.table") {
-			add("%s: set right.table", where)
+		} else if j.Right.Table.IsZero() && len(j.Rollups) == 0 && !c.reported(i, "right.table") {
+			add("%s: set right.table (or roll child tables up with rollups:)", where)
+		}
+		for k, r := range j.Rollups {
+			for _, prob := range validateRollup(r, fmt.Sprintf("rollups[%d].", k), func(key string) bool { return c.reported(i, key) }) {
+				add("%s: %s", where, prob)
+			}
 		}
 		if j.Target.Table.IsZero() {
 			if !c.reported(i, "target.table") {
@@ -504,7 +511,7 @@ func (c *Config) problems() []string {
 		for _, d := range duplicates(j.Left.Key) {
 			add("%s: left.key lists %q twice", where, d)
 		}
-		if j.IsList() {
+		if j.IsList() || j.Right.Table.IsZero() {
 			continue
 		}
 		if len(j.Left.ForeignKey) == 0 && !c.reported(i, "left.foreign_key") {
@@ -533,6 +540,11 @@ func (j JoinConfig) Tables() []TableName {
 		rights = []RightConfig{j.Right}
 	}
 	for _, r := range rights {
+		if !r.Table.IsZero() && !slices.Contains(out, r.Table) {
+			out = append(out, r.Table)
+		}
+	}
+	for _, r := range j.Rollups {
 		if !r.Table.IsZero() && !slices.Contains(out, r.Table) {
 			out = append(out, r.Table)
 		}

@@ -283,7 +283,7 @@ func isNull(n *yaml.Node) bool {
 // Keys of a join and of its parts, for the messages about keys written in
 // the wrong mapping.
 var (
-	joinKeys  = []string{"name", "type", "left", "right", "target"}
+	joinKeys  = []string{"name", "type", "left", "right", "rollups", "target"}
 	sideKeys  = []string{"table", "key", "foreign_key", "columns", "where"}
 	entryOnly = []string{"from", "as"}
 	topKeys   = []string{"source", "redis", "slot", "publication", "timezone"}
@@ -343,6 +343,7 @@ func (d *decoder) readJoin(n *yaml.Node, j *JoinConfig) bool {
 			{"type", d.text(&j.Type, "type", "left")},
 			{"left", d.sub(func(v *yaml.Node) { d.readMapping(v, leftMapping(d, &j.Left)) })},
 			{"right", d.sub(func(v *yaml.Node) { d.right(v, j) })},
+			{"rollups", d.sub(func(v *yaml.Node) { d.rollups(v, j) })},
 			{"target", d.sub(func(v *yaml.Node) {
 				d.readMapping(v, mapping{what: "target", path: "target.", example: "{table: %s}", fields: []field{
 					{"table", d.table(&j.Target.Table, "target.table")},
@@ -419,6 +420,68 @@ func entryMapping(d *decoder, r *RightConfig) mapping {
 		{"as", d.text(&r.As, "as", "buyer")},
 		{"type", d.text(&r.Type, "type", "inner")},
 	}}
+}
+
+// rollups reads the list of a join's roll-ups.
+func (d *decoder) rollups(v *yaml.Node, j *JoinConfig) {
+	if v.Kind != yaml.SequenceNode {
+		d.fail("rollups")
+		d.addf(v, "rollups must be a list of child tables, e.g. [{table: public.orders, foreign_key: [customer_id], aggregates: [\"count(*) AS orders\"]}]")
+		return
+	}
+	j.Rollups = []RollupConfig{}
+	for _, e := range v.Content {
+		var r RollupConfig
+		d.prefix = fmt.Sprintf("rollups[%d].", len(j.Rollups))
+		ok := d.readMapping(resolve(e), mapping{what: "a roll-up", example: "{table: %s, foreign_key: [customer_id], aggregates: [\"count(*) AS orders\"]}",
+			fields: []field{
+				{"table", d.table(&r.Table, "table")},
+				{"foreign_key", d.names(&r.ForeignKey, "foreign_key", "customer_id")},
+				{"where", d.text(&r.Where, "where", `"status <> 'cancelled'"`)},
+				{"aggregates", d.aggregates(&r.Aggregates, "aggregates")},
+			},
+			misplaced: func(key string) string {
+				if key == "columns" {
+					return "a roll-up has no columns: its output columns are its aggregates, e.g. aggregates: [\"count(*) AS orders\", \"sum(amount) AS revenue\"]"
+				}
+				return ""
+			}})
+		if ok {
+			j.Rollups = append(j.Rollups, r)
+		}
+	}
+	d.prefix = ""
+}
+
+// aggregates reads a roll-up's list of aggregates.
+func (d *decoder) aggregates(dst *[]Aggregate, key string) func(*yaml.Node) {
+	return func(v *yaml.Node) {
+		items := []*yaml.Node{v} // one aggregate may be written without the brackets
+		switch {
+		case isNull(v):
+			items = nil
+		case v.Kind == yaml.SequenceNode:
+			items = v.Content
+		case v.Kind != yaml.ScalarNode:
+			d.fail(key)
+			d.addf(v, "%s must be a list of aggregates, e.g. [\"count(*) AS orders\", \"sum(amount) AS revenue\"]", key)
+			return
+		}
+		for _, item := range items {
+			if item = resolve(item); item.Kind != yaml.ScalarNode || isNull(item) {
+				d.fail(key)
+				d.addf(item, "each item of %s must be an aggregate, e.g. \"count(*) AS orders\"", key)
+				continue
+			}
+			a, err := ParseAggregate(item.Value)
+			if err != nil {
+				d.fail(key)
+				d.addf(item, "%s: %v", key, err)
+				continue
+			}
+			*dst = append(*dst, a)
+		}
+	}
 }
 
 // sub reads a nested mapping; an empty value leaves it unset, for Validate

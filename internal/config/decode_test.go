@@ -81,7 +81,7 @@ func TestParseProblems(t *testing.T) {
 		"right as text":       {"joins:\n  - right: customers\n", []string{"line 2: right must be a mapping (two tables, e.g. {table: public.customers}) or a list of entries"}},
 		"entry as text":       {"joins:\n  - right: [customers]\n", []string{"line 2: an entry of right must be a mapping of table, key, columns, where, from, foreign_key, as, type, e.g. {table: customers, foreign_key: [customer_id]}"}},
 		"left as text":        {"joins:\n  - left: orders\n", []string{"line 2: left must be a mapping of table, key, foreign_key, columns, where, e.g. {table: orders, foreign_key: [customer_id]}"}},
-		"a join as text":      {"joins:\n  - orders\n", []string{"line 2: a join must be a mapping of name, type, left, right, target"}},
+		"a join as text":      {"joins:\n  - orders\n", []string{"line 2: a join must be a mapping of name, type, left, right, rollups, target"}},
 		"key twice":           {"joins:\n  - name: a\n    name: b\n", []string{"line 3: name is given twice in a join (also on line 2); keep one"}},
 		"list key in a join":  {"joins:\n  - name: a\n    foreign_key: [c]\n", []string{"line 3: foreign_key belongs under left or right"}},
 		"top key in a join":   {"joins:\n  - name: a\n    redis: redis://x\n", []string{"line 3: redis belongs at the top level of the file, not in a join"}},

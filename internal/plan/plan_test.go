@@ -45,6 +45,21 @@ func TestResolve(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	t.Run("rollups refused until maintained", func(t *testing.T) {
+		_, err := resolveYAML(t, tc, `
+joins:
+  - name: stats
+    type: left
+    left: {table: customers}
+    rollups:
+      - {table: orders, foreign_key: [customer_id], aggregates: ["count(*) AS orders"]}
+    target: {table: customer_stats}
+`)
+		if err == nil || !strings.Contains(err.Error(), `join "stats": rollups are not maintained yet`) {
+			t.Fatalf("Resolve = %v, want the roll-up refused by name", err)
+		}
+	})
+
 	t.Run("defaults from the catalog", func(t *testing.T) {
 		plans, err := resolveYAML(t, tc, `
 joins:

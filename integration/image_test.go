@@ -15,8 +15,9 @@ import (
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
-// TestImage builds the container image (scripts/image.sh, what make image
-// runs) and runs it end to end against the test containers: the image
+// TestImage runs the container image (the Dockerfile's, dockerfileImage;
+// TestRelease checks the one make image builds) end to end against the
+// test containers: the image
 // serves its metrics by default (FKMAT_METRICS_ADDR=:9187, the port it
 // exposes), the daemon in the image backfills and streams and answers on
 // /readyz and /metrics, stops cleanly on docker stop, and fkmat verify in
@@ -25,12 +26,9 @@ import (
 // loopback port of the host instead of 9187).
 func TestImage(t *testing.T) {
 	tc := testenv.New(t)
-	image := "fkmat-test/fkmat"
+	image := strings.TrimSuffix(dockerfileImage(t), ":latest")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if out, err := exec.CommandContext(ctx, "bash", filepath.Join("..", "scripts", "image.sh"), image).CombinedOutput(); err != nil {
-		t.Fatalf("scripts/image.sh: %v\n%s", err, out)
-	}
 	docker := func(args ...string) (string, error) {
 		out, err := exec.CommandContext(ctx, "docker", args...).CombinedOutput()
 		return string(out), err

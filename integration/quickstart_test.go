@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -161,13 +162,37 @@ func TestReadmeQuickStart(t *testing.T) {
 	}
 	testenv.Shared(t) // Docker running, the test images built
 	root := repoRoot(t)
-	image := buildDockerfile(t, root, "fkmat-test/quickstart")
+	image := dockerfileImage(t)
 	for _, name := range []string{"quickstart", "quickstart-build"} {
 		t.Run(name, func(t *testing.T) {
 			runQuickStart(t, root, quickStartLines(t, root, name), "FKMAT_IMAGE="+image)
 		})
 	}
 }
+
+// dockerfileImage returns the image the repository's Dockerfile builds,
+// built once per test process (TestImage and TestReadmeQuickStart share
+// it).
+func dockerfileImage(t *testing.T) string {
+	t.Helper()
+	dockerfileOnce.Do(func() {
+		ok := t.Run("dockerfile", func(t *testing.T) {
+			dockerfileName = buildDockerfile(t, repoRoot(t), "fkmat-test/dockerfile")
+		})
+		if !ok {
+			dockerfileName = ""
+		}
+	})
+	if dockerfileName == "" {
+		t.Fatal("the Dockerfile's image could not be built (see the first test that asked for it)")
+	}
+	return dockerfileName
+}
+
+var (
+	dockerfileOnce sync.Once
+	dockerfileName string
+)
 
 // buildDockerfile builds the repository's Dockerfile as `docker build .`
 // does, from this checkout's files (tracked or not, not ignored), and

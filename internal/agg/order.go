@@ -3,6 +3,7 @@ package agg
 import (
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -269,3 +270,85 @@ func timeKey(typ, text string) (int64, error) {
 	}
 	return t.UnixMicro(), nil
 }
+
+// OrderKeyLen returns the length of the order key of typ at the start of
+// b (AppendOrderKey wrote it, with desc): what follows it (a tie-breaker)
+// starts there.
+func OrderKeyLen(b []byte, typ string, desc bool) (int, error) {
+	at := func(i int) (byte, bool) {
+		if i >= len(b) {
+			return 0, false
+		}
+		if desc {
+			return ^b[i], true
+		}
+		return b[i], true
+	}
+	first, ok := at(0)
+	switch {
+	case !ok:
+		return 0, errShortKey
+	case first == orderNull:
+		return 1, nil
+	case first != orderValue:
+		return 0, fmt.Errorf("order key: marker %#x", first)
+	}
+	n := 1
+	fixed := func(w int) (int, error) {
+		if len(b) < n+w {
+			return 0, errShortKey
+		}
+		return n + w, nil
+	}
+	switch baseType(typ) {
+	case "smallint", "integer", "bigint", "real", "double precision", "date", "timestamp without time zone", "timestamp with time zone":
+		return fixed(8)
+	case "boolean":
+		return fixed(1)
+	case "uuid":
+		return fixed(16)
+	case "numeric":
+		sign, ok := at(n)
+		if !ok {
+			return 0, errShortKey
+		}
+		n++
+		if sign != numPos && sign != numNeg {
+			return n, nil
+		}
+		end := byte(0x00)
+		if sign == numNeg {
+			end = 0xFF
+		}
+		for i := n + 4; ; i++ {
+			c, ok := at(i)
+			if !ok {
+				return 0, errShortKey
+			}
+			if c == end {
+				return i + 1, nil
+			}
+		}
+	case "text", "character varying", "character":
+		for i := n; ; i++ {
+			c, ok := at(i)
+			if !ok {
+				return 0, errShortKey
+			}
+			if c != 0 {
+				continue
+			}
+			next, ok := at(i + 1)
+			if !ok {
+				return 0, errShortKey
+			}
+			if next == 0x01 {
+				return i + 2, nil
+			}
+			i++ // an escaped zero byte
+		}
+	}
+	return 0, fmt.Errorf("values of type %s cannot be ordered by fkmat", typ)
+}
+
+var errShortKey = errors.New("order key: truncated")

@@ -114,6 +114,10 @@ func TestOrderKeysAsPostgres(t *testing.T) {
 				if keys[i], err = AppendOrderKey(nil, typ, deref(v), v == nil, desc); err != nil {
 					t.Fatalf("%s %q: %v", typ, deref(v), err)
 				}
+				// The key's length is read back with a tie-breaker after it.
+				if n, err := OrderKeyLen(append(slices.Clip(keys[i]), 0x00, 0x01, 0xFF), typ, desc); err != nil || n != len(keys[i]) {
+					t.Fatalf("%s %q: OrderKeyLen = %d, %v; want %d", typ, deref(v), n, err, len(keys[i]))
+				}
 			}
 			got := make([]int, len(vals))
 			for i := range got {

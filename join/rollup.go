@@ -1,0 +1,667 @@
+package join
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/fkmat/fkmat/internal/agg"
+)
+
+// A Rollup keeps aggregates of a child table per parent key: count, sum,
+// avg, bool_and, bool_or (exact accumulators, O(1) per child change),
+// min and max (a sorted set per parent, O(log n)), and jsonb_agg of the
+// children in an order, optionally the first n. Its state is a join state
+// of its own, read through a StateReader and changed by the Mutations a
+// batch returns:
+//
+//   - left rows: each child present (it passes its filter) by its key, with
+//     its parent key as the foreign key and its inputs as values;
+//   - right rows: each parent with children, its accumulators;
+//   - subscriptions: the sorted sets, one per parent and order (aggregates
+//     ordered alike share one), foreign key (the parent key, the set's
+//     index), each member the child's order key, then its key's order key
+//     (the tie-breaker), then its key.
+//
+// A batch returns, for every parent whose aggregates it changed, their new
+// values: the caller writes them into the parent's row. Like the engines,
+// it does no I/O of its own.
+type Rollup struct {
+	spec RollupSpec
+	// scalar[i] is the accumulator slot of aggregate i, -1 for an ordered
+	// one; slot 0 is the hidden count(*) that says a parent has children.
+	scalar []int
+	funcs  []agg.Func
+	sets   []rollupSet
+	// setOf[i] is the sorted set of ordered aggregate i (-1: scalar).
+	setOf []int
+}
+
+// RollupSpec describes a Rollup.
+type RollupSpec struct {
+	// Name identifies the roll-up in errors.
+	Name string
+	// Parent are the families of the parent key (the child's foreign key
+	// columns, in the parent key's order); Child those of the child's key,
+	// ChildTypes its columns' Postgres types (ties of an order are broken
+	// by the child's key, ascending).
+	Parent, Child []Family
+	ChildTypes    []string
+	// Inputs are the Postgres types of the child's values (RollupChange.
+	// Values): the aggregates' arguments and order columns.
+	Inputs     []string
+	Aggregates []RollupAggregate
+}
+
+// RollupAggregate is one aggregate of a Rollup.
+type RollupAggregate struct {
+	// Func is count, sum, avg, bool_and, bool_or, min, max or jsonb_agg.
+	Func string
+	// Input is the index of its argument among the inputs; -1 for
+	// count(*). For jsonb_agg, the element (a jsonb's text).
+	Input int
+	// OrderBy and Desc order jsonb_agg's elements (indexes among the
+	// inputs); Limit keeps the first n (0: all).
+	OrderBy []int
+	Desc    []bool
+	Limit   int
+}
+
+// rollupSet is a sorted set kept per parent: its order columns.
+type rollupSet struct {
+	cols []int
+	desc []bool
+	// skipNull leaves children with a NULL value out (min and max ignore
+	// NULLs; jsonb_agg orders them).
+	skipNull bool
+}
+
+// RollupChange is one change of a child row.
+type RollupChange struct {
+	// Kind is LeftUpsert, LeftDelete, LeftKeyChange or LeftTruncate (of
+	// the child table).
+	Kind ChangeKind
+	// Key is the child's key; OldKey, for LeftKeyChange, the key it had
+	// before.
+	Key, OldKey []Value
+	// Parent is the child's foreign key (a NULL column: no parent); Values
+	// its inputs. Toast markers take the stored row's values.
+	Parent, Values []Value
+	// Absent says an upsert leaves the row out (it fails the filter).
+	Absent bool
+	// IfPresent applies an upsert only to a row the state holds: its
+	// filter's inputs did not change.
+	IfPresent bool
+}
+
+// RollupOutput is a parent's new aggregates.
+type RollupOutput struct {
+	// Parent is the parent key.
+	Parent []Value
+	// Values are the aggregates in the spec's order; nil when the parent
+	// has no children (count is 0, the others NULL).
+	Values []Value
+}
+
+// NewRollup returns the Rollup of spec.
+func NewRollup(spec RollupSpec) (*Rollup, error) {
+	r := &Rollup{spec: spec, funcs: []agg.Func{agg.CountStar}}
+	if len(spec.ChildTypes) != len(spec.Child) {
+		return nil, fmt.Errorf("roll-up %s: %d child key types for %d columns", spec.Name, len(spec.ChildTypes), len(spec.Child))
+	}
+	for i, a := range spec.Aggregates {
+		switch a.Func {
+		case "min", "max", "jsonb_agg":
+			set := rollupSet{}
+			if a.Func == "jsonb_agg" {
+				set.cols, set.desc = a.OrderBy, a.Desc
+			} else {
+				set.cols, set.desc, set.skipNull = []int{a.Input}, []bool{a.Func == "max"}, true
+			}
+			if err := r.checkInputs(i, set.cols...); err != nil {
+				return nil, err
+			}
+			for _, c := range set.cols {
+				if err := agg.CheckOrder(spec.Inputs[c], "C"); err != nil {
+					return nil, fmt.Errorf("roll-up %s, aggregate %d: %w", spec.Name, i, err)
+				}
+			}
+			// Aggregates ordered alike share a set (max(created) and the
+			// newest children by created).
+			k := slices.IndexFunc(r.sets, func(s rollupSet) bool {
+				return slices.Equal(s.cols, set.cols) && slices.Equal(s.desc, set.desc) && s.skipNull == set.skipNull
+			})
+			if k < 0 {
+				k = len(r.sets)
+				r.sets = append(r.sets, set)
+			}
+			r.scalar, r.setOf = append(r.scalar, -1), append(r.setOf, k)
+		default:
+			typ := ""
+			if a.Input >= 0 {
+				if err := r.checkInputs(i, a.Input); err != nil {
+					return nil, err
+				}
+				typ = spec.Inputs[a.Input]
+			}
+			fn, _, err := agg.Of(a.Func, typ, a.Input < 0)
+			if err != nil {
+				return nil, fmt.Errorf("roll-up %s, aggregate %d: %w", spec.Name, i, err)
+			}
+			r.scalar, r.setOf = append(r.scalar, len(r.funcs)), append(r.setOf, -1)
+			r.funcs = append(r.funcs, fn)
+		}
+	}
+	return r, nil
+}
+
+func (r *Rollup) checkInputs(agg int, cols ...int) error {
+	for _, c := range cols {
+		if c < 0 || c >= len(r.spec.Inputs) {
+			return fmt.Errorf("roll-up %s, aggregate %d: input %d of %d", r.spec.Name, agg, c, len(r.spec.Inputs))
+		}
+	}
+	return nil
+}
+
+// Spec returns the roll-up's spec.
+func (r *Rollup) Spec() RollupSpec { return r.spec }
+
+// rollupApply is one batch.
+type rollupApply struct {
+	r     *Rollup
+	store StateReader
+	// cleared says the child table was truncated in the batch: the store
+	// no longer counts.
+	cleared bool
+	// children are the children's states as the batch leaves them (nil:
+	// absent); base their states at the batch start, as read.
+	children map[Key]*LeftState
+	base     map[Key]*LeftState
+	// accs are the touched parents' accumulators; stored their encoding
+	// as read ("" when absent).
+	accs   map[Key][]*agg.State
+	stored map[Key]string
+	// parents are the touched parents' keys, in first-touch order.
+	parents []Key
+	values  map[Key][]Value
+	// members are the sorted sets' changes: true added, false removed.
+	members map[Subscription]bool
+}
+
+// Apply applies a batch of child changes in commit order and returns the
+// state's mutations and the new aggregates of the parents it changed.
+func (r *Rollup) Apply(ctx context.Context, store StateReader, changes []RollupChange) (Mutations, []RollupOutput, error) {
+	a := &rollupApply{r: r, store: store, children: map[Key]*LeftState{}, base: map[Key]*LeftState{},
+		accs: map[Key][]*agg.State{}, stored: map[Key]string{}, values: map[Key][]Value{}, members: map[Subscription]bool{}}
+	if err := a.prefetch(ctx, changes); err != nil {
+		return Mutations{}, nil, err
+	}
+	for i := range changes {
+		if err := a.change(ctx, &changes[i]); err != nil {
+			return Mutations{}, nil, fmt.Errorf("roll-up %s, change %d: %w", r.spec.Name, i, err)
+		}
+	}
+	m, err := a.mutations()
+	if err != nil {
+		return Mutations{}, nil, err
+	}
+	outs, err := a.outputs(ctx, &m)
+	if err != nil {
+		return Mutations{}, nil, err
+	}
+	return m, outs, nil
+}
+
+// prefetch reads the stored state of every child the batch names, in one
+// round trip.
+func (a *rollupApply) prefetch(ctx context.Context, changes []RollupChange) error {
+	var keys []Key
+	for i := range changes {
+		c := &changes[i]
+		if c.Kind == LeftTruncate {
+			break // the store does not count after it
+		}
+		for _, vals := range [][]Value{c.Key, c.OldKey} {
+			if vals == nil {
+				continue
+			}
+			k, err := EncodeKey(a.r.spec.Child, vals)
+			if err != nil {
+				return fmt.Errorf("roll-up %s: child key: %w", a.r.spec.Name, err)
+			}
+			if _, ok := a.base[k]; !ok {
+				a.base[k] = nil
+				keys = append(keys, k)
+			}
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	got, err := a.store.GetLeft(ctx, keys)
+	if err != nil {
+		return err
+	}
+	for k, st := range got {
+		a.base[k] = &st
+	}
+	return nil
+}
+
+// child returns child k's state as the batch has it so far.
+func (a *rollupApply) child(k Key) *LeftState {
+	if st, ok := a.children[k]; ok {
+		return st
+	}
+	if a.cleared {
+		return nil
+	}
+	return a.base[k]
+}
+
+func (a *rollupApply) change(ctx context.Context, c *RollupChange) error {
+	if c.Kind == LeftTruncate {
+		a.truncate()
+		return nil
+	}
+	key, err := EncodeKey(a.r.spec.Child, c.Key)
+	if err != nil {
+		return err
+	}
+	oldKey := key
+	if c.Kind == LeftKeyChange {
+		if oldKey, err = EncodeKey(a.r.spec.Child, c.OldKey); err != nil {
+			return err
+		}
+	}
+	old := a.child(oldKey)
+	upsert := c.Kind == LeftUpsert || c.Kind == LeftKeyChange
+	present := upsert && !c.Absent
+	if upsert && c.IfPresent {
+		if old == nil {
+			return nil // out of the roll-up, and stays out
+		}
+		present = true
+	}
+	var next *LeftState
+	if present {
+		next = &LeftState{PK: slices.Clone(c.Key), FK: slices.Clone(c.Parent), Values: slices.Clone(c.Values)}
+		if err := fillChildToast(next, old); err != nil {
+			return err
+		}
+	}
+	if old != nil {
+		if err := a.account(ctx, oldKey, old, false); err != nil {
+			return err
+		}
+		a.children[oldKey] = nil
+	}
+	if c.Kind == LeftDelete {
+		return nil
+	}
+	if next != nil {
+		if err := a.account(ctx, key, next, true); err != nil {
+			return err
+		}
+	}
+	a.children[key] = next
+	return nil
+}
+
+// fillChildToast replaces next's unchanged-TOAST markers with old's values.
+func fillChildToast(next, old *LeftState) error {
+	if !hasToast(next.FK) && !hasToast(next.Values) {
+		return nil
+	}
+	if old == nil {
+		return errors.New("an unchanged TOASTed value of a child the roll-up does not hold")
+	}
+	for i := range next.FK {
+		if next.FK[i].Toast {
+			next.FK[i] = old.FK[i]
+		}
+	}
+	for i := range next.Values {
+		if next.Values[i].Toast {
+			next.Values[i] = old.Values[i]
+		}
+	}
+	return nil
+}
+
+// truncate forgets every child: the store's and the batch's.
+func (a *rollupApply) truncate() {
+	a.cleared = true
+	clear(a.children)
+	clear(a.accs)
+	clear(a.stored)
+	clear(a.values)
+	clear(a.members)
+	a.parents = a.parents[:0]
+}
+
+// account adds (in) or removes child st, of key k, from its parent's
+// aggregates.
+func (a *rollupApply) account(ctx context.Context, k Key, st *LeftState, in bool) error {
+	if hasNull(st.FK) {
+		return nil // no parent
+	}
+	parent, err := EncodeKey(a.r.spec.Parent, st.FK)
+	if err != nil {
+		return fmt.Errorf("parent key: %w", err)
+	}
+	accs, err := a.accumulators(ctx, parent, st.FK)
+	if err != nil {
+		return err
+	}
+	apply := func(s *agg.State, text string, null bool) error {
+		if in {
+			return s.Add(text, null)
+		}
+		return s.Remove(text, null)
+	}
+	if err := apply(accs[0], "", false); err != nil {
+		return err
+	}
+	for i, ag := range a.r.spec.Aggregates {
+		slot := a.r.scalar[i]
+		if slot < 0 {
+			continue
+		}
+		var v Value
+		if ag.Input >= 0 {
+			v = st.Values[ag.Input]
+		}
+		if err := apply(accs[slot], v.Text, ag.Input >= 0 && v.Null); err != nil {
+			return fmt.Errorf("aggregate %d: %w", i, err)
+		}
+	}
+	for s, set := range a.r.sets {
+		member, ok, err := a.member(parent, st, k, s, set)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		if was, seen := a.members[member]; seen && was != in {
+			delete(a.members, member) // back to the stored state
+		} else {
+			a.members[member] = in
+		}
+	}
+	return nil
+}
+
+// member returns child st's member of sorted set s of its parent, and
+// false when the child is not in it.
+func (a *rollupApply) member(parent Key, st *LeftState, k Key, s int, set rollupSet) (Subscription, bool, error) {
+	var b []byte
+	for i, c := range set.cols {
+		v := st.Values[c]
+		if v.Null && set.skipNull {
+			return Subscription{}, false, nil
+		}
+		var err error
+		if b, err = agg.AppendOrderKey(b, a.r.spec.Inputs[c], v.Text, v.Null, set.desc[i]); err != nil {
+			return Subscription{}, false, err
+		}
+	}
+	for i, v := range st.PK {
+		var err error
+		if b, err = agg.AppendOrderKey(b, a.r.spec.ChildTypes[i], v.Text, v.Null, false); err != nil {
+			return Subscription{}, false, err
+		}
+	}
+	return Subscription{FK: a.setKey(parent, s), PK: Key(string(b) + string(k))}, true, nil
+}
+
+// setKey is the foreign key of sorted set s of parent: the parent key,
+// then the set's index in one byte (parent keys are prefix-free, so these
+// are too).
+func (a *rollupApply) setKey(parent Key, s int) Key {
+	return Key(string(parent) + string([]byte{byte(s)}))
+}
+
+// accumulators returns parent's accumulators, read from the store the
+// first time.
+func (a *rollupApply) accumulators(ctx context.Context, parent Key, vals []Value) ([]*agg.State, error) {
+	if accs, ok := a.accs[parent]; ok {
+		return accs, nil
+	}
+	var accs []*agg.State
+	if !a.cleared {
+		got, err := a.store.GetRight(ctx, []Key{parent})
+		if err != nil {
+			return nil, err
+		}
+		if st, ok := got[parent]; ok {
+			if accs, err = a.r.decode(st); err != nil {
+				return nil, err
+			}
+			a.stored[parent] = st.Values[0].Text
+		}
+	}
+	if accs == nil {
+		for _, fn := range a.r.funcs {
+			accs = append(accs, agg.New(fn))
+		}
+	}
+	a.accs[parent] = accs
+	a.parents = append(a.parents, parent)
+	a.values[parent] = slices.Clone(vals)
+	return accs, nil
+}
+
+// decode reads a parent's stored accumulators.
+func (r *Rollup) decode(st RightState) ([]*agg.State, error) {
+	if len(st.Values) != 1 {
+		return nil, fmt.Errorf("roll-up %s: a stored parent has %d values", r.spec.Name, len(st.Values))
+	}
+	b := []byte(st.Values[0].Text)
+	accs := make([]*agg.State, len(r.funcs))
+	for i, fn := range r.funcs {
+		s, rest, err := agg.Decode(b)
+		if err != nil {
+			return nil, fmt.Errorf("roll-up %s: %w", r.spec.Name, err)
+		}
+		if s.Func() != fn {
+			return nil, fmt.Errorf("roll-up %s: a stored accumulator of another aggregate", r.spec.Name)
+		}
+		accs[i], b = s, rest
+	}
+	return accs, nil
+}
+
+// mutations returns the batch's net state changes.
+func (a *rollupApply) mutations() (Mutations, error) {
+	m := Mutations{ClearLeft: a.cleared, ClearRight: a.cleared}
+	for k, st := range a.children {
+		base := a.base[k]
+		if a.cleared {
+			base = nil
+		}
+		switch {
+		case st == nil && base != nil:
+			m.DelLeft = append(m.DelLeft, k)
+		case st != nil && (base == nil || !sameChild(st, base)):
+			if m.PutLeft == nil {
+				m.PutLeft = map[Key]LeftState{}
+			}
+			m.PutLeft[k] = *st
+		}
+	}
+	for _, parent := range a.parents {
+		accs := a.accs[parent]
+		stored := a.stored[parent]
+		if accs[0].Empty() {
+			if stored != "" {
+				m.DelRight = append(m.DelRight, parent)
+			}
+			continue
+		}
+		var b []byte
+		for _, s := range accs {
+			b = s.Append(b)
+		}
+		if string(b) == stored {
+			continue
+		}
+		if m.PutRight == nil {
+			m.PutRight = map[Key]RightState{}
+		}
+		m.PutRight[parent] = RightState{Key: a.values[parent], Values: []Value{TextValue(string(b))}}
+	}
+	for sub, in := range a.members {
+		if in {
+			m.AddSubs = append(m.AddSubs, sub)
+		} else {
+			m.DelSubs = append(m.DelSubs, sub)
+		}
+	}
+	slices.SortFunc(m.AddSubs, compareSubs)
+	slices.SortFunc(m.DelSubs, compareSubs)
+	slices.Sort(m.DelLeft)
+	slices.Sort(m.DelRight)
+	return m, nil
+}
+
+func sameChild(a, b *LeftState) bool {
+	return ValuesEqual(a.PK, b.PK) && ValuesEqual(a.FK, b.FK) && ValuesEqual(a.Values, b.Values)
+}
+
+// outputs computes the touched parents' aggregates from the state as the
+// batch leaves it: the accumulators, and the sorted sets read through m.
+func (a *rollupApply) outputs(ctx context.Context, m *Mutations) ([]RollupOutput, error) {
+	if len(a.parents) == 0 {
+		return nil, nil
+	}
+	view := NewPending(a.store)
+	if a.cleared {
+		view = NewPending(emptyReader{})
+		cm := *m
+		cm.ClearLeft, cm.ClearRight = false, false
+		m = &cm
+	}
+	if err := view.Set(m); err != nil {
+		return nil, err
+	}
+	outs := make([]RollupOutput, 0, len(a.parents))
+	for _, parent := range a.parents {
+		accs := a.accs[parent]
+		out := RollupOutput{Parent: a.values[parent]}
+		if !accs[0].Empty() {
+			out.Values = make([]Value, len(a.r.spec.Aggregates))
+			for i, ag := range a.r.spec.Aggregates {
+				if slot := a.r.scalar[i]; slot >= 0 {
+					text, null := accs[slot].Result()
+					out.Values[i] = Value{Text: text, Null: null}
+					continue
+				}
+				v, err := a.ordered(ctx, view, parent, i, ag)
+				if err != nil {
+					return nil, err
+				}
+				out.Values[i] = v
+			}
+		}
+		outs = append(outs, out)
+	}
+	return outs, nil
+}
+
+// ordered computes ordered aggregate i of parent from its sorted set: the
+// first child's value (min, max) or the first children's elements
+// (jsonb_agg).
+func (a *rollupApply) ordered(ctx context.Context, view StateReader, parent Key, i int, ag RollupAggregate) (Value, error) {
+	s := a.r.setOf[i]
+	set := a.r.sets[s]
+	limit := ag.Limit
+	if ag.Func != "jsonb_agg" {
+		limit = 1
+	}
+	var members []Key
+	fk := a.setKey(parent, s)
+	for after := Key(""); ; {
+		page := 1024
+		if limit > 0 {
+			page = limit - len(members)
+		}
+		got, err := view.Dependents(ctx, fk, after, page)
+		if err != nil {
+			return Value{}, err
+		}
+		members = append(members, got...)
+		if len(got) < page || limit > 0 && len(members) >= limit {
+			break
+		}
+		after = got[len(got)-1]
+	}
+	if len(members) == 0 {
+		return NullValue(), nil // min/max of NULLs only
+	}
+	keys := make([]Key, len(members))
+	for j, mem := range members {
+		n := 0
+		for c, col := range set.cols {
+			w, err := agg.OrderKeyLen([]byte(mem[n:]), a.r.spec.Inputs[col], set.desc[c])
+			if err != nil {
+				return Value{}, fmt.Errorf("roll-up %s: %w", a.r.spec.Name, err)
+			}
+			n += w
+		}
+		for _, typ := range a.r.spec.ChildTypes {
+			w, err := agg.OrderKeyLen([]byte(mem[n:]), typ, false)
+			if err != nil {
+				return Value{}, fmt.Errorf("roll-up %s: %w", a.r.spec.Name, err)
+			}
+			n += w
+		}
+		keys[j] = mem[n:]
+	}
+	rows, err := view.GetLeft(ctx, keys)
+	if err != nil {
+		return Value{}, err
+	}
+	if ag.Func != "jsonb_agg" {
+		st, ok := rows[keys[0]]
+		if !ok {
+			return Value{}, fmt.Errorf("roll-up %s: a sorted set names a child the state does not hold", a.r.spec.Name)
+		}
+		return st.Values[ag.Input], nil
+	}
+	var b strings.Builder
+	b.WriteByte('[')
+	for j, k := range keys {
+		st, ok := rows[k]
+		if !ok {
+			return Value{}, fmt.Errorf("roll-up %s: a sorted set names a child the state does not hold", a.r.spec.Name)
+		}
+		if j > 0 {
+			b.WriteString(", ")
+		}
+		if e := st.Values[ag.Input]; e.Null {
+			b.WriteString("null")
+		} else {
+			b.WriteString(e.Text)
+		}
+	}
+	b.WriteByte(']')
+	return TextValue(b.String()), nil
+}
+
+// emptyReader is a state with nothing in it: the store after a TRUNCATE.
+type emptyReader struct{}
+
+func (emptyReader) GetLeft(context.Context, []Key) (map[Key]LeftState, error) {
+	return map[Key]LeftState{}, nil
+}
+
+func (emptyReader) GetRight(context.Context, []Key) (map[Key]RightState, error) {
+	return map[Key]RightState{}, nil
+}
+
+func (emptyReader) Dependents(context.Context, Key, Key, int) ([]Key, error) { return nil, nil }

@@ -1,0 +1,306 @@
+package join_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/fkmat/fkmat/internal/agg"
+	"github.com/fkmat/fkmat/join"
+	"github.com/fkmat/fkmat/join/jointest"
+)
+
+// The children of the property test: key id, parent, and the inputs
+// amount (numeric), qty (integer), ok (boolean), created (bigint), elem
+// (a jsonb's text).
+var rollupInputs = []string{"numeric", "integer", "boolean", "bigint", "jsonb"}
+
+const (
+	inAmount = iota
+	inQty
+	inOK
+	inCreated
+	inElem
+)
+
+var rollupAggs = []join.RollupAggregate{
+	{Func: "count", Input: -1},
+	{Func: "count", Input: inAmount},
+	{Func: "sum", Input: inAmount},
+	{Func: "avg", Input: inAmount},
+	{Func: "sum", Input: inQty},
+	{Func: "avg", Input: inQty},
+	{Func: "bool_and", Input: inOK},
+	{Func: "bool_or", Input: inOK},
+	{Func: "min", Input: inAmount},
+	{Func: "max", Input: inCreated},
+	{Func: "max", Input: inAmount},
+	{Func: "jsonb_agg", Input: inElem, OrderBy: []int{inCreated}, Desc: []bool{true}, Limit: 3},
+	{Func: "jsonb_agg", Input: inElem, OrderBy: []int{inCreated}, Desc: []bool{false}},
+}
+
+// modelChild is a child row of the source table.
+type modelChild struct {
+	parent *int
+	vals   []join.Value
+	// in says it passes the roll-up's filter.
+	in bool
+}
+
+// expected computes parent's aggregates from the model's children, by
+// their definitions (NULL when none, count 0: a nil slice).
+func expected(t *testing.T, children map[int]*modelChild, parent int) []join.Value {
+	var rows []int
+	for id, c := range children {
+		if c.in && c.parent != nil && *c.parent == parent {
+			rows = append(rows, id)
+		}
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	slices.Sort(rows)
+	out := make([]join.Value, len(rollupAggs))
+	for i, a := range rollupAggs {
+		switch a.Func {
+		case "min", "max", "jsonb_agg":
+			var picked []int
+			for _, id := range rows {
+				if a.Func != "jsonb_agg" && children[id].vals[a.Input].Null {
+					continue
+				}
+				picked = append(picked, id)
+			}
+			col, desc := a.Input, a.Func == "max"
+			if a.Func == "jsonb_agg" {
+				col, desc = a.OrderBy[0], a.Desc[0]
+			}
+			key := func(id int) []byte {
+				v := children[id].vals[col]
+				b, err := agg.AppendOrderKey(nil, rollupInputs[col], v.Text, v.Null, desc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return b
+			}
+			// Ties in child key order.
+			slices.SortStableFunc(picked, func(x, y int) int { return bytes.Compare(key(x), key(y)) })
+			if len(picked) == 0 {
+				out[i] = join.NullValue()
+				continue
+			}
+			if a.Func != "jsonb_agg" {
+				out[i] = children[picked[0]].vals[a.Input]
+				continue
+			}
+			if a.Limit > 0 && len(picked) > a.Limit {
+				picked = picked[:a.Limit]
+			}
+			var elems []string
+			for _, id := range picked {
+				e := children[id].vals[a.Input]
+				if e.Null {
+					elems = append(elems, "null")
+				} else {
+					elems = append(elems, e.Text)
+				}
+			}
+			out[i] = join.TextValue("[" + strings.Join(elems, ", ") + "]")
+		default:
+			typ := ""
+			if a.Input >= 0 {
+				typ = rollupInputs[a.Input]
+			}
+			fn, _, err := agg.Of(a.Func, typ, a.Input < 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := agg.New(fn)
+			for _, id := range rows {
+				var v join.Value
+				if a.Input >= 0 {
+					v = children[id].vals[a.Input]
+				}
+				if err := s.Add(v.Text, a.Input >= 0 && v.Null); err != nil {
+					t.Fatal(err)
+				}
+			}
+			text, null := s.Result()
+			out[i] = join.Value{Text: text, Null: null}
+		}
+	}
+	return out
+}
+
+func randomChildValues(r *rand.Rand) []join.Value {
+	maybe := func(v join.Value) join.Value {
+		if r.IntN(8) == 0 {
+			return join.NullValue()
+		}
+		return v
+	}
+	return []join.Value{
+		maybe(join.TextValue(strconv.Itoa(r.IntN(200)-50) + "." + strconv.Itoa(r.IntN(100)))),
+		maybe(join.TextValue(strconv.Itoa(r.IntN(1000)))),
+		maybe(join.TextValue([]string{"t", "f"}[r.IntN(2)])),
+		maybe(join.TextValue(strconv.Itoa(r.IntN(40)))), // ties on created
+		maybe(join.TextValue(fmt.Sprintf(`{"n": %d}`, r.IntN(1000)))),
+	}
+}
+
+// TestRollupRandom runs random batches of child changes (inserts,
+// updates, moves between parents, NULL and dangling parents, rows entering
+// and leaving the filter, key changes, unchanged TOASTed values, deletes,
+// truncates, several changes of one child in a batch) through a Rollup
+// against a strict store (no write that changes nothing), and checks every
+// parent's aggregates with a model after each batch. Batches are read
+// through the previous one's uncommitted mutations, as the pipeline does,
+// and a crash before a commit is replayed.
+func TestRollupRandom(t *testing.T) {
+	for seed := range uint64(rollupSeeds) {
+		t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) { rollupRandom(t, seed) })
+	}
+}
+
+// rollupSeeds is how many seeds TestRollupRandom runs.
+var rollupSeeds = 80
+
+func rollupRandom(t *testing.T, seed uint64) {
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(seed, 99))
+	ro, err := join.NewRollup(join.RollupSpec{Name: "stats", Parent: []join.Family{join.FamilyInt}, Child: []join.Family{join.FamilyInt},
+		ChildTypes: []string{"integer"}, Inputs: rollupInputs, Aggregates: rollupAggs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := jointest.NewStore()
+	children := map[int]*modelChild{}
+	// got are the parents' aggregates as the outputs wrote them.
+	got := map[int][]join.Value{}
+	nParents := 1 + r.IntN(6)
+	var pending *join.Mutations // the last batch, not yet committed
+	for batch := range 60 {
+		var changes []join.RollupChange
+		before := map[int][]join.Value{}
+		for p := range nParents + 1 {
+			before[p] = expected(t, children, p)
+		}
+		for range 1 + r.IntN(12) {
+			id := r.IntN(25)
+			c, exists := children[id]
+			switch op := r.IntN(20); {
+			case op == 0 && r.IntN(4) == 0:
+				changes = append(changes, join.RollupChange{Kind: join.LeftTruncate})
+				clear(children)
+			case op < 3 && exists:
+				changes = append(changes, join.RollupChange{Kind: join.LeftDelete, Key: []join.Value{join.TextValue(strconv.Itoa(id))}})
+				delete(children, id)
+			case op < 5 && exists:
+				// A key change: the row moves to a free key.
+				to := 100 + r.IntN(50)
+				if _, taken := children[to]; taken {
+					continue
+				}
+				vals := slices.Clone(c.vals)
+				sent := slices.Clone(vals)
+				if c.in && r.IntN(2) == 0 {
+					sent[inElem] = join.ToastValue()
+				}
+				changes = append(changes, join.RollupChange{Kind: join.LeftKeyChange, Key: []join.Value{join.TextValue(strconv.Itoa(to))},
+					OldKey: []join.Value{join.TextValue(strconv.Itoa(id))}, Parent: parentValues(c.parent), Values: sent, Absent: !c.in})
+				delete(children, id)
+				children[to] = &modelChild{parent: c.parent, vals: vals, in: c.in}
+			default:
+				next := &modelChild{vals: randomChildValues(r), in: r.IntN(5) != 0}
+				if p := r.IntN(nParents + 2); p < nParents+1 {
+					next.parent = &p // nParents itself is a parent that never exists: dangling
+				}
+				ch := join.RollupChange{Kind: join.LeftUpsert, Key: []join.Value{join.TextValue(strconv.Itoa(id))},
+					Parent: parentValues(next.parent), Values: slices.Clone(next.vals), Absent: !next.in}
+				if exists && c.in && r.IntN(3) == 0 {
+					// An update leaving elem unchanged and TOASTed; the
+					// filter's inputs unchanged too: presence kept.
+					next.vals[inElem] = c.vals[inElem]
+					ch.Values[inElem] = join.ToastValue()
+					if r.IntN(2) == 0 {
+						ch.IfPresent, ch.Absent, next.in = true, false, c.in
+					}
+				}
+				if exists && !c.in && r.IntN(4) == 0 {
+					// Its filter's inputs unchanged: it stays out.
+					ch.IfPresent, next = true, c
+				}
+				changes = append(changes, ch)
+				children[id] = next
+			}
+		}
+		reader := join.StateReader(store)
+		if pending != nil {
+			p := join.NewPending(store)
+			if err := p.Set(pending); err == nil {
+				reader = p
+			} else if err := store.Apply(ctx, *pending); err != nil { // a clear: wait for its commit
+				t.Fatalf("batch %d: commit: %v", batch-1, err)
+			} else {
+				pending = nil
+			}
+		}
+		m, outs, err := ro.Apply(ctx, reader, changes)
+		if err != nil {
+			t.Fatalf("batch %d: %v", batch, err)
+		}
+		if r.IntN(5) == 0 {
+			// A crash before the commit: the same batch again gives the
+			// same result.
+			m2, outs2, err := ro.Apply(ctx, reader, changes)
+			if err != nil || m2.String() != m.String() || fmt.Sprint(outs2) != fmt.Sprint(outs) {
+				t.Fatalf("batch %d replayed: %v\n%v\n%v", batch, err, outs, outs2)
+			}
+		}
+		if pending != nil {
+			if err := store.Apply(ctx, *pending); err != nil {
+				t.Fatalf("batch %d: commit: %v", batch-1, err)
+			}
+		}
+		pending = &m
+		truncated := slices.ContainsFunc(changes, func(c join.RollupChange) bool { return c.Kind == join.LeftTruncate })
+		if truncated {
+			clear(got)
+		}
+		seen := map[int]bool{}
+		for _, o := range outs {
+			p, err := strconv.Atoi(o.Parent[0].Text)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if seen[p] {
+				t.Fatalf("batch %d: parent %d written twice", batch, p)
+			}
+			seen[p] = true
+			got[p] = o.Values
+		}
+		for p := range nParents + 1 {
+			want := expected(t, children, p)
+			if !slices.EqualFunc(got[p], want, join.Value.Equal) {
+				t.Fatalf("batch %d (%d changes, truncated %v): parent %d\n got  %v\n want %v\n before %v", batch, len(changes), truncated, p, got[p], want, before[p])
+			}
+		}
+	}
+	if pending != nil {
+		if err := store.Apply(ctx, *pending); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func parentValues(p *int) []join.Value {
+	if p == nil {
+		return []join.Value{join.NullValue()}
+	}
+	return []join.Value{join.TextValue(strconv.Itoa(*p))}
+}

@@ -82,7 +82,103 @@ func oracleListSQL(p *plan.JoinPlan) string {
 			sel = append(sel, entryAlias(i)+"."+ident(v.Source.Name)+" AS "+ident(v.Name))
 		}
 	}
-	return "SELECT " + strings.Join(sel, ", ") + " FROM " + listFrom(p, len(p.Edges))
+	from := listFrom(p, len(p.Edges))
+	for k := range p.Rollups {
+		s, f := rollupSQL(p, k)
+		sel, from = append(sel, s...), from+f
+	}
+	return "SELECT " + strings.Join(sel, ", ") + " FROM " + from
+}
+
+// rollupSQL is what roll-up k adds to its join's SQL: its aggregates'
+// select items, and the join of the children grouped by parent (alias
+// r<k>). Each aggregate means the correlated subquery over the parent's
+// children that pass the roll-up's filter: count 0 and the others NULL
+// over none. Ties of an order are broken by the child's key, and text is
+// ordered byte by byte, as fkmat orders them.
+func rollupSQL(p *plan.JoinPlan, k int) (sel []string, from string) {
+	r := &p.Rollups[k]
+	alias := "r" + strconv.Itoa(k)
+	col := func(i int) string {
+		c := "c." + ident(r.Inputs[i].Name)
+		if isText(r.Inputs[i].Type) {
+			c += ` COLLATE "C"`
+		}
+		return c
+	}
+	var tie []string
+	for _, key := range r.Table.Key {
+		c := "c." + ident(key.Name)
+		if isText(key.Type) {
+			c += ` COLLATE "C"`
+		}
+		tie = append(tie, c)
+	}
+	order := func(a *plan.AggregatePlan) string {
+		var items []string
+		for j, in := range a.OrderBy {
+			item := col(in)
+			if a.Desc[j] {
+				item += " DESC"
+			}
+			items = append(items, item)
+		}
+		return strings.Join(append(items, tie...), ", ")
+	}
+	var fks, groups, windows []string
+	for i, fk := range r.Table.ForeignKey {
+		fks = append(fks, "c."+ident(fk.Name)+" AS "+ident("fk"+strconv.Itoa(i)))
+		groups = append(groups, ident("fk"+strconv.Itoa(i)))
+	}
+	var aggs []string
+	for j := range r.Aggregates {
+		a := &r.Aggregates[j]
+		out := ident("a" + strconv.Itoa(j))
+		var expr string
+		switch {
+		case a.Input < 0:
+			expr = "count(*)"
+		case a.Func == "jsonb_agg" && a.Limit > 0:
+			rn := ident("rn" + strconv.Itoa(j))
+			windows = append(windows, "row_number() OVER (PARTITION BY "+strings.Join(fkCols(r), ", ")+" ORDER BY "+order(a)+") AS "+rn)
+			expr = "jsonb_agg(c." + ident(r.Inputs[a.Input].Name) + " ORDER BY " + order(a) + ") FILTER (WHERE c." + rn + " <= " + strconv.Itoa(a.Limit) + ")"
+		case a.Func == "jsonb_agg":
+			expr = "jsonb_agg(c." + ident(r.Inputs[a.Input].Name) + " ORDER BY " + order(a) + ")"
+		default:
+			expr = a.Func + "(" + col(a.Input) + ")"
+		}
+		aggs = append(aggs, expr+" AS "+out)
+		item := alias + "." + out
+		if a.Func == "count" {
+			item = "coalesce(" + item + ", 0)"
+		}
+		sel = append(sel, item+" AS "+ident(a.Name))
+	}
+	children := plan.FromSQL(&r.Table) + " c"
+	if len(windows) > 0 {
+		children = "(SELECT c.*, " + strings.Join(windows, ", ") + " FROM " + children + ") c"
+	}
+	var on []string
+	for i, key := range p.Left.Key {
+		on = append(on, alias+"."+ident("fk"+strconv.Itoa(i))+" = l."+ident(key.Name))
+	}
+	from = " LEFT JOIN (SELECT " + strings.Join(append(fks, aggs...), ", ") + " FROM " + children +
+		" GROUP BY " + strings.Join(groups, ", ") + ") " + alias + " ON " + strings.Join(on, " AND ")
+	return sel, from
+}
+
+// fkCols are roll-up r's foreign key columns of its children (alias c).
+func fkCols(r *plan.RollupPlan) []string {
+	var out []string
+	for _, fk := range r.Table.ForeignKey {
+		out = append(out, "c."+ident(fk.Name))
+	}
+	return out
+}
+
+// isText says typ is ordered by a collation.
+func isText(typ string) bool {
+	return typ == "text" || strings.HasPrefix(typ, "character")
 }
 
 // textRows streams a query's rows in text form.

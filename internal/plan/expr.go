@@ -68,8 +68,9 @@ func FromSQL(tp *TablePlan) string {
 
 // exprInfo is what the source says of an expression over a table.
 type exprInfo struct {
-	col    SourceColumn
-	inputs []GeneratedInput
+	col       SourceColumn
+	inputs    []GeneratedInput
+	collation string
 }
 
 // probeExpr asks the source what expr means over the table ct names: its
@@ -99,10 +100,10 @@ func probeExpr(ctx context.Context, db Querier, ct *catalogTable, expr string) (
 	var info exprInfo
 	var tree string
 	err = tx.QueryRow(ctx, `
-		SELECT format_type(a.atttypid, a.atttypmod), a.atttypid, a.atttypmod, r.ev_action::text
+		SELECT format_type(a.atttypid, a.atttypmod), a.atttypid, a.atttypmod, r.ev_action::text, `+collationSQL+`
 		FROM pg_attribute a JOIN pg_rewrite r ON r.ev_class = a.attrelid
 		WHERE a.attrelid = 'pg_temp.fkmat_probe'::regclass AND a.attnum = 1`).Scan(
-		&info.col.Type, &info.col.TypeOID, &info.col.TypeMod, &tree)
+		&info.col.Type, &info.col.TypeOID, &info.col.TypeMod, &tree, &info.collation)
 	if err != nil {
 		return exprInfo{}, "", fmt.Errorf("check an expression over %s: %w", ct.name, err)
 	}
@@ -301,6 +302,7 @@ func expression(ct *catalogTable, tp *TablePlan, expr string, where bool, what s
 		}
 	}
 	col := info.col
+	ct.exprCollation[expr] = info.collation
 	col.Name, col.Expr = ComputedName(kind, expr), expr
 	// The stream's rows carry no type modifier for a computed column:
 	// compare its type alone (the target column has the modifier).

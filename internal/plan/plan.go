@@ -78,6 +78,9 @@ type JoinPlan struct {
 	// Edges are the entries of the list form (joins of more than two
 	// tables), in order; nil in the two-table form (Right).
 	Edges []EdgePlan
+	// Rollups are the child tables rolled up into the left rows: a join
+	// with roll-ups has the list form (its right, if any, is Edges[0]).
+	Rollups []RollupPlan `json:",omitempty"`
 	// WidenedBefore is the source WAL position before which changes may
 	// hold columns narrower than the plan's: they were written before a
 	// widening the daemon followed (fkmat.join_state.widened_lsn); 0 when
@@ -189,6 +192,11 @@ type catalogTable struct {
 	// leaves them out of its messages.
 	generated map[string]string
 	genInputs []genInput
+	// collations are the columns' collations (the database's for
+	// "default"; "" for a type without one), and exprCollation those of the
+	// expressions probed.
+	collations    map[string]string
+	exprCollation map[string]string
 	// toastable says a column's values may be stored out of line (storage
 	// extended, external or main): an update that leaves such a value
 	// unchanged does not send it.
@@ -261,8 +269,14 @@ type replicaOf struct {
 	identity []string
 }
 
+// collationSQL is the name of the collation of pg_attribute a: the
+// database's own for "default", "" for a type without one.
+const collationSQL = `coalesce((SELECT CASE co.collname WHEN 'default' THEN (SELECT datcollate FROM pg_database WHERE datname = current_database())
+	ELSE co.collname END FROM pg_collation co WHERE co.oid = a.attcollation), '')`
+
 func describeTable(ctx context.Context, db Querier, t config.TableName) (*catalogTable, error) {
-	ct := &catalogTable{name: t, byName: map[string]SourceColumn{}, toastable: map[string]bool{}}
+	ct := &catalogTable{name: t, byName: map[string]SourceColumn{}, toastable: map[string]bool{},
+		collations: map[string]string{}, exprCollation: map[string]string{}}
 	ct.probe = func(expr string) (exprInfo, string, error) { return probeExpr(ctx, db, ct, expr) }
 	var oid uint32
 	err := db.QueryRow(ctx, `
@@ -278,7 +292,8 @@ func describeTable(ctx context.Context, db Querier, t config.TableName) (*catalo
 	ct.exists = true
 	rows, err := db.Query(ctx, `
 		SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, a.atttypmod, a.attnotnull,
-			CASE WHEN a.attgenerated <> '' THEN pg_get_expr(d.adbin, d.adrelid) END, a.attstorage IN ('x', 'e', 'm')
+			CASE WHEN a.attgenerated <> '' THEN pg_get_expr(d.adbin, d.adrelid) END, a.attstorage IN ('x', 'e', 'm'),
+			`+collationSQL+`
 		FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum`, oid)
 	if err != nil {
@@ -288,9 +303,11 @@ func describeTable(ctx context.Context, db Querier, t config.TableName) (*catalo
 		c := SourceColumn{HasTypeMod: true}
 		var gen *string
 		var toast bool
-		if err := rows.Scan(&c.Name, &c.Type, &c.TypeOID, &c.TypeMod, &c.NotNull, &gen, &toast); err != nil {
+		var coll string
+		if err := rows.Scan(&c.Name, &c.Type, &c.TypeOID, &c.TypeMod, &c.NotNull, &gen, &toast, &coll); err != nil {
 			return nil, err
 		}
+		ct.collations[c.Name] = coll
 		ct.toastable[c.Name] = toast
 		ct.columns = append(ct.columns, c)
 		ct.byName[c.Name] = c
@@ -379,11 +396,21 @@ func indexColumnsSQL(rel, flag string) string {
 }
 
 func resolveJoin(jc config.JoinConfig, lookup func(config.TableName) (*catalogTable, error)) (*JoinPlan, []string, error) {
-	if len(jc.Rollups) > 0 {
+	if len(jc.Rollups) > 0 && !rollupsEnabled {
 		// Read, and refused until they are maintained: a roll-up accepted
 		// and then left out would be a silent loss.
 		return nil, []string{fmt.Sprintf("join %q: rollups are not maintained yet by this version of fkmat; "+
 			"remove rollups: (or keep the aggregate in a view over the target until a release maintains it)", jc.Name)}, nil
+	}
+	if len(jc.Rollups) > 0 && !jc.IsList() {
+		// A join with roll-ups runs as a tree: its right, if any, is its
+		// one entry.
+		jc.Rights = []config.RightConfig{}
+		if !jc.Right.Table.IsZero() {
+			r := jc.Right
+			r.ForeignKey = jc.Left.ForeignKey
+			jc.Rights = append(jc.Rights, r)
+		}
 	}
 	if jc.IsList() {
 		return resolveList(jc, lookup)
@@ -692,6 +719,11 @@ func TargetTable(name config.TableName, p *JoinPlan) sink.Table {
 	for _, v := range right {
 		t.Columns = append(t.Columns, sink.Column{Name: v.Name, Type: v.Source.Type})
 	}
+	for _, r := range p.Rollups {
+		for _, a := range r.Aggregates {
+			t.Columns = append(t.Columns, sink.Column{Name: a.Name, Type: a.Type})
+		}
+	}
 	return t
 }
 
@@ -730,9 +762,6 @@ func Fingerprint(p *JoinPlan) string {
 	return hex.EncodeToString(sum[:12])
 }
 
-// resolveList resolves the list form of a join (README, "Joins of more than
-// two tables"): every table, key, foreign key (in its `from` table),
-// FK/key types per edge, replica identities, unique keys, and output names.
 // joinProblems gathers the problems of one join, each named by the join.
 type joinProblems struct {
 	join string
@@ -743,6 +772,9 @@ func (p *joinProblems) add(format string, args ...any) {
 	p.list = append(p.list, fmt.Sprintf("join %q: ", p.join)+fmt.Sprintf(format, args...))
 }
 
+// resolveList resolves the list form of a join (README, "Joins of more than
+// two tables"): every table, key, foreign key (in its `from` table),
+// FK/key types per edge, replica identities, unique keys, and output names.
 // A list form that resolves runs as a join.Tree (pipeline.TreeLayoutOf).
 func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTable, error)) (*JoinPlan, []string, error) {
 	probs := &joinProblems{join: jc.Name}
@@ -800,6 +832,9 @@ func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 		checkUnique(ct, e.Table.Key, where, add)
 		p.Edges = append(p.Edges, e)
 	}
+	if err := resolveRollups(jc, p, lookup, add); err != nil {
+		return nil, nil, err
+	}
 	// Output names: one column per name in the target.
 	owner := map[string]string{}
 	claim := func(name, from string) {
@@ -818,6 +853,11 @@ func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 	for _, e := range p.Edges {
 		for _, v := range e.Table.Values {
 			claim(v.Name, e.Alias)
+		}
+	}
+	for _, r := range p.Rollups {
+		for _, a := range r.Aggregates {
+			claim(a.Name, "the roll-up of "+r.Table.Table.String())
 		}
 	}
 	if len(probs.list) > 0 || !finishPlan(p, jc, add) {

@@ -77,7 +77,8 @@ type definition struct {
 	Type        string
 	Left, Right TablePlan
 	Target      sink.Table
-	Edges       []EdgePlan `json:",omitempty"`
+	Edges       []EdgePlan   `json:",omitempty"`
+	Rollups     []RollupPlan `json:",omitempty"`
 }
 
 // Definition returns the JSON of what defines p: its tables, keys, columns
@@ -85,7 +86,7 @@ type definition struct {
 // keeps it with the join's checkpoint to tell a widened type from any
 // other change.
 func Definition(p *JoinPlan) []byte {
-	b, _ := json.Marshal(definition{p.Type, p.Left, p.Right, p.Target, p.Edges})
+	b, _ := json.Marshal(definition{p.Type, p.Left, p.Right, p.Target, p.Edges, p.Rollups})
 	return b
 }
 

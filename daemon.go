@@ -153,11 +153,11 @@ func open(ctx context.Context, cfg *config.Config, opts Options) (_ *daemon, err
 	return d, nil
 }
 
-// openJoin opens a join's Redis state (one per entry of a join of more
-// than two tables) of generation gen (fkmat.join_state.generation) and its
+// openJoin opens a join's Redis states (plan.JoinPlan.States) of
+// generation gen (fkmat.join_state.generation) and its
 // engine.
 func (d *daemon) openJoin(ctx context.Context, p *plan.JoinPlan, gen int) (pipeline.Join, error) {
-	prefixes := redisstore.StatePrefixes(d.cfg.Slot, p.Name, len(p.Edges), gen)
+	prefixes := redisstore.StatePrefixes(d.cfg.Slot, p.Name, p.States()-1, gen)
 	stores := make([]*redisstore.Store, len(prefixes))
 	for t, prefix := range prefixes {
 		var err error

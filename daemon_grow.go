@@ -52,7 +52,7 @@ func (d *daemon) grow(ctx context.Context, p *pipeline.Pipeline) {
 					continue
 				}
 				if grew {
-					due = append(due, growth{join: j.Plan().Name, table: i, store: store, shape: sh, fkLen: pipeline.MemberFK(j.Plan())})
+					due = append(due, growth{join: j.Plan().Name, table: i, store: store, shape: sh, fkLen: pipeline.MemberFK(j.Plan(), i)})
 				}
 			}
 		}

@@ -635,9 +635,17 @@ func stateSizes(ctx context.Context, source *pgxpool.Pool, p *plan.JoinPlan) []r
 	for _, e := range p.Edges {
 		rows = append(rows, rowsOrZero(ctx, source, e.Table.Table))
 	}
-	out := make([]redisstore.Size, len(rows))
+	// A roll-up's results hold a row per parent with children; its
+	// children's state a row per child, an accumulator per parent.
+	for range p.Rollups {
+		rows = append(rows, rows[0])
+	}
+	out := make([]redisstore.Size, len(rows), p.States())
 	for t := range out {
 		out[t].LeftRows = rows[t]
+	}
+	for _, r := range p.Rollups {
+		out = append(out, redisstore.Size{LeftRows: rowsOrZero(ctx, source, r.Table.Table), RightRows: rows[0]})
 	}
 	for i, e := range p.Edges {
 		from, entry := e.Parent+1, i+1

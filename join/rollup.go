@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/fkmat/fkmat/internal/agg"
 )
@@ -665,3 +666,107 @@ func (emptyReader) GetRight(context.Context, []Key) (map[Key]RightState, error) 
 }
 
 func (emptyReader) Dependents(context.Context, Key, Key, int) ([]Key, error) { return nil, nil }
+
+// RollupLoad builds a roll-up's state from its children as a backfill
+// reads them (each child once, in any order, pages at once from several
+// goroutines): each page's children and sorted-set members, and, at the
+// end, every parent's accumulators.
+type RollupLoad struct {
+	r    *Rollup
+	mu   sync.Mutex
+	accs map[Key]*loadParent
+}
+
+type loadParent struct {
+	key  []Value
+	accs []*agg.State
+}
+
+// Load returns a RollupLoad of r.
+func (r *Rollup) Load() *RollupLoad { return &RollupLoad{r: r, accs: map[Key]*loadParent{}} }
+
+// Page returns the state of a page of children, each row its key, then its
+// parent key, then its inputs.
+func (l *RollupLoad) Page(rows [][]Value) (Mutations, error) {
+	r := l.r
+	nk, np := len(r.spec.Child), len(r.spec.Parent)
+	m := Mutations{PutLeft: make(map[Key]LeftState, len(rows))}
+	a := &rollupApply{r: r}
+	for _, row := range rows {
+		if len(row) != nk+np+len(r.spec.Inputs) {
+			return m, fmt.Errorf("roll-up %s: a loaded row of %d values, want %d", r.spec.Name, len(row), nk+np+len(r.spec.Inputs))
+		}
+		st := LeftState{PK: row[:nk:nk], FK: row[nk : nk+np : nk+np], Values: row[nk+np:]}
+		k, err := EncodeKey(r.spec.Child, st.PK)
+		if err != nil {
+			return m, fmt.Errorf("roll-up %s: child key: %w", r.spec.Name, err)
+		}
+		m.PutLeft[k] = st
+		if hasNull(st.FK) {
+			continue
+		}
+		parent, err := EncodeKey(r.spec.Parent, st.FK)
+		if err != nil {
+			return m, fmt.Errorf("roll-up %s: parent key: %w", r.spec.Name, err)
+		}
+		for s, set := range r.sets {
+			sub, ok, err := a.member(parent, &st, k, s, set)
+			if err != nil {
+				return m, err
+			}
+			if ok {
+				m.AddSubs = append(m.AddSubs, sub)
+			}
+		}
+		if err := l.add(parent, &st); err != nil {
+			return m, err
+		}
+	}
+	return m, nil
+}
+
+// add adds a child to its parent's accumulators.
+func (l *RollupLoad) add(parent Key, st *LeftState) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := l.accs[parent]
+	if p == nil {
+		p = &loadParent{key: st.FK}
+		for _, fn := range l.r.funcs {
+			p.accs = append(p.accs, agg.New(fn))
+		}
+		l.accs[parent] = p
+	}
+	if err := p.accs[0].Add("", false); err != nil {
+		return err
+	}
+	for i, a := range l.r.spec.Aggregates {
+		slot := l.r.scalar[i]
+		if slot < 0 {
+			continue
+		}
+		var v Value
+		if a.Input >= 0 {
+			v = st.Values[a.Input]
+		}
+		if err := p.accs[slot].Add(v.Text, a.Input >= 0 && v.Null); err != nil {
+			return fmt.Errorf("roll-up %s, aggregate %d: %w", l.r.spec.Name, i, err)
+		}
+	}
+	return nil
+}
+
+// Finish returns every parent's accumulators, once every child is paged.
+func (l *RollupLoad) Finish() Mutations {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := Mutations{PutRight: make(map[Key]RightState, len(l.accs))}
+	for k, p := range l.accs {
+		var b []byte
+		for _, s := range p.accs {
+			b = s.Append(b)
+		}
+		m.PutRight[k] = RightState{Key: p.key, Values: []Value{TextValue(string(b))}}
+	}
+	return m
+}

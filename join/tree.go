@@ -49,6 +49,7 @@ type Tree struct {
 	cols     [][]int // cols[t]: the target columns of t's values
 	subCols  [][]int // subCols[t]: the target columns of t's subtree, ascending
 	hasInner []bool  // hasInner[t]: t's subtree (t included) has an inner entry
+	absent   []Value // absent[c]: target column c when its entry has no row
 	width    int     // target columns
 	stats    TreeStats
 }
@@ -78,6 +79,9 @@ type TreeTable struct {
 	Type JoinType
 	// Partitioned: see Spec.LeftPartitioned.
 	Partitioned bool
+	// Absent are an entry's values when no row matches (a left join):
+	// NULL when nil (a roll-up's count is 0).
+	Absent []Value
 }
 
 // TreeRow is a row of one table of a Tree: its key, its output values and,
@@ -201,6 +205,21 @@ func NewTree(spec TreeSpec) (*Tree, error) {
 		}
 	}
 	tr.width = col
+	tr.absent = make([]Value, col)
+	for c := range tr.absent {
+		tr.absent[c] = NullValue()
+	}
+	for t, tab := range spec.Tables {
+		if tab.Absent == nil {
+			continue
+		}
+		if len(tab.Absent) != tab.Values {
+			return nil, fmt.Errorf("%w %q: table %d has %d values when absent, want %d", ErrTreeSpec, spec.Name, t, len(tab.Absent), tab.Values)
+		}
+		for j, c := range tr.cols[t] {
+			tr.absent[c] = tab.Absent[j]
+		}
+	}
 	for t := n - 1; t >= 0; t-- {
 		tr.subCols[t] = slices.Clone(tr.cols[t])
 		tr.hasInner[t] = t > 0 && spec.Tables[t].Type == Inner
@@ -531,7 +550,7 @@ func (a *treeApply) eval(ctx context.Context, t int, rows []*TreeRow, v view, ou
 	for i, r := range rows {
 		if r == nil {
 			for _, c := range tr.subCols[t] {
-				outs[i][c] = NullValue()
+				outs[i][c] = tr.absent[c]
 			}
 			sat[i] = !tr.hasInner[t]
 			continue

@@ -160,6 +160,8 @@ type tableMapper struct {
 	layouts map[tableLayoutKey]*layout
 	// of caches tablesOf per relation.
 	of map[*cdc.Relation][]int
+	// children is the first roll-up's children's table (len(tables): none).
+	children int
 }
 
 type tableLayoutKey struct {
@@ -181,6 +183,15 @@ func newTableMapper(p *plan.JoinPlan, l plan.Carried) *tableMapper {
 	for i, e := range p.Edges {
 		m.tables = append(m.tables, plan.TablePlan{Table: e.Table.Table, Key: e.Table.Key, Values: carried(l.Columns[i+1]),
 			Partitioned: e.Table.Partitioned, Where: e.Table.Where})
+	}
+	// A roll-up's results are no source table (a zero plan matches no
+	// relation); its children follow the tree's tables, each a left side:
+	// its key, its parent key as foreign key, its inputs.
+	m.children = len(m.tables) + len(p.Rollups)
+	m.tables = append(m.tables, make([]plan.TablePlan, len(p.Rollups))...)
+	for _, r := range p.Rollups {
+		m.tables = append(m.tables, plan.TablePlan{Table: r.Table.Table, Key: r.Table.Key, ForeignKey: r.Table.ForeignKey,
+			Values: carried(r.Inputs), Partitioned: r.Table.Partitioned, Where: r.Table.Where})
 	}
 	return m
 }
@@ -215,7 +226,7 @@ func (m *tableMapper) layoutOf(rel *cdc.Relation, t int, at wal.LSN) (*layout, e
 // newLayout is newLayout of table t.
 func (m *tableMapper) newLayout(rel *cdc.Relation, t int, narrower bool) (*layout, error) {
 	s := sideRight
-	if t == 0 {
+	if t == 0 || t >= m.children {
 		s = sideLeft
 	}
 	return newLayout(rel, &m.tables[t], s, narrower)
@@ -228,7 +239,7 @@ func (m *tableMapper) appendChanges(dst []join.Change, c *cdc.Change) ([]join.Ch
 		for _, rel := range c.Truncate.Relations {
 			for _, t := range m.tablesOf(rel) {
 				kind := join.RightTruncate
-				if t == 0 {
+				if t == 0 || t >= m.children {
 					kind = join.LeftTruncate
 				}
 				dst = append(dst, join.Change{Table: t, Kind: kind})

@@ -20,7 +20,11 @@ type Tree struct {
 	joinBase
 	tree   *join.Tree
 	layout *TreeLayout
+	// tables are the tree's tables' states, then each roll-up's children's.
 	tables []*tableState
+	// rollups are the roll-ups' engines; their children's changes and
+	// states are numbered after the tree's tables (rollupAt).
+	rollups []*join.Rollup
 }
 
 var _ Join = (*Tree)(nil)
@@ -42,8 +46,8 @@ func newTree(p *plan.JoinPlan, stores []State, pageSize int) (*Tree, error) {
 		return nil, fmt.Errorf("join %q: %d entries, at most %d are supported", p.Name, len(p.Edges), config.MaxEntries)
 	}
 	l := TreeLayoutOf(p)
-	if len(stores) != len(l.Spec.Tables) {
-		return nil, fmt.Errorf("join %q: %d states for %d tables", p.Name, len(stores), len(l.Spec.Tables))
+	if len(stores) != p.States() {
+		return nil, fmt.Errorf("join %q: %d states for %d", p.Name, len(stores), p.States())
 	}
 	spec := l.Spec
 	spec.PageSize = pageSize
@@ -52,11 +56,18 @@ func newTree(p *plan.JoinPlan, stores []State, pageSize int) (*Tree, error) {
 		return nil, fmt.Errorf("join %q: %w", p.Name, err)
 	}
 	t := &Tree{tree: jt, layout: l}
+	for k := range p.Rollups {
+		r, err := join.NewRollup(RollupSpecOf(p, k))
+		if err != nil {
+			return nil, fmt.Errorf("join %q: %w", p.Name, err)
+		}
+		t.rollups = append(t.rollups, r)
+	}
 	for _, store := range stores {
 		older := join.NewPending(store)
 		t.tables = append(t.tables, &tableState{store: store, pending: join.NewPending(older), older: older})
 	}
-	t.joinBase = joinBase{plan: p, st: newTreeState(t.tables), mapper: newTableMapper(p, l.carried)}
+	t.joinBase = joinBase{plan: p, st: newTreeState(t.tables, len(l.Spec.Tables)), mapper: newTableMapper(p, l.carried)}
 	return t, nil
 }
 
@@ -112,6 +123,10 @@ func (t *Tree) apply(ctx context.Context, changes []join.Change, bound wal.LSN, 
 		}
 		changes = kept
 	}
+	changes, rolled, err := t.rollUp(ctx, changes)
+	if err != nil {
+		return join.Mutations{}, t.errorf(err)
+	}
 	tcs, err := t.layout.changes(changes)
 	if err != nil {
 		return join.Mutations{}, t.errorf(err)
@@ -120,7 +135,12 @@ func (t *Tree) apply(ctx context.Context, changes []join.Change, bound wal.LSN, 
 	if err != nil {
 		return join.Mutations{}, err
 	}
-	return t.layout.Mutations(m)
+	out, err := t.layout.Mutations(m)
+	if err != nil || len(t.rollups) == 0 {
+		return out, err
+	}
+	out.Tables = append(out.Tables, rolled...)
+	return out, nil
 }
 
 func (t *Tree) located(_ []txnSpan, err error) error { return err }
@@ -198,20 +218,32 @@ func EdgeKey(entry int, parent join.Key) join.Key {
 	return join.Key(string([]byte{byte(entry)}) + string(parent))
 }
 
-// MemberFK returns, for the Redis state of table t of join p (0 for the
-// one state of a two-table join), the length of the foreign key that a
-// subscription's member (FK ++ PK) starts with: for a tree the entry's
-// byte and its table's key (EdgeKey), for a two-table join the left
-// table's foreign key. redisstore.Store.Resize needs it to find a
-// member's lane.
-func MemberFK(p *plan.JoinPlan) func(member string) (int, error) {
+// MemberFK returns, for Redis state t of join p (0 for the one state of a
+// two-table join; plan.JoinPlan.States), the length of the foreign key
+// that a subscription's member (FK ++ PK) starts with: for a table of a
+// tree the entry's byte and its table's key (EdgeKey), for a roll-up's
+// children the parent key and the sorted set's byte (join.Rollup), for a
+// two-table join the left table's foreign key. redisstore.Store.Resize
+// needs it to find a member's lane.
+func MemberFK(p *plan.JoinPlan, t int) func(member string) (int, error) {
 	if p.Edges == nil {
 		n := len(p.Right.Key)
 		return func(m string) (int, error) { return join.KeyLen(m, n) }
 	}
-	arity := make([]int, len(p.Edges)+1)
+	tables := len(p.Edges) + 1 + len(p.Rollups)
+	if t >= tables {
+		n := len(p.Left.Key)
+		return func(m string) (int, error) {
+			k, err := join.KeyLen(m, n)
+			return k + 1, err
+		}
+	}
+	arity := make([]int, tables)
 	for i, e := range p.Edges {
 		arity[i+1] = len(e.Table.Key)
+	}
+	for k := range p.Rollups {
+		arity[len(p.Edges)+1+k] = len(p.Left.Key)
 	}
 	return func(m string) (int, error) {
 		if m == "" || m[0] == 0 || int(m[0]) >= len(arity) {
@@ -241,7 +273,7 @@ type TreeLayout struct {
 // entry i.
 func TreeLayoutOf(p *plan.JoinPlan) *TreeLayout {
 	l := &TreeLayout{carried: plan.CarriedOf(p), Spec: join.TreeSpec{Name: p.Name}}
-	n := len(p.Edges) + 1
+	n := len(p.Edges) + 1 + len(p.Rollups)
 	l.fks, l.children = make([][][]int, n), make([][]int, n)
 	l.Spec.Tables = append(l.Spec.Tables, join.TreeTable{Key: plan.Families(p.Left.Key), Values: l.carried.Shown[0], From: -1,
 		Partitioned: p.Left.Partitioned})
@@ -260,14 +292,39 @@ func TreeLayoutOf(p *plan.JoinPlan) *TreeLayout {
 		}
 		l.fks[from] = append(l.fks[from], pos)
 	}
+	// A roll-up is an entry whose rows are its results, keyed by parent:
+	// the left table references it by its own key (positions -1-k: key
+	// column k, not stored with the row).
+	for k, r := range p.Rollups {
+		t := len(p.Edges) + 1 + k
+		absent := make([]join.Value, len(r.Aggregates))
+		for i, a := range r.Aggregates {
+			absent[i] = join.NullValue()
+			if a.Func == config.AggCount {
+				absent[i] = join.TextValue("0")
+			}
+		}
+		l.Spec.Tables = append(l.Spec.Tables, join.TreeTable{Key: plan.Families(p.Left.Key), Values: l.carried.Shown[t],
+			From: 0, Type: join.Left, Absent: absent})
+		l.children[0] = append(l.children[0], t)
+		pos := make([]int, len(p.Left.Key))
+		for i := range pos {
+			pos[i] = -1 - i
+		}
+		l.fks[0] = append(l.fks[0], pos)
+	}
 	return l
 }
+
+// ownKey says a foreign key's positions are the row's own key (a roll-up's
+// reference).
+func ownKey(pos []int) bool { return len(pos) > 0 && pos[0] < 0 }
 
 // Columns returns the source columns of table t a row of it is read from:
 // its key, then its carried columns.
 func (l *TreeLayout) Columns(p *plan.JoinPlan, t int) []plan.SourceColumn {
-	key := p.Left.Key
-	if t > 0 {
+	key := p.Left.Key // the left table's, and a roll-up's results'
+	if t > 0 && t <= len(p.Edges) {
 		key = p.Edges[t-1].Table.Key
 	}
 	return append(slices.Clone(key), l.carried.Columns[t]...)
@@ -280,6 +337,10 @@ func (l *TreeLayout) row(t int, key, carried []join.Value) (join.TreeRow, error)
 	}
 	r := join.TreeRow{Key: key, Values: carried[:l.carried.Shown[t]], FKs: make([][]join.Value, len(l.fks[t]))}
 	for j, pos := range l.fks[t] {
+		if ownKey(pos) {
+			r.FKs[j] = key
+			continue
+		}
 		fk := make([]join.Value, len(pos))
 		for k, p := range pos {
 			fk[k] = carried[p]
@@ -295,6 +356,10 @@ func (l *TreeLayout) rowOfState(t int, st join.LeftState) (join.TreeRow, error) 
 	r := join.TreeRow{Key: st.PK, Values: st.Values, FKs: make([][]join.Value, len(l.fks[t]))}
 	rest := st.FK
 	for j, pos := range l.fks[t] {
+		if ownKey(pos) {
+			r.FKs[j] = st.PK
+			continue
+		}
 		if len(rest) < len(pos) {
 			return join.TreeRow{}, fmt.Errorf("table %d: a stored row with %d foreign-key values, want more", t, len(st.FK))
 		}
@@ -306,11 +371,14 @@ func (l *TreeLayout) rowOfState(t int, st join.LeftState) (join.TreeRow, error) 
 	return r, nil
 }
 
-// stateOf returns the stored state of row.
-func stateOf(row *join.TreeRow) join.LeftState {
+// stateOf returns the stored state of row of table t (its own key is not
+// stored again as a foreign key).
+func (l *TreeLayout) stateOf(t int, row *join.TreeRow) join.LeftState {
 	var fk []join.Value
-	for _, f := range row.FKs {
-		fk = append(fk, f...)
+	for j, f := range row.FKs {
+		if !ownKey(l.fks[t][j]) {
+			fk = append(fk, f...)
+		}
 	}
 	return join.LeftState{PK: row.Key, FK: fk, Values: row.Values}
 }
@@ -371,7 +439,7 @@ func (l *TreeLayout) Mutations(m join.TreeMutations) (join.Mutations, error) {
 			if s.PutLeft == nil {
 				s.PutLeft = map[join.Key]join.LeftState{}
 			}
-			s.PutLeft[k] = stateOf(row)
+			s.PutLeft[k] = l.stateOf(t, row)
 		}
 		for _, c := range l.children[t] {
 			for sub, add := range m.Refs[c] {
@@ -396,7 +464,9 @@ func (l *TreeLayout) Load(t int, rows [][]join.Value) (join.Mutations, error) {
 	// holds them so (stateOf), and its references read them from there.
 	width := 0
 	for _, pos := range l.fks[t] {
-		width += len(pos)
+		if !ownKey(pos) {
+			width += len(pos)
+		}
 	}
 	fks := make([]join.Value, 0, width*len(rows))
 	for _, r := range rows {
@@ -410,6 +480,9 @@ func (l *TreeLayout) Load(t int, rows [][]join.Value) (join.Mutations, error) {
 		}
 		start := len(fks)
 		for _, pos := range l.fks[t] {
+			if ownKey(pos) {
+				continue
+			}
 			for _, p := range pos {
 				fks = append(fks, carried[p])
 			}
@@ -421,8 +494,11 @@ func (l *TreeLayout) Load(t int, rows [][]join.Value) (join.Mutations, error) {
 		m.PutLeft[k] = st
 		fk := st.FK
 		for j, c := range l.children[t] {
-			ref := fk[:len(l.fks[t][j])]
-			fk = fk[len(ref):]
+			ref := key
+			if !ownKey(l.fks[t][j]) {
+				ref = fk[:len(l.fks[t][j])]
+				fk = fk[len(ref):]
+			}
 			if hasNullValue(ref) {
 				continue
 			}

@@ -26,13 +26,29 @@ type tableState struct {
 // get what they lack (Tree.apply) and the ones ahead skip it.
 type treeState struct {
 	tables []*tableState
+	// trees counts the tree's tables; the roll-ups' children's states
+	// follow them, and commit after them (pipeline/rollup.go).
+	trees int
 	// partial marks the tables written by CommitPartial since the last
 	// FinishPartial or Recover (large transactions are not pipelined).
 	partial []bool
 }
 
-func newTreeState(tables []*tableState) *treeState {
-	return &treeState{tables: tables, partial: make([]bool, len(tables))}
+func newTreeState(tables []*tableState, trees int) *treeState {
+	return &treeState{tables: tables, trees: trees, partial: make([]bool, len(tables))}
+}
+
+// commitOrder is the order the tables commit in: the tree's from the last
+// to the first, then the roll-ups' children's.
+func (s *treeState) commitOrder(n int) []int {
+	order := make([]int, 0, n)
+	for i := min(s.trees, n) - 1; i >= 0; i-- {
+		order = append(order, i)
+	}
+	for i := s.trees; i < n; i++ {
+		order = append(order, i)
+	}
+	return order
 }
 
 var errTreeRead = errors.New("a join tree's state is read table by table, through each table's overlays")
@@ -80,8 +96,8 @@ func (s *treeState) Checkpoint() wal.LSN {
 	return low
 }
 
-// Commit commits m's tables from the last to the first, each at lsn (a table
-// that has lsn already skips it). Mutations without tables (a batch that
+// Commit commits m's tables in commitOrder, each at lsn (a table that has
+// lsn already skips it). Mutations without tables (a batch that
 // touched no table of the join) advance every table.
 func (s *treeState) Commit(ctx context.Context, m join.Mutations, lsn wal.LSN) error {
 	if m.Tables == nil {
@@ -90,7 +106,7 @@ func (s *treeState) Commit(ctx context.Context, m join.Mutations, lsn wal.LSN) e
 		}
 		m.Tables = make([]join.Mutations, len(s.tables))
 	}
-	for i := len(m.Tables) - 1; i >= 0; i-- {
+	for _, i := range s.commitOrder(len(m.Tables)) {
 		if err := s.tables[i].store.Commit(ctx, m.Tables[i], lsn); err != nil {
 			return fmt.Errorf("table %d: %w", i, err)
 		}
@@ -116,7 +132,7 @@ func (s *treeState) CommitPartial(ctx context.Context, m join.Mutations, txn wal
 // FinishPartial finishes the large transaction on the tables it was written
 // to, from the last to the first.
 func (s *treeState) FinishPartial(ctx context.Context, lsn wal.LSN) error {
-	for i := len(s.tables) - 1; i >= 0; i-- {
+	for _, i := range s.commitOrder(len(s.tables)) {
 		if !s.partial[i] {
 			continue
 		}

@@ -332,7 +332,7 @@ func resolveWhere(ct *catalogTable, tp *TablePlan, w, what string, add func(stri
 }
 
 // TablePlans returns the plans of p's tables: the left table's, then the
-// right one's or each entry's.
+// right one's or each entry's, then each roll-up's children's.
 func (p *JoinPlan) TablePlans() []*TablePlan {
 	tables := []*TablePlan{&p.Left}
 	if p.Edges == nil {
@@ -340,6 +340,9 @@ func (p *JoinPlan) TablePlans() []*TablePlan {
 	}
 	for i := range p.Edges {
 		tables = append(tables, &p.Edges[i].Table)
+	}
+	for i := range p.Rollups {
+		tables = append(tables, &p.Rollups[i].Table)
 	}
 	return tables
 }

@@ -102,7 +102,20 @@ func (p *JoinPlan) Tables() []config.TableName {
 	for _, e := range p.Edges {
 		out = append(out, e.Table.Table)
 	}
+	for _, r := range p.Rollups {
+		out = append(out, r.Table.Table)
+	}
 	return out
+}
+
+// States returns how many Redis states the join has: one for two tables;
+// for a tree one per table, one per roll-up's aggregates (the tree's
+// entry of its results), and one per roll-up's children.
+func (p *JoinPlan) States() int {
+	if p.Edges == nil {
+		return 1
+	}
+	return 1 + len(p.Edges) + 2*len(p.Rollups)
 }
 
 // EdgePlan is one entry of the list form resolved: the foreign-key edge
@@ -904,6 +917,15 @@ func CarriedOf(p *JoinPlan) Carried {
 	for i, e := range p.Edges {
 		cols, shown := carry(e.Table.Values, children[i+1])
 		l.Columns, l.Shown = append(l.Columns, cols), append(l.Shown, shown)
+	}
+	// A roll-up is an entry of the tree whose rows are its results, by
+	// parent key: they carry the aggregates.
+	for _, r := range p.Rollups {
+		var cols []SourceColumn
+		for _, a := range r.Aggregates {
+			cols = append(cols, SourceColumn{Name: a.Name, Type: a.Type, TypeMod: -1})
+		}
+		l.Columns, l.Shown = append(l.Columns, cols), append(l.Shown, len(cols))
 	}
 	return l
 }

@@ -1,0 +1,101 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/join"
+)
+
+// A roll-up runs in a Tree as two parts: a join.Rollup over its children
+// (their changes and state are numbered after the tree's tables), whose
+// results per parent become the rows of an entry of the tree (the last
+// tables of its spec), which the left table references by its own key.
+// The roll-up runs first in each batch, and its results are changes of
+// that entry at the batch's end: the tree then writes them into the
+// parents' rows with the rest of the batch.
+//
+// The children's states commit after every table of the tree
+// (treeState.Commit): after a crash between, the tree's tables have the
+// batch and skip it, and the roll-up, behind, applies it again from the
+// same state and gives the same results.
+
+// RollupSpecOf returns the join.RollupSpec of roll-up k of p.
+func RollupSpecOf(p *plan.JoinPlan, k int) join.RollupSpec {
+	r := &p.Rollups[k]
+	spec := join.RollupSpec{Name: r.Table.Table.String(), Parent: plan.Families(p.Left.Key), Child: plan.Families(r.Table.Key)}
+	for _, c := range r.Table.Key {
+		spec.ChildTypes = append(spec.ChildTypes, c.Type)
+	}
+	for _, in := range r.Inputs {
+		spec.Inputs = append(spec.Inputs, in.Type)
+	}
+	for _, a := range r.Aggregates {
+		spec.Aggregates = append(spec.Aggregates, join.RollupAggregate{Func: a.Func, Input: a.Input, OrderBy: a.OrderBy, Desc: a.Desc, Limit: a.Limit})
+	}
+	return spec
+}
+
+// rollupAt returns the roll-up whose children's changes and state have
+// number t (-1: a table of the tree), and the tree table of its results.
+func (t *Tree) rollupAt(n int) (k, results int) {
+	trees := len(t.layout.Spec.Tables)
+	if n < trees {
+		return -1, -1
+	}
+	k = n - trees
+	return k, trees - len(t.rollups) + k
+}
+
+// rollUp runs the batch's children's changes through their roll-ups. It
+// returns the tree's changes, with each roll-up's results appended as
+// changes of its entry, and the roll-ups' mutations.
+func (t *Tree) rollUp(ctx context.Context, changes []join.Change) ([]join.Change, []join.Mutations, error) {
+	if len(t.rollups) == 0 {
+		return changes, nil, nil
+	}
+	per := make([][]join.RollupChange, len(t.rollups))
+	kept := changes[:0:0]
+	for _, c := range changes {
+		k, _ := t.rollupAt(c.Table)
+		if k < 0 {
+			kept = append(kept, c)
+			continue
+		}
+		rc := join.RollupChange{Kind: c.Kind, Key: c.Left.PK, Parent: c.Left.FK, Values: c.Left.Values, IfPresent: c.IfPresent}
+		switch c.Kind {
+		case join.LeftTruncate, join.RightTruncate:
+			rc.Kind = join.LeftTruncate
+		case join.LeftKeyChange:
+			rc.OldKey = c.OldKey
+		case join.LeftUpsert, join.LeftDelete:
+		default:
+			return nil, nil, fmt.Errorf("roll-up %d: change kind %s", k, c.Kind)
+		}
+		per[k] = append(per[k], rc)
+	}
+	muts := make([]join.Mutations, len(t.rollups))
+	for k, r := range t.rollups {
+		if len(per[k]) == 0 {
+			continue
+		}
+		_, results := t.rollupAt(len(t.layout.Spec.Tables) + k)
+		m, outs, err := r.Apply(ctx, t.tables[len(t.layout.Spec.Tables)+k].pending, per[k])
+		if err != nil {
+			return nil, nil, err
+		}
+		muts[k] = m
+		if m.ClearLeft {
+			kept = append(kept, join.Change{Table: results, Kind: join.RightTruncate})
+		}
+		for _, o := range outs {
+			c := join.Change{Table: results, Kind: join.RightUpsert, Right: join.RightRow{Key: o.Parent, Values: o.Values}}
+			if o.Values == nil {
+				c.Kind = join.RightDelete
+			}
+			kept = append(kept, c)
+		}
+	}
+	return kept, muts, nil
+}

@@ -142,6 +142,9 @@ func (l *loader) load(ctx context.Context, snapshot string) (int64, error) {
 						fmt.Sprintf("load the rows of %s of join %q", name, p.Name))
 				})
 			}
+			for k := range p.Rollups {
+				l.addRollupLoads(ctx, prog, snapshot, j, layout, k, add)
+			}
 			continue
 		}
 		right := prog.add(p.Name, "right "+p.Right.Table.String(), rowsOrZero(ctx, l.source, p.Right.Table))
@@ -166,6 +169,37 @@ func (l *loader) load(ctx context.Context, snapshot string) (int64, error) {
 		total += t.done.Load()
 	}
 	return total, nil
+}
+
+// addRollupLoads adds the loads of roll-up k of tree j: its results by
+// parent (the children grouped by the SQL of RollupResultsSQL) into the
+// tree's entry of them, and its children, with each parent's
+// accumulators, into its own state.
+func (l *loader) addRollupLoads(ctx context.Context, prog *progress, snapshot string, j pipeline.Join, layout *pipeline.TreeLayout, k int,
+	add func(*task, func(context.Context) error)) {
+	p := j.Plan()
+	r := &p.Rollups[k]
+	results := len(p.Edges) + 1 + k
+	children := results + len(p.Rollups)
+	name := r.Table.Table.String()
+	rows := rowsOrZero(ctx, l.source, r.Table.Table)
+	res := prog.add(p.Name, "roll-up results "+name, rowsOrZero(ctx, l.source, p.Left.Table))
+	add(res, func(ctx context.Context) error {
+		return l.loadQuery(ctx, snapshot, RollupResultsSQL(p, k), j.Stores()[results], res,
+			func(rows [][]join.Value) (join.Mutations, error) { return layout.Load(results, rows) }, nil,
+			fmt.Sprintf("load the results of the roll-up of %s of join %q", name, p.Name))
+	})
+	kids := prog.add(p.Name, "roll-up "+name, rows)
+	add(kids, func(ctx context.Context) error {
+		ro, err := join.NewRollup(pipeline.RollupSpecOf(p, k))
+		if err != nil {
+			return err
+		}
+		ld := ro.Load()
+		cols := append(append(slices.Clone(r.Table.Key), r.Table.ForeignKey...), r.Inputs...)
+		return l.loadQuery(ctx, snapshot, selectColumns(&r.Table, cols), j.Stores()[children], kids, ld.Page, ld.Finish,
+			fmt.Sprintf("load the roll-up of %s of join %q", name, p.Name))
+	})
 }
 
 // buildInterval is how often a backfill records its progress in
@@ -478,13 +512,20 @@ func (l *loader) loadLeft(ctx context.Context, snapshot string, j pipeline.Join,
 // read. what names the load in its error.
 func (l *loader) loadRows(ctx context.Context, snapshot string, table *plan.TablePlan, cols []plan.SourceColumn, store *redisstore.Store,
 	t *task, muts func(rows [][]join.Value) (join.Mutations, error), what string) error {
+	return l.loadQuery(ctx, snapshot, selectColumns(table, cols), store, t, muts, nil, what)
+}
+
+// loadQuery is loadRows of the rows of a query; finish, when set, gives
+// what the state holds beyond the rows, once they are all read.
+func (l *loader) loadQuery(ctx context.Context, snapshot, query string, store *redisstore.Store,
+	t *task, muts func(rows [][]join.Value) (join.Mutations, error), finish func() join.Mutations, what string) error {
 	err := func() error {
 		sp, err := store.NewSpool(ctx, "", t.total.Load())
 		if err != nil {
 			return err
 		}
 		defer func() { _ = sp.Close() }()
-		err = scanParallel(ctx, l.source, snapshot, table, cols, func(ctx context.Context, rows [][]join.Value) error {
+		err = scanQueryParallel(ctx, l.source, snapshot, query, func(ctx context.Context, rows [][]join.Value) error {
 			m, err := muts(rows)
 			if err != nil {
 				return err
@@ -497,6 +538,11 @@ func (l *loader) loadRows(ctx context.Context, snapshot string, table *plan.Tabl
 		})
 		if err != nil {
 			return err
+		}
+		if finish != nil {
+			if err := sp.Add(ctx, finish()); err != nil {
+				return err
+			}
 		}
 		if err := sp.Load(ctx); err != nil {
 			return err

@@ -222,6 +222,11 @@ func stateOfTable(jp *plan.JoinPlan, stores []*redisstore.Store, i int) (*rediss
 	if i == 0 {
 		return stores[0], false, jp.Left.Key
 	}
+	if i > len(jp.Edges) {
+		// A roll-up's children: their state follows the tree's tables.
+		k := i - len(jp.Edges) - 1
+		return stores[len(jp.Edges)+1+len(jp.Rollups)+k], false, jp.Rollups[k].Table.Key
+	}
 	return stores[i], false, jp.Edges[i-1].Table.Key
 }
 

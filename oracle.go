@@ -84,7 +84,7 @@ func oracleListSQL(p *plan.JoinPlan) string {
 	}
 	from := listFrom(p, len(p.Edges))
 	for k := range p.Rollups {
-		s, f := rollupSQL(p, k)
+		s, f, _ := rollupSQL(p, k)
 		sel, from = append(sel, s...), from+f
 	}
 	return "SELECT " + strings.Join(sel, ", ") + " FROM " + from
@@ -92,11 +92,11 @@ func oracleListSQL(p *plan.JoinPlan) string {
 
 // rollupSQL is what roll-up k adds to its join's SQL: its aggregates'
 // select items, and the join of the children grouped by parent (alias
-// r<k>). Each aggregate means the correlated subquery over the parent's
+// r<k>), whose query it returns too. Each aggregate means the correlated subquery over the parent's
 // children that pass the roll-up's filter: count 0 and the others NULL
 // over none. Ties of an order are broken by the child's key, and text is
 // ordered byte by byte, as fkmat orders them.
-func rollupSQL(p *plan.JoinPlan, k int) (sel []string, from string) {
+func rollupSQL(p *plan.JoinPlan, k int) (sel []string, from, grouped string) {
 	r := &p.Rollups[k]
 	alias := "r" + strconv.Itoa(k)
 	col := func(i int) string {
@@ -162,9 +162,21 @@ func rollupSQL(p *plan.JoinPlan, k int) (sel []string, from string) {
 	for i, key := range p.Left.Key {
 		on = append(on, alias+"."+ident("fk"+strconv.Itoa(i))+" = l."+ident(key.Name))
 	}
-	from = " LEFT JOIN (SELECT " + strings.Join(append(fks, aggs...), ", ") + " FROM " + children +
-		" GROUP BY " + strings.Join(groups, ", ") + ") " + alias + " ON " + strings.Join(on, " AND ")
-	return sel, from
+	grouped = "SELECT " + strings.Join(append(fks, aggs...), ", ") + " FROM " + children + " GROUP BY " + strings.Join(groups, ", ")
+	from = " LEFT JOIN (" + grouped + ") " + alias + " ON " + strings.Join(on, " AND ")
+	return sel, from, grouped
+}
+
+// RollupResultsSQL is the results of roll-up k of p by parent key: a row
+// per parent key its children reference (dangling ones included), its key
+// then its aggregates, as the roll-up's entry of the tree holds them.
+func RollupResultsSQL(p *plan.JoinPlan, k int) string {
+	_, _, grouped := rollupSQL(p, k)
+	var notNull []string
+	for i := range p.Left.Key {
+		notNull = append(notNull, "g."+ident("fk"+strconv.Itoa(i))+" IS NOT NULL")
+	}
+	return "SELECT g.* FROM (" + grouped + ") g WHERE " + strings.Join(notNull, " AND ")
 }
 
 // fkCols are roll-up r's foreign key columns of its children (alias c).

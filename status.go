@@ -577,9 +577,9 @@ func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, op
 		return statusStore(ctx, rdb, redisstore.GenerationPrefix(slot, p.Name, st.generation), opts, p, st, s)
 	}
 	var total int64
-	for t := range len(p.Edges) + 1 {
+	for t := range p.States() {
 		one := JoinStatus{RedisState: "ok"}
-		if err := statusStore(ctx, rdb, redisstore.StatePrefixes(slot, p.Name, len(p.Edges), st.generation)[t], opts, p, st, &one); err != nil {
+		if err := statusStore(ctx, rdb, redisstore.StatePrefixes(slot, p.Name, p.States()-1, st.generation)[t], opts, p, st, &one); err != nil {
 			return err
 		}
 		for _, problem := range one.Problems { // a join's tables lose their states together
@@ -598,14 +598,25 @@ func statusRedis(ctx context.Context, rdb redis.UniversalClient, slot string, op
 		} else {
 			total = -1
 		}
-		name := p.Left.Table.String()
-		if t > 0 {
-			name = p.Edges[t-1].Alias
-		}
-		s.Edges = append(s.Edges, EdgeStatus{Entry: name, Subscriptions: one.Subscriptions, RedisCheckpoint: one.RedisCheckpoint})
+		s.Edges = append(s.Edges, EdgeStatus{Entry: stateName(p, t), Subscriptions: one.Subscriptions, RedisCheckpoint: one.RedisCheckpoint})
 	}
 	s.Subscriptions = total
 	return nil
+}
+
+// stateName names Redis state t of tree p: its table's (the left table's
+// name, an entry's as), or a roll-up's results and children.
+func stateName(p *plan.JoinPlan, t int) string {
+	switch e, r := len(p.Edges), len(p.Rollups); {
+	case t == 0:
+		return p.Left.Table.String()
+	case t <= e:
+		return p.Edges[t-1].Alias
+	case t <= e+r:
+		return "roll-up " + p.Rollups[t-e-1].Table.Table.String() + " (results)"
+	default:
+		return "roll-up " + p.Rollups[t-e-r-1].Table.Table.String()
+	}
 }
 
 // statusStore fills the Redis part of s from one state's meta hash.

@@ -164,8 +164,8 @@ func dropJoinState(ctx context.Context, target *pgxpool.Pool, rdb redis.Universa
 	for i := range j.Rights {
 		prefixes = append(prefixes, redisstore.StepPrefix(slot, j.Name, i))
 	}
-	if len(j.Rights) > 0 {
-		prefixes = append(prefixes, redisstore.StatePrefixes(slot, j.Name, len(j.Rights), 0)...)
+	if states := j.States(); states > 1 {
+		prefixes = append(prefixes, redisstore.StatePrefixes(slot, j.Name, states-1, 0)...)
 	}
 	for _, prefix := range prefixes {
 		store, err := redisstore.Open(ctx, rdb, redisstore.Config{Prefix: prefix})

@@ -170,8 +170,10 @@ type Output struct {
 	// upserts and deletes (they concern other keys).
 	RightUpdates []RightUpdate
 	// NullColumns (a Tree's) sets these target columns of every row to
-	// NULL first, touching only rows with a non-NULL value in them.
+	// NULL first, or to NullValues when set (an entry's values without a
+	// row: a roll-up's count is 0), touching only the rows that differ.
 	NullColumns []int
+	NullValues  []Value
 	// ColumnUpdates (a Tree's) set some columns of rows, after the
 	// upserts and deletes. A key whose row does not exist is skipped; a
 	// row may get several, of disjoint columns.

@@ -290,6 +290,15 @@ func (a *treeApply) truncate(ctx context.Context, t int) error {
 	out := Output{Truncate: t == 0 || tr.hasInner[t]}
 	if !out.Truncate {
 		out.NullColumns = tr.subCols[t]
+		for _, c := range out.NullColumns {
+			if !tr.absent[c].Null {
+				out.NullValues = make([]Value, len(out.NullColumns))
+				for i, c := range out.NullColumns {
+					out.NullValues[i] = tr.absent[c]
+				}
+				break
+			}
+		}
 	}
 	a.ov.clearRows(t)
 	for _, c := range tr.children[t] {

@@ -3,7 +3,8 @@
 #
 #   A: the unit packages (go test, two at a time), then the integration tests
 #      that stop, pause or restart their Postgres and Redis containers (the
-#      fault injection and restart tests);
+#      fault injection and restart tests), and those that build and run
+#      images and releases (which leaves the two streams about as long);
 #   B: the other integration tests.
 #
 # Each integration test process starts its own Postgres and Redis
@@ -18,8 +19,9 @@ cd "$(dirname "$0")/.."
 
 GO=${GO:-go}
 TIMEOUT=${TEST_TIMEOUT:-45m}
-# The integration tests that need their containers to themselves.
-ALONE='^(TestFault.*|TestDaemonSurvivesRestarts|TestHarnessRestart)$'
+# The integration tests that need their containers to themselves, and those
+# that build images and releases.
+ALONE='^(TestFault.*|TestDaemonSurvivesRestarts|TestHarnessRestart|TestImage|TestReadmeQuickStart|TestMakeDemo|TestRelease)$'
 
 mkdir -p .test-logs
 log=.test-logs/unit-and-restarts.log

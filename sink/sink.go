@@ -148,7 +148,7 @@ func (t *Tx) Apply(ctx context.Context, table *Table, out join.Output) error {
 		}
 	}
 	if len(out.NullColumns) > 0 {
-		if err := t.NullColumns(ctx, table, out.NullColumns); err != nil {
+		if err := t.NullColumns(ctx, table, out.NullColumns, out.NullValues); err != nil {
 			return err
 		}
 	}
@@ -193,11 +193,12 @@ func (t *Tx) UpdateColumns(ctx context.Context, table *Table, u join.ColumnUpdat
 	return nil
 }
 
-// NullColumns sets the columns cols of every row to NULL, touching only
-// rows with a non-NULL value in them.
-func (t *Tx) NullColumns(ctx context.Context, table *Table, cols []int) error {
+// NullColumns sets the columns cols of every row to NULL, or to values
+// when set, touching only the rows that differ.
+func (t *Tx) NullColumns(ctx context.Context, table *Table, cols []int, values []join.Value) error {
 	set := make([]string, len(cols))
 	cond := make([]string, len(cols))
+	var args []any
 	for i, c := range cols {
 		if c < table.KeyCount || c >= len(table.Columns) {
 			return fmt.Errorf("null columns of %s: column %d is not a value column", table.Ident(), c)
@@ -205,8 +206,14 @@ func (t *Tx) NullColumns(ctx context.Context, table *Table, cols []int) error {
 		id := pgx.Identifier{table.Columns[c].Name}.Sanitize()
 		set[i] = id + " = NULL"
 		cond[i] = id + " IS NOT NULL"
+		if values != nil && !values[i].Null {
+			args = append(args, values[i].Text)
+			v := fmt.Sprintf("$%d::%s", len(args), table.Columns[c].Type)
+			set[i] = id + " = " + v
+			cond[i] = id + " IS DISTINCT FROM " + v
+		}
 	}
-	tag, err := t.tx.Exec(ctx, "UPDATE "+table.Ident()+" SET "+strings.Join(set, ", ")+" WHERE "+strings.Join(cond, " OR "))
+	tag, err := t.tx.Exec(ctx, "UPDATE "+table.Ident()+" SET "+strings.Join(set, ", ")+" WHERE "+strings.Join(cond, " OR "), args...)
 	if err != nil {
 		return fmt.Errorf("null columns of %s: %w", table.Ident(), err)
 	}

@@ -44,6 +44,20 @@ func validateRollup(r RollupConfig, prefix string, reported func(string) bool) [
 	return probs
 }
 
+// States returns how many Redis states the join has (plan.JoinPlan.States,
+// from the file alone): one for two tables; for the list form, or a join
+// with roll-ups, one per table and two per roll-up.
+func (j JoinConfig) States() int {
+	if !j.IsList() && len(j.Rollups) == 0 {
+		return 1
+	}
+	entries := len(j.Rights)
+	if !j.IsList() && !j.Right.Table.IsZero() {
+		entries = 1
+	}
+	return 1 + entries + 2*len(j.Rollups)
+}
+
 // The aggregate functions a roll-up maintains.
 const (
 	AggCount   = "count"

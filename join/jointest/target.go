@@ -44,10 +44,14 @@ func (t *Target) Apply(o join.Output) error {
 		}
 		t.Begin()
 	}
-	for _, c := range o.NullColumns { // a Tree's TRUNCATE of an entry's table
+	for i, c := range o.NullColumns { // a Tree's TRUNCATE of an entry's table
+		v := join.NullValue()
+		if o.NullValues != nil {
+			v = o.NullValues[i]
+		}
 		for k, row := range t.Rows {
 			row = slices.Clone(row)
-			row[c] = join.NullValue()
+			row[c] = v
 			t.Rows[k] = row
 		}
 	}

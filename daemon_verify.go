@@ -188,7 +188,7 @@ func (d *daemon) confirm(ctx context.Context, p *pipeline.Pipeline, q *verifyQue
 				confirmed = append(confirmed, suspect{kind: "extra", key: s.key})
 			case e != nil && a == nil:
 				confirmed = append(confirmed, suspect{kind: "missing", key: s.key})
-			case e != nil && !rowsEqual(e, a):
+			case e != nil && !rowsEqual(e, a, approxColumns(q.plan)):
 				confirmed = append(confirmed, suspect{kind: "different", key: s.key, columns: q.differing(e, a)})
 			}
 		}
@@ -201,7 +201,7 @@ func sameRow(a, b []*string) bool {
 	if a == nil || b == nil {
 		return a == nil && b == nil
 	}
-	return rowsEqual(a, b)
+	return rowsEqual(a, b, nil)
 }
 
 // waitApplied waits until the pipeline has applied every transaction
@@ -340,7 +340,7 @@ func (q *verifyQueries) chunk(ctx context.Context, source, target *pgxpool.Pool,
 		switch {
 		case !ok:
 			c.suspects = append(c.suspects, suspect{kind: "missing", key: e[:q.nk]})
-		case !rowsEqual(e, a):
+		case !rowsEqual(e, a, approxColumns(q.plan)):
 			c.suspects = append(c.suspects, suspect{kind: "different", key: e[:q.nk]})
 		}
 		delete(actual, k)

@@ -2,6 +2,7 @@ package fkmat
 
 import (
 	"context"
+	"math"
 	"strconv"
 	"strings"
 
@@ -258,13 +259,66 @@ func compareKeys(a, b []*string) int {
 	return 0
 }
 
-func rowsEqual(a, b []*string) bool {
+func rowsEqual(a, b []*string, approx []bool) bool {
 	for i := range a {
-		if (a[i] == nil) != (b[i] == nil) || deref(a[i]) != deref(b[i]) {
+		if (a[i] == nil) != (b[i] == nil) {
+			return false
+		}
+		if deref(a[i]) != deref(b[i]) && (approx == nil || !approx[i] || !closeFloats(*a[i], *b[i])) {
 			return false
 		}
 	}
 	return true
+}
+
+// floatTolerance is how far apart, relatively, verify lets a roll-up's
+// floating-point sum or average be from its SQL's: Postgres adds the
+// values in row order, fkmat exactly.
+const floatTolerance = 1e-9
+
+// approxColumns says which target columns of p verify compares within
+// floatTolerance (nil: none).
+func approxColumns(p *plan.JoinPlan) []bool {
+	var out []bool
+	col := len(p.Target.Columns)
+	for k := len(p.Rollups) - 1; k >= 0; k-- {
+		aggs := p.Rollups[k].Aggregates
+		for j := len(aggs) - 1; j >= 0; j-- {
+			col--
+			if a := aggs[j]; a.Type == "double precision" && (a.Func == "sum" || a.Func == "avg") {
+				if out == nil {
+					out = make([]bool, len(p.Target.Columns))
+				}
+				out[col] = true
+			}
+		}
+	}
+	return out
+}
+
+// closeFloats says two floating-point texts are within floatTolerance.
+func closeFloats(a, b string) bool {
+	x, err1 := strconv.ParseFloat(a, 64)
+	y, err2 := strconv.ParseFloat(b, 64)
+	if err1 != nil || err2 != nil || math.IsNaN(x) || math.IsNaN(y) || math.IsInf(x, 0) || math.IsInf(y, 0) {
+		return false
+	}
+	return math.Abs(x-y) <= floatTolerance*math.Max(math.Abs(x), math.Abs(y))
+}
+
+// approxDiffer is the SQL condition that the columns of approx differ
+// between rows e and t beyond floatTolerance.
+func approxDiffer(p *plan.JoinPlan, approx []bool) []string {
+	var out []string
+	for i, c := range p.Target.Columns {
+		if approx == nil || !approx[i] {
+			continue
+		}
+		e, t := "e."+ident(c.Name), "t."+ident(c.Name)
+		out = append(out, "("+e+" IS DISTINCT FROM "+t+" AND NOT coalesce(abs("+e+" - "+t+") <= "+
+			strconv.FormatFloat(floatTolerance, 'g', -1, 64)+" * greatest(abs("+e+"), abs("+t+")), false))")
+	}
+	return out
 }
 
 func deref(s *string) string {

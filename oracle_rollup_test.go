@@ -11,6 +11,7 @@ import (
 	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/plan"
 	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/sink"
 )
 
 // TestOracleRollups resolves a join with roll-ups of every aggregate and
@@ -117,5 +118,35 @@ joins:
 	}
 	if diff != 0 || rows != 40 || withChildren == 0 || withChildren == rows {
 		t.Fatalf("OracleSQL differs from the aggregates' definition in %d rows (%d rows, %d with children):\n%s", diff, rows, withChildren, oracle)
+	}
+}
+
+// TestRowsEqualApprox: a roll-up's floating-point sums and averages are
+// compared within a relative 1e-9 (Postgres adds in row order, fkmat
+// exactly), every other column exactly.
+func TestRowsEqualApprox(t *testing.T) {
+	s := func(v string) *string { return &v }
+	p := &plan.JoinPlan{Rollups: []plan.RollupPlan{{Aggregates: []plan.AggregatePlan{
+		{Func: "sum", Type: "double precision"}, {Func: "sum", Type: "numeric"}, {Func: "max", Type: "double precision"}}}}}
+	for range 4 {
+		p.Target.Columns = append(p.Target.Columns, sink.Column{})
+	}
+	approx := approxColumns(p)
+	if fmt.Sprint(approx) != "[false true false false]" {
+		t.Fatalf("approxColumns = %v", approx)
+	}
+	for _, c := range []struct {
+		a, b []*string
+		want bool
+	}{
+		{[]*string{s("1"), s("0.30000000000000004"), s("1.5"), s("2")}, []*string{s("1"), s("0.3"), s("1.5"), s("2")}, true},
+		{[]*string{s("1"), s("0.3001"), s("1.5"), s("2")}, []*string{s("1"), s("0.3"), s("1.5"), s("2")}, false},
+		{[]*string{s("1"), s("0.3"), s("1.5"), s("2.0000000000001")}, []*string{s("1"), s("0.3"), s("1.5"), s("2")}, false},
+		{[]*string{s("1"), nil, s("1.5"), s("2")}, []*string{s("1"), s("0"), s("1.5"), s("2")}, false},
+		{[]*string{s("1"), s("NaN"), s("1.5"), s("2")}, []*string{s("1"), s("NaN"), s("1.5"), s("2")}, true},
+	} {
+		if got := rowsEqual(c.a, c.b, approx); got != c.want {
+			t.Errorf("rowsEqual(%v, %v) = %v, want %v", c.a, c.b, got, c.want)
+		}
 	}
 }

@@ -134,20 +134,26 @@ func pendingDefinition(ctx context.Context, source, target *pgxpool.Pool, slot s
 func verifySameDB(ctx context.Context, db plan.Querier, p *plan.JoinPlan) (VerifyReport, error) {
 	r := VerifyReport{Join: p.Name, Target: p.Target.Ident()}
 	var keyE, keyT, keyJoin, restE, restT []string
+	approx := approxColumns(p)
 	for i, c := range p.Target.Columns {
 		id := ident(c.Name)
-		if i < p.Target.KeyCount {
+		switch {
+		case i < p.Target.KeyCount:
 			keyE = append(keyE, "e."+id)
 			keyT = append(keyT, "t."+id)
 			keyJoin = append(keyJoin, "e."+id+" = t."+id)
-		} else {
+		case approx == nil || !approx[i]:
 			restE = append(restE, "e."+id)
 			restT = append(restT, "t."+id)
 		}
 	}
-	differ := "false"
+	differs := approxDiffer(p, approx)
 	if len(restE) > 0 {
-		differ = "ROW(" + strings.Join(restE, ", ") + ") IS DISTINCT FROM ROW(" + strings.Join(restT, ", ") + ")"
+		differs = append(differs, "ROW("+strings.Join(restE, ", ")+") IS DISTINCT FROM ROW("+strings.Join(restT, ", ")+")")
+	}
+	differ := "false"
+	if len(differs) > 0 {
+		differ = "(" + strings.Join(differs, " OR ") + ")"
 	}
 	eNull, tNull := keyE[0]+" IS NULL", keyT[0]+" IS NULL"
 	sql := "WITH e AS (" + OracleSQL(p) + "), d AS (SELECT " +
@@ -179,6 +185,7 @@ func verifyMerge(ctx context.Context, source, target *pgxpool.Pool, p *plan.Join
 		}
 	}
 	orderBy := " ORDER BY " + strings.Join(order, ", ")
+	approx := approxColumns(p)
 	expected, err := openRows(ctx, source, "SELECT "+strings.Join(cols, ", ")+" FROM ("+OracleSQL(p)+") e"+orderBy)
 	if err != nil {
 		return r, fmt.Errorf("verify join %q on the source: %w", p.Name, err)
@@ -219,7 +226,7 @@ func verifyMerge(ctx context.Context, source, target *pgxpool.Pool, p *plan.Join
 		default:
 			r.Expected++
 			r.Actual++
-			if !rowsEqual(e, a) {
+			if !rowsEqual(e, a, approx) {
 				r.Different++
 				example("different", e)
 			}

@@ -257,7 +257,31 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 					s.refs = append(s.refs, e.Table.ForeignKey)
 				}
 			}
+			for range p.Rollups {
+				if t == 0 {
+					s.refs = append(s.refs, p.Left.Key) // the reference to the roll-up's results
+				}
+			}
 			st = append(st, s)
+		}
+		// A roll-up: its children's rows (key, parent key, inputs), a
+		// member per child in each of its sorted sets, and the results.
+		for k := range p.Rollups {
+			r := &p.Rollups[k]
+			s := stateTable{name: "roll-up " + r.Table.Table.String(), table: r.Table.Table, key: r.Table.Key,
+				cols: [][]plan.SourceColumn{slices.Concat(r.Table.Key, r.Table.ForeignKey, r.Inputs)}, tp: &r.Table}
+			sets := map[string]bool{}
+			for _, a := range r.Aggregates {
+				if a.Func == "min" || a.Func == "max" || a.Func == "jsonb_agg" {
+					sets[fmt.Sprint(a.Func == "max", a.OrderBy, a.Desc, a.Input)] = true
+				}
+			}
+			for range sets {
+				s.refs = append(s.refs, r.Table.ForeignKey)
+			}
+			results := stateTable{name: "roll-up " + r.Table.Table.String() + " (results)", table: p.Left.Table, key: p.Left.Key,
+				cols: [][]plan.SourceColumn{slices.Concat(p.Left.Key, p.Left.Key)}, tp: &plan.TablePlan{}}
+			st = append(st, s, results)
 		}
 	}
 	for _, s := range st {

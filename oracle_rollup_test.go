@@ -21,7 +21,6 @@ import (
 // foreign keys, NULL inputs, children the filter leaves out, ties of an
 // order.
 func TestOracleRollups(t *testing.T) {
-	plan.EnableRollups()
 	tc := testenv.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

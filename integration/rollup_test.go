@@ -1,11 +1,17 @@
 package integration
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/fkmat/fkmat"
-	"github.com/fkmat/fkmat/internal/plan"
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
@@ -98,7 +104,6 @@ func rollupSchema(t *testing.T, tc *testenv.Case, partitioned bool) {
 // table, plain and with the orders partitioned. Each step ends equal to the
 // aggregates' SQL written out by hand and to verify.
 func TestRollups(t *testing.T) {
-	plan.EnableRollups()
 	for _, partitioned := range []bool{false, true} {
 		t.Run(fmt.Sprintf("partitioned %v", partitioned), func(t *testing.T) { rollups(t, partitioned) })
 	}
@@ -156,4 +161,159 @@ func rollups(t *testing.T, partitioned bool) {
 	check("truncate customers")
 	sqlExec(t, tc, `INSERT INTO customers SELECT g, 'again ' || g, 1 FROM generate_series(1, 10) g`)
 	check("customers again")
+}
+
+// readmeBlock returns the body of the first fenced block of lang after the
+// heading that starts with heading in the README.
+func readmeBlock(t *testing.T, heading, lang string) string {
+	t.Helper()
+	readme, err := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(readme)
+	i := strings.Index(s, "\n"+heading)
+	if i < 0 {
+		t.Fatalf("README has no heading %q", heading)
+	}
+	s = s[i:]
+	start := strings.Index(s, "```"+lang+"\n")
+	if start < 0 {
+		t.Fatalf("README: no %s block after %q", lang, heading)
+	}
+	s = s[start+len(lang)+4:]
+	return s[:strings.Index(s, "```")]
+}
+
+// TestReadmeRollupExample runs the README's roll-up example as written
+// (its file and its SQL) through the backfill, changes of every table and
+// continuous verification.
+func TestReadmeRollupExample(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc,
+		`CREATE TABLE regions (id int PRIMARY KEY, name text)`,
+		`CREATE TABLE customers (id bigint PRIMARY KEY, name text, region_id int)`,
+		`CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint, amount numeric(12,2), status text, created timestamptz)`,
+		`CREATE TABLE tickets (id int PRIMARY KEY, customer_id bigint, state text)`,
+		`INSERT INTO regions SELECT g, 'R' || g FROM generate_series(1, 3) g`,
+		`INSERT INTO customers SELECT g, 'C' || g, 1 + g % 4 FROM generate_series(1, 50) g`,
+		`INSERT INTO orders SELECT g, 1 + g % 45, g * 1.5, CASE WHEN g % 6 = 0 THEN 'cancelled' ELSE 'paid' END,
+			timestamptz '2026-02-01' + (g % 30) * interval '1 day' FROM generate_series(1, 500) g`,
+		`INSERT INTO tickets SELECT g, 1 + g % 30, CASE WHEN g % 2 = 0 THEN 'open' ELSE 'closed' END FROM generate_series(1, 80) g`)
+	cfg := daemonConfig(t, tc, readmeBlock(t, "### Roll-ups", "yaml"))
+	d := startDaemon(t, cfg, fkmat.Options{VerifyInterval: time.Second})
+	waitCaughtUp(t, tc, d)
+	sqlExec(t, tc, `UPDATE orders SET status = 'cancelled' WHERE id % 7 = 0`, `UPDATE orders SET customer_id = 48 WHERE id % 11 = 0`,
+		`DELETE FROM orders WHERE id % 13 = 0`, `INSERT INTO orders VALUES (900, 49, 3, 'paid', now())`,
+		`UPDATE tickets SET state = 'open' WHERE id % 5 = 0`, `UPDATE regions SET name = 'North' WHERE id = 1`)
+	waitCaughtUp(t, tc, d)
+	assertSQL(t, tc, "customer_stats", readmeBlock(t, "### Roll-ups", "sql"))
+	assertOracle(t, cfg)
+	if cols := columnTypes(t, tc, "customer_stats"); cols != "id bigint,name text,region text,orders bigint,revenue numeric,"+
+		"last_order timestamp with time zone,recent jsonb,open_tickets bigint" {
+		t.Errorf("target columns %s", cols)
+	}
+}
+
+// TestRollupKilledAndChanged: kill -9 while transactions move children
+// between parents and across the filter (5 kills), then the SQL; then a
+// changed roll-up (an aggregate added) is built beside the running join
+// and switched in.
+func TestRollupKilledAndChanged(t *testing.T) {
+	tc := testenv.New(t)
+	rollupSchema(t, tc, false)
+	sqlExec(t, tc, `INSERT INTO orders SELECT g, 1 + g % 30, g % 500, g % 5, CASE WHEN g % 4 = 0 THEN 'cancelled' ELSE 'paid' END,
+		now() - (g % 100) * interval '1 minute', NULL, NULL FROM generate_series(1000, 40000) g`)
+	env := cliEnv(t, tc, rollupYAML)
+	cfg := daemonConfig(t, tc, rollupYAML)
+	p := startCLIDaemon(t, env)
+	waitCaughtUp(t, tc, p.d)
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
+	pending := 0
+	for i := range 5 {
+		sqlExec(t, tc, fmt.Sprintf(`UPDATE orders SET customer_id = 1 + (customer_id + %d) %% 33 WHERE id %% 5 = %d`, i+1, i),
+			fmt.Sprintf(`UPDATE orders SET status = CASE WHEN status = 'cancelled' THEN 'paid' ELSE 'cancelled' END WHERE id %% 7 = %d`, i),
+			fmt.Sprintf(`DELETE FROM orders WHERE id %% 101 = %d`, i))
+		time.Sleep(time.Duration(r.IntN(300)) * time.Millisecond)
+		var behind bool
+		if err := tc.Pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn() > confirmed_flush_lsn
+			FROM pg_replication_slots WHERE slot_name = $1`, tc.Slot).Scan(&behind); err == nil && behind {
+			pending++
+		}
+		p.mustRun("before kill -9")
+		p.kill()
+		sqlExec(t, tc, fmt.Sprintf(`UPDATE orders SET amount = amount + 1 WHERE id %% 97 = %d`, i))
+		p = startCLIDaemon(t, env)
+	}
+	t.Logf("%d of 5 kills landed with changes not yet acknowledged", pending)
+	if pending == 0 {
+		t.Error("no kill landed while the daemon had changes to apply: the test proves nothing")
+	}
+	waitCaughtUp(t, tc, p.d)
+	assertSQL(t, tc, "customer_stats", rollupSQL)
+	assertOracle(t, cfg)
+
+	changed := strings.Replace(rollupYAML, `"count(*) AS orders",`, `"count(*) AS orders", "max(qty) AS top_qty",`, 1)
+	next := daemonConfig(t, tc, changed)
+	if _, err := fkmat.Verify(context.Background(), next, fkmat.Options{}); !errors.Is(err, fkmat.ErrDefinitionPending) {
+		t.Fatalf("verify before run = %v, want ErrDefinitionPending", err)
+	}
+	p.kill()
+	p = startCLIDaemon(t, cliEnv(t, tc, changed))
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		sqlExec(t, tc, `UPDATE orders SET qty = qty + 1 WHERE id % 50 = 7`)
+		if _, err := fkmat.Verify(context.Background(), next, fkmat.Options{}); !errors.Is(err, fkmat.ErrDefinitionPending) {
+			break
+		}
+		p.mustRun("wait for the switch")
+		if time.Now().After(deadline) {
+			t.Fatal("the changed roll-up was not switched in within 3 minutes")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	waitCaughtUp(t, tc, p.d)
+	assertSQL(t, tc, "customer_stats", strings.Replace(rollupSQL, ` AS orders,`,
+		` AS orders, (SELECT max(qty) FROM orders o WHERE o.customer_id = c.id AND status <> 'cancelled') AS top_qty,`, 1))
+	assertOracle(t, next)
+}
+
+// TestRollupHotParent: a parent with 10^5 children, all inserted, then
+// all updated, then all moved to another parent, each in one transaction
+// (streamed in chunks): the parents' aggregates stay equal to the SQL, and
+// each transaction writes each parent's row a bounded number of times, not
+// once per child.
+func TestRollupHotParent(t *testing.T) {
+	tc := testenv.New(t)
+	rollupSchema(t, tc, false)
+	cfg := daemonConfig(t, tc, rollupYAML)
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	updates := func() int64 {
+		return int64(queryInt(t, tc, `SELECT n_tup_upd + n_tup_ins FROM pg_stat_user_tables WHERE relname = 'customer_stats'`))
+	}
+	for _, step := range []string{
+		`INSERT INTO orders SELECT g, 7, g % 1000, g % 5, CASE WHEN g % 10 = 0 THEN 'cancelled' ELSE 'paid' END,
+			now() - (g % 5000) * interval '1 second', NULL, NULL FROM generate_series(100000, 199999) g`,
+		`UPDATE orders SET amount = amount + 1 WHERE customer_id = 7`,
+		`UPDATE orders SET customer_id = 8 WHERE customer_id = 7`,
+	} {
+		before := updates()
+		sqlExec(t, tc, step)
+		waitCaughtUp(t, tc, d)
+		assertSQL(t, tc, "customer_stats", rollupSQL)
+		// pg_stat counters lag: wait for the transaction's count.
+		var wrote int64
+		for range 50 {
+			if wrote = updates() - before; wrote > 0 {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Logf("%.40s…: %d target row writes", step, wrote)
+		if wrote > 50 {
+			t.Errorf("a transaction of 10^5 children of one parent wrote the target %d times", wrote)
+		}
+	}
+	assertOracle(t, cfg)
 }

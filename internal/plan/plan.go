@@ -409,12 +409,6 @@ func indexColumnsSQL(rel, flag string) string {
 }
 
 func resolveJoin(jc config.JoinConfig, lookup func(config.TableName) (*catalogTable, error)) (*JoinPlan, []string, error) {
-	if len(jc.Rollups) > 0 && !rollupsEnabled {
-		// Read, and refused until they are maintained: a roll-up accepted
-		// and then left out would be a silent loss.
-		return nil, []string{fmt.Sprintf("join %q: rollups are not maintained yet by this version of fkmat; "+
-			"remove rollups: (or keep the aggregate in a view over the target until a release maintains it)", jc.Name)}, nil
-	}
 	if len(jc.Rollups) > 0 && !jc.IsList() {
 		// A join with roll-ups runs as a tree: its right, if any, is its
 		// one entry.
@@ -813,7 +807,8 @@ func resolveList(jc config.JoinConfig, lookup func(config.TableName) (*catalogTa
 	if len(probs.list) > 0 {
 		return nil, probs.list, nil
 	}
-	p := &JoinPlan{Name: jc.Name, Type: jc.Type}
+	// The list form is a tree, even of the left table alone (with roll-ups).
+	p := &JoinPlan{Name: jc.Name, Type: jc.Type, Edges: []EdgePlan{}}
 	p.Left.Table, p.Left.Replica, p.Left.Partitioned = jc.Left.Table, left.replica, left.partitioned
 	p.Left.Key = resolveKey(left, jc.Left.Key, "left", add)
 	resolveLeft(left, jc.Left, &p.Left, add)

@@ -45,18 +45,51 @@ func TestResolve(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	t.Run("rollups refused until maintained", func(t *testing.T) {
-		_, err := resolveYAML(t, tc, `
+	t.Run("rollups", func(t *testing.T) {
+		plans, err := resolveYAML(t, tc, `
 joins:
   - name: stats
     type: left
     left: {table: customers}
     rollups:
-      - {table: orders, foreign_key: [customer_id], aggregates: ["count(*) AS orders"]}
+      - {table: orders, foreign_key: [customer_id], where: "amount > 0",
+         aggregates: ["count(*) AS orders", "sum(amount) AS revenue", "avg(customer_id) AS c", "max(note COLLATE \"C\") AS last_note",
+                      "jsonb_agg(note ORDER BY id DESC LIMIT 2) AS notes"]}
     target: {table: customer_stats}
 `)
-		if err == nil || !strings.Contains(err.Error(), `join "stats": rollups are not maintained yet`) {
-			t.Fatalf("Resolve = %v, want the roll-up refused by name", err)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, c := range plans[0].Target.Columns {
+			got = append(got, c.Name+" "+c.Type)
+		}
+		want := "id bigint,name text,tier character varying(10),orders bigint,revenue numeric,c numeric,last_note text,notes jsonb"
+		if strings.Join(got, ",") != want {
+			t.Fatalf("target columns = %s, want %s", strings.Join(got, ","), want)
+		}
+		if n := plans[0].States(); n != 3 {
+			t.Fatalf("%d states, want the customers', the roll-up's results' and its children's", n)
+		}
+		for yml, problem := range map[string]string{
+			`{table: orders, foreign_key: [customer_id], aggregates: ["sum(note) AS n"]}`:    "sum of text is not supported",
+			`{table: orders, foreign_key: [customer_id, id], aggregates: ["count(*) AS n"]}`: "foreign_key has 2 columns but the left table's key has 1",
+			`{table: orders, foreign_key: [note], aggregates: ["count(*) AS n"]}`:            `foreign_key "note" -> left key`,
+			`{table: orders, foreign_key: [customer_id], aggregates: ["count(nope) AS n"]}`:  "nope",
+			`{table: orders, foreign_key: [customer_id], aggregates: ["count(*) AS id"]}`:    `output column "id" comes from`,
+			`{table: customers, foreign_key: [id], aggregates: ["count(*) AS n"]}`:           "the table is also joined in this join",
+		} {
+			_, err := resolveYAML(t, tc, `
+joins:
+  - name: stats
+    type: left
+    left: {table: customers}
+    rollups: [`+yml+`]
+    target: {table: customer_stats}
+`)
+			if err == nil || !strings.Contains(err.Error(), problem) {
+				t.Errorf("%s: %v, want a problem naming %q", yml, err, problem)
+			}
 		}
 	})
 

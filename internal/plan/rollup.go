@@ -41,14 +41,6 @@ type AggregatePlan struct {
 	Type string
 }
 
-// rollupsEnabled lets Resolve accept roll-ups: off until the daemon
-// maintains them (EnableRollups).
-var rollupsEnabled = false
-
-// EnableRollups lets Resolve accept roll-ups. Until the daemon maintains
-// them, only tests call it.
-func EnableRollups() { rollupsEnabled = true }
-
 // resolveRollups resolves jc's roll-ups into p, whose left table is
 // resolved.
 func resolveRollups(jc config.JoinConfig, p *JoinPlan, lookup func(config.TableName) (*catalogTable, error), add func(string, ...any)) error {
@@ -85,9 +77,19 @@ func resolveRollups(jc config.JoinConfig, p *JoinPlan, lookup func(config.TableN
 		resolveWhere(ct, tp, r.Where, where+".where", add)
 		checkReplicaIdentity(ct, tp.Key, where, add)
 		checkUnique(ct, tp.Key, where, add)
+		ordered := false
 		for _, a := range r.Aggregates {
 			if ap, ok := rp.aggregate(ct, a, fmt.Sprintf("%s aggregate %s", where, a.Alias), add); ok {
 				rp.Aggregates = append(rp.Aggregates, ap)
+			}
+			ordered = ordered || a.Func == config.AggMin || a.Func == config.AggMax || a.Func == config.AggJSONB
+		}
+		if ordered {
+			// Ties of an order are broken by the child's key, byte by byte.
+			for _, k := range tp.Key {
+				if err := agg.CheckOrder(k.Type, "C"); err != nil {
+					add("%s: min, max and jsonb_agg break ties by the child's key, and its column %q cannot be ordered: %v", where, k.Name, err)
+				}
 			}
 		}
 		p.Rollups = append(p.Rollups, rp)

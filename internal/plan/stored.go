@@ -19,7 +19,10 @@ func Stored(ctx context.Context, db Querier, name string, def []byte) (p *JoinPl
 	if err := json.Unmarshal(def, &d); err != nil {
 		return nil, "", fmt.Errorf("read the stored definition of join %q: %w", name, err)
 	}
-	p = &JoinPlan{Name: name, Type: d.Type, Left: d.Left, Right: d.Right, Target: d.Target, Edges: d.Edges}
+	p = &JoinPlan{Name: name, Type: d.Type, Left: d.Left, Right: d.Right, Target: d.Target, Edges: d.Edges, Rollups: d.Rollups}
+	if p.Edges == nil && p.Rollups != nil {
+		p.Edges = []EdgePlan{} // a tree of the left table and roll-ups
+	}
 	// Each table's columns, and the foreign key of each entry of the list
 	// form in its parent's table (the left one's own in the two-table form).
 	type check struct {

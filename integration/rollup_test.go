@@ -281,8 +281,8 @@ func TestRollupKilledAndChanged(t *testing.T) {
 // TestRollupHotParent: a parent with 10^5 children, all inserted, then
 // all updated, then all moved to another parent, each in one transaction
 // (streamed in chunks): the parents' aggregates stay equal to the SQL, and
-// each transaction writes each parent's row a bounded number of times, not
-// once per child.
+// each transaction writes each parent's row once per chunk at most (40
+// chunks here), not once per child.
 func TestRollupHotParent(t *testing.T) {
 	tc := testenv.New(t)
 	rollupSchema(t, tc, false)

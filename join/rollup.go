@@ -358,27 +358,8 @@ func (a *rollupApply) account(ctx context.Context, k Key, st *LeftState, in bool
 	if err != nil {
 		return err
 	}
-	apply := func(s *agg.State, text string, null bool) error {
-		if in {
-			return s.Add(text, null)
-		}
-		return s.Remove(text, null)
-	}
-	if err := apply(accs[0], "", false); err != nil {
+	if err := a.r.count(accs, st, in); err != nil {
 		return err
-	}
-	for i, ag := range a.r.spec.Aggregates {
-		slot := a.r.scalar[i]
-		if slot < 0 {
-			continue
-		}
-		var v Value
-		if ag.Input >= 0 {
-			v = st.Values[ag.Input]
-		}
-		if err := apply(accs[slot], v.Text, ag.Input >= 0 && v.Null); err != nil {
-			return fmt.Errorf("aggregate %d: %w", i, err)
-		}
 	}
 	for s, set := range a.r.sets {
 		member, ok, err := a.member(parent, st, k, s, set)
@@ -392,6 +373,33 @@ func (a *rollupApply) account(ctx context.Context, k Key, st *LeftState, in bool
 			delete(a.members, member) // back to the stored state
 		} else {
 			a.members[member] = in
+		}
+	}
+	return nil
+}
+
+// count adds child st's inputs to accumulators accs (in), or removes them.
+func (r *Rollup) count(accs []*agg.State, st *LeftState, in bool) error {
+	apply := func(s *agg.State, text string, null bool) error {
+		if in {
+			return s.Add(text, null)
+		}
+		return s.Remove(text, null)
+	}
+	if err := apply(accs[0], "", false); err != nil {
+		return err
+	}
+	for i, ag := range r.spec.Aggregates {
+		slot := r.scalar[i]
+		if slot < 0 {
+			continue
+		}
+		var v Value
+		if ag.Input >= 0 {
+			v = st.Values[ag.Input]
+		}
+		if err := apply(accs[slot], v.Text, ag.Input >= 0 && v.Null); err != nil {
+			return fmt.Errorf("aggregate %d: %w", i, err)
 		}
 	}
 	return nil
@@ -737,21 +745,8 @@ func (l *RollupLoad) add(parent Key, st *LeftState) error {
 		}
 		l.accs[parent] = p
 	}
-	if err := p.accs[0].Add("", false); err != nil {
-		return err
-	}
-	for i, a := range l.r.spec.Aggregates {
-		slot := l.r.scalar[i]
-		if slot < 0 {
-			continue
-		}
-		var v Value
-		if a.Input >= 0 {
-			v = st.Values[a.Input]
-		}
-		if err := p.accs[slot].Add(v.Text, a.Input >= 0 && v.Null); err != nil {
-			return fmt.Errorf("roll-up %s, aggregate %d: %w", l.r.spec.Name, i, err)
-		}
+	if err := l.r.count(p.accs, st, true); err != nil {
+		return fmt.Errorf("roll-up %s: %w", l.r.spec.Name, err)
 	}
 	return nil
 }

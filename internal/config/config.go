@@ -196,30 +196,45 @@ func looksLikeExpression(s string) bool {
 // one, or -1.
 func topLevelAs(s string) (at, end int) {
 	at = -1
-	depth := 0
-	var quote byte
-	for i := 0; i < len(s); i++ {
-		ch := s[i]
-		switch {
-		case quote != 0:
-			if ch == quote {
-				quote = 0
-			}
-		case ch == '"' || ch == '\'':
-			quote = ch
-		case ch == '(' || ch == '[':
-			depth++
-		case ch == ')' || ch == ']':
-			depth--
-		case depth == 0 && isSpace(ch) && i+3 < len(s) && strings.EqualFold(s[i+1:i+3], "as") && isSpace(s[i+3]):
+	scanTopLevel(s, 0, func(i, depth int) bool {
+		if depth == 0 && isSpace(s[i]) && i+3 < len(s) && strings.EqualFold(s[i+1:i+3], "as") && isSpace(s[i+3]) {
 			j := i + 3
 			for j < len(s) && isSpace(s[j]) {
 				j++
 			}
 			at, end = i, j
 		}
-	}
+		return false
+	})
 	return at, end
+}
+
+// scanTopLevel calls fn for each byte of s from start that is outside
+// quotes, with the depth of parentheses and brackets after it, until fn
+// says stop; it returns where fn stopped, or -1.
+func scanTopLevel(s string, start int, fn func(i, depth int) bool) int {
+	depth := 0
+	var quote byte
+	for i := start; i < len(s); i++ {
+		switch ch := s[i]; {
+		case quote != 0:
+			if ch == quote {
+				quote = 0
+			}
+			continue
+		case ch == '"' || ch == '\'':
+			quote = ch
+			continue
+		case ch == '(' || ch == '[':
+			depth++
+		case ch == ')' || ch == ']':
+			depth--
+		}
+		if fn(i, depth) {
+			return i
+		}
+	}
+	return -1
 }
 
 func isSpace(ch byte) bool { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' }

@@ -205,51 +205,15 @@ func (a Aggregate) String() string {
 // closingParen returns the index of the parenthesis closing the one at
 // open, outside quotes, or -1.
 func closingParen(s string, open int) int {
-	depth := 0
-	var quote byte
-	for i := open; i < len(s); i++ {
-		ch := s[i]
-		switch {
-		case quote != 0:
-			if ch == quote {
-				quote = 0
-			}
-		case ch == '"' || ch == '\'':
-			quote = ch
-		case ch == '(':
-			depth++
-		case ch == ')':
-			if depth--; depth == 0 {
-				return i
-			}
-		}
-	}
-	return -1
+	return scanTopLevel(s, open, func(i, depth int) bool { return s[i] == ')' && depth == 0 })
 }
 
 // topLevelWord returns where the words w (lower case, one space between
 // them) start in s outside quotes and parentheses, as whole words, or -1.
 func topLevelWord(s, w string) int {
-	depth := 0
-	var quote byte
-	for i := 0; i < len(s); i++ {
-		ch := s[i]
-		switch {
-		case quote != 0:
-			if ch == quote {
-				quote = 0
-			}
-		case ch == '"' || ch == '\'':
-			quote = ch
-		case ch == '(' || ch == '[':
-			depth++
-		case ch == ')' || ch == ']':
-			depth--
-		case depth == 0 && (i == 0 || isSpace(s[i-1])) && matchWords(s[i:], w):
-			return i
-		}
-	}
-	return -1
+	return scanTopLevel(s, 0, func(i, depth int) bool {
+		return depth == 0 && (i == 0 || isSpace(s[i-1])) && matchWords(s[i:], w)
+	})
 }
 
 // matchWords reports whether s starts with the words of w, case-insensitive,

@@ -88,7 +88,7 @@ func (d *db) int64(q string, args ...any) int64 {
 // assertJoin fails unless table holds exactly the SQL join of the source.
 func (d *db) assertJoin(table string) {
 	d.b.Helper()
-	if table == "orders_enriched" && d.oracleSQL != "" {
+	if d.oracleSQL != "" && (table == "orders_enriched" || strings.Contains(d.oracleTarget, table)) {
 		d.assertQuery(table, d.oracleTarget, d.oracleSQL)
 		return
 	}

@@ -4,7 +4,8 @@
 #   A: the unit packages (go test, two at a time), then the integration tests
 #      that stop, pause or restart their Postgres and Redis containers (the
 #      fault injection and restart tests), and those that build and run
-#      images and releases (which leaves the two streams about as long);
+#      images and releases and the long roll-up tests (which leaves the two
+#      streams about as long);
 #   B: the other integration tests.
 #
 # Each integration test process starts its own Postgres and Redis
@@ -21,7 +22,7 @@ GO=${GO:-go}
 TIMEOUT=${TEST_TIMEOUT:-45m}
 # The integration tests that need their containers to themselves, and those
 # that build images and releases.
-ALONE='^(TestFault.*|TestDaemonSurvivesRestarts|TestHarnessRestart|TestImage|TestReadmeQuickStart|TestMakeDemo|TestRelease)$'
+ALONE='^(TestFault.*|TestDaemonSurvivesRestarts|TestHarnessRestart|TestImage|TestReadmeQuickStart|TestMakeDemo|TestRelease|TestRollups|TestRollupHotParent|TestRollupKilledAndChanged)$'
 
 mkdir -p .test-logs
 log=.test-logs/unit-and-restarts.log

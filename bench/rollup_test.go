@@ -1,0 +1,120 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fkmat/fkmat/internal/testenv"
+)
+
+// w9YAML is W9's join: each customer with its orders rolled up (a filter
+// keeping 90% of them, a count, a sum, a max and the 5 latest orders as
+// JSON), over W1's tables.
+const w9YAML = `
+joins:
+  - name: customer_stats
+    type: left
+    left: {table: customers, columns: [id, name, tier]}
+    rollups:
+      - table: orders
+        foreign_key: [customer_id]
+        where: "id % 10 <> 0"
+        aggregates: ["count(*) AS orders", "sum(amount) AS revenue", "max(id) AS last_order",
+                     "jsonb_agg(jsonb_build_object('id', id, 'amount', amount) ORDER BY id DESC LIMIT 5) AS recent"]
+    target: {table: customer_stats}
+`
+
+// w9SQL is what w9YAML means, written out.
+const w9SQL = `SELECT c.id, c.name, c.tier,
+	(SELECT count(*) FROM orders o WHERE o.customer_id = c.id AND id % 10 <> 0),
+	(SELECT sum(amount) FROM orders o WHERE o.customer_id = c.id AND id % 10 <> 0),
+	(SELECT max(id) FROM orders o WHERE o.customer_id = c.id AND id % 10 <> 0),
+	(SELECT jsonb_agg(jsonb_build_object('id', id, 'amount', amount) ORDER BY id DESC) FROM
+		(SELECT id, amount FROM orders o WHERE o.customer_id = c.id AND id % 10 <> 0 ORDER BY id DESC LIMIT 5) s)
+	FROM customers c`
+
+// w9ScalarYAML is W9 without its jsonb_agg.
+var w9ScalarYAML = strings.Replace(w9YAML, `,
+                     "jsonb_agg(jsonb_build_object('id', id, 'amount', amount) ORDER BY id DESC LIMIT 5) AS recent"`, "", 1)
+
+var w9ScalarSQL = w9SQL[:strings.Index(w9SQL, ",\n\t(SELECT jsonb_agg")] + "\n\tFROM customers c"
+
+// benchW9 measures W1's orders and changes rolled up into their customers
+// (W9) beside W1's two-table join, alternately (W1, W9, W9 without its
+// jsonb_agg, then again), each on a fresh database: the catch-up's CPU of
+// fkmat and redis-server per change, and the Redis state (INFO used_memory
+// growth over the backfill and catch-up). Then the backfill of W9 over the
+// orders as they end, beside the INSERT … SELECT … GROUP BY of its SQL.
+func benchW9(t *testing.T, s sizes, rep *report) {
+	type result struct {
+		catchUp, cpu, mem float64
+	}
+	measure := func(yaml, sql string) result {
+		w := w1(s)
+		if yaml != "" {
+			w.yaml, w.oracleTarget, w.oracleSQL = yaml, `SELECT * FROM customer_stats`, sql
+		}
+		d := newDB(t, w)
+		mem0 := d.redisInfo("memory", "used_memory")
+		_, catchUp, u := d.catchUp(w, "catchup")
+		mem := d.redisInfo("memory", "used_memory") - mem0
+		if err := testenv.DeleteKeys(context.Background(), d.Redis, "fkmat:"+d.Slot+":"); err != nil {
+			t.Fatal(err)
+		}
+		return result{catchUp.Seconds(), u.cpu + u.redisCPU, mem}
+	}
+	var plain, rolled, scalar []result
+	for range 2 {
+		plain = append(plain, measure("", ""))
+		rolled = append(rolled, measure(w9YAML, w9SQL))
+		scalar = append(scalar, measure(w9ScalarYAML, w9ScalarSQL))
+	}
+	n := float64(w1(s).changes())
+	ratio := func(rs []result, f func(result) float64) float64 {
+		var r float64
+		for i := range rs {
+			r += f(rs[i]) / f(plain[i]) / float64(len(rs))
+		}
+		return r
+	}
+	cpu := func(r result) float64 { return r.cpu }
+	mem := func(r result) float64 { return r.mem }
+	name := "W9 roll-up"
+	rep.row(name, "count, sum, max + jsonb_agg of 5: CPU per change / W1's two-table join", ratio(rolled, cpu), "ratio",
+		fmt.Sprintf("fkmat + redis-server CPU per 1k changes: W1 %.1f / %.1f ms, W9 %.1f / %.1f ms (A B A B)",
+			1e6*plain[0].cpu/n, 1e6*plain[1].cpu/n, 1e6*rolled[0].cpu/n, 1e6*rolled[1].cpu/n), false)
+	rep.row(name, "count, sum, max (no jsonb_agg): CPU per change / W1", ratio(scalar, cpu), "ratio",
+		fmt.Sprintf("W9 without jsonb_agg %.1f / %.1f ms per 1k changes", 1e6*scalar[0].cpu/n, 1e6*scalar[1].cpu/n), false)
+	rep.row(name, "catch-up time / W1", ratio(rolled, func(r result) float64 { return r.catchUp }), "ratio",
+		fmt.Sprintf("W1 %.2f / %.2f s, W9 %.2f / %.2f s", plain[0].catchUp, plain[1].catchUp, rolled[0].catchUp, rolled[1].catchUp), false)
+	rep.row(name, "Redis used_memory growth / W1", ratio(rolled, mem), "ratio",
+		fmt.Sprintf("W1 %.1f / %.1f MB, W9 %.1f / %.1f MB, W9 without jsonb_agg %.1f / %.1f MB",
+			plain[0].mem/1e6, plain[1].mem/1e6, rolled[0].mem/1e6, rolled[1].mem/1e6, scalar[0].mem/1e6, scalar[1].mem/1e6), false)
+	rep.target("W9 roll-up without jsonb_agg: CPU per change ≤ 1.3x W1", ratio(scalar, cpu), "<=", 1.3, "x")
+	rep.target("W9 roll-up with jsonb_agg: CPU per change ≤ 2x W1", ratio(rolled, cpu), "<=", 2, "x")
+	rep.target("W9 roll-up: Redis ≤ 1.5x W1's two-table state", ratio(rolled, mem), "<=", 1.5, "x")
+
+	// The backfill, over W1's orders as its changes leave them.
+	w := w1(s)
+	w.yaml, w.oracleTarget, w.oracleSQL = w9YAML, `SELECT * FROM customer_stats`, w9SQL
+	d := newDB(t, w)
+	d.write(w.txns, 0)
+	d.exec(`VACUUM ANALYZE customers, orders`)
+	d.exec(`CREATE TABLE limit_t AS ` + w9SQL + ` LIMIT 0`)
+	start := time.Now()
+	d.exec(`INSERT INTO limit_t SELECT c.id, c.name, c.tier, coalesce(g.n, 0), g.revenue, g.last, g.recent FROM customers c LEFT JOIN
+		(SELECT customer_id, count(*) AS n, sum(amount) AS revenue, max(id) AS last,
+			jsonb_agg(jsonb_build_object('id', id, 'amount', amount) ORDER BY id DESC) FILTER (WHERE k <= 5) AS recent
+		 FROM (SELECT o.*, row_number() OVER (PARTITION BY customer_id ORDER BY id DESC) AS k FROM orders o WHERE id % 10 <> 0) o
+		 GROUP BY customer_id) g ON g.customer_id = c.id`)
+	limit := time.Since(start)
+	u := d.backfill()
+	d.assertJoin("customer_stats")
+	rep.row(name, "INSERT INTO … SELECT … GROUP BY of its SQL (limit)", limit.Seconds(), "s", "", true)
+	rep.row(name, "fkmat backfill (target + Redis state)", u.took.Seconds(), "s",
+		fmt.Sprintf("%.2fx the limit's time", u.took.Seconds()/limit.Seconds()), true)
+	rep.target("W9 roll-up backfill within 2x of its INSERT … SELECT … GROUP BY", u.took.Seconds()/limit.Seconds(), "<=", 2, "x")
+}

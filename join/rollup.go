@@ -1,6 +1,7 @@
 package join
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -185,6 +186,9 @@ type rollupApply struct {
 	// as read ("" when absent).
 	accs   map[Key][]*agg.State
 	stored map[Key]string
+	// fetched are the accumulators read ahead of the changes (nil: none
+	// stored).
+	fetched map[Key]*RightState
 	// parents are the touched parents' keys, in first-touch order.
 	parents []Key
 	values  map[Key][]Value
@@ -196,7 +200,7 @@ type rollupApply struct {
 // state's mutations and the new aggregates of the parents it changed.
 func (r *Rollup) Apply(ctx context.Context, store StateReader, changes []RollupChange) (Mutations, []RollupOutput, error) {
 	a := &rollupApply{r: r, store: store, children: map[Key]*LeftState{}, base: map[Key]*LeftState{},
-		accs: map[Key][]*agg.State{}, stored: map[Key]string{}, values: map[Key][]Value{}, members: map[Subscription]bool{}}
+		accs: map[Key][]*agg.State{}, stored: map[Key]string{}, fetched: map[Key]*RightState{}, values: map[Key][]Value{}, members: map[Subscription]bool{}}
 	if err := a.prefetch(ctx, changes); err != nil {
 		return Mutations{}, nil, err
 	}
@@ -239,15 +243,56 @@ func (a *rollupApply) prefetch(ctx context.Context, changes []RollupChange) erro
 			}
 		}
 	}
-	if len(keys) == 0 {
+	if len(keys) > 0 {
+		got, err := a.store.GetLeft(ctx, keys)
+		if err != nil {
+			return err
+		}
+		for k, st := range got {
+			a.base[k] = &st
+		}
+	}
+	// The accumulators of every parent the batch may touch, in one round
+	// trip too: the stored children's and the changes' parents.
+	var parents []Key
+	addParent := func(vals []Value) error {
+		if vals == nil || hasNull(vals) || hasToast(vals) {
+			return nil
+		}
+		k, err := EncodeKey(a.r.spec.Parent, vals)
+		if err != nil {
+			return fmt.Errorf("roll-up %s: parent key: %w", a.r.spec.Name, err)
+		}
+		if _, ok := a.fetched[k]; !ok {
+			a.fetched[k] = nil
+			parents = append(parents, k)
+		}
 		return nil
 	}
-	got, err := a.store.GetLeft(ctx, keys)
+	for _, st := range a.base {
+		if st != nil {
+			if err := addParent(st.FK); err != nil {
+				return err
+			}
+		}
+	}
+	for i := range changes {
+		if changes[i].Kind == LeftTruncate {
+			break
+		}
+		if err := addParent(changes[i].Parent); err != nil {
+			return err
+		}
+	}
+	if len(parents) == 0 {
+		return nil
+	}
+	got, err := a.store.GetRight(ctx, parents)
 	if err != nil {
 		return err
 	}
 	for k, st := range got {
-		a.base[k] = &st
+		a.fetched[k] = &st
 	}
 	return nil
 }
@@ -443,12 +488,19 @@ func (a *rollupApply) accumulators(ctx context.Context, parent Key, vals []Value
 	}
 	var accs []*agg.State
 	if !a.cleared {
-		got, err := a.store.GetRight(ctx, []Key{parent})
-		if err != nil {
-			return nil, err
+		st, ok := a.fetched[parent]
+		if !ok {
+			got, err := a.store.GetRight(ctx, []Key{parent})
+			if err != nil {
+				return nil, err
+			}
+			if g, found := got[parent]; found {
+				st = &g
+			}
 		}
-		if st, ok := got[parent]; ok {
-			if accs, err = a.r.decode(st); err != nil {
+		if st != nil {
+			var err error
+			if accs, err = a.r.decode(*st); err != nil {
 				return nil, err
 			}
 			a.stored[parent] = st.Values[0].Text
@@ -558,6 +610,10 @@ func (a *rollupApply) outputs(ctx context.Context, m *Mutations) ([]RollupOutput
 	if err := view.Set(m); err != nil {
 		return nil, err
 	}
+	sets, rows, err := a.readSets(ctx, view)
+	if err != nil {
+		return nil, err
+	}
 	outs := make([]RollupOutput, 0, len(a.parents))
 	for _, parent := range a.parents {
 		accs := a.accs[parent]
@@ -570,7 +626,7 @@ func (a *rollupApply) outputs(ctx context.Context, m *Mutations) ([]RollupOutput
 					out.Values[i] = Value{Text: text, Null: null}
 					continue
 				}
-				v, err := a.ordered(ctx, view, parent, i, ag)
+				v, err := a.ordered(sets, rows, parent, i, ag)
 				if err != nil {
 					return nil, err
 				}
@@ -582,72 +638,68 @@ func (a *rollupApply) outputs(ctx context.Context, m *Mutations) ([]RollupOutput
 	return outs, nil
 }
 
-// ordered computes ordered aggregate i of parent from its sorted set: the
-// first child's value (min, max) or the first children's elements
-// (jsonb_agg).
-func (a *rollupApply) ordered(ctx context.Context, view StateReader, parent Key, i int, ag RollupAggregate) (Value, error) {
-	s := a.r.setOf[i]
+// setRead is the children named by the first members of a parent's
+// sorted set, in order.
+type setRead struct {
+	keys []Key
+}
+
+// setPage is how many members a sorted set read whole is read at a time.
+const setPage = 1024
+
+// childOf returns the child's key of member mem of sorted set s: what
+// follows its order key and its key's order key.
+func (a *rollupApply) childOf(s int, mem Key) (Key, error) {
 	set := a.r.sets[s]
-	limit := ag.Limit
-	if ag.Func != "jsonb_agg" {
-		limit = 1
-	}
-	var members []Key
-	fk := a.setKey(parent, s)
-	for after := Key(""); ; {
-		page := 1024
-		if limit > 0 {
-			page = limit - len(members)
-		}
-		got, err := view.Dependents(ctx, fk, after, page)
+	n := 0
+	for c, col := range set.cols {
+		w, err := agg.OrderKeyLen([]byte(mem[n:]), a.r.spec.Inputs[col], set.desc[c])
 		if err != nil {
-			return Value{}, err
+			return "", fmt.Errorf("roll-up %s: %w", a.r.spec.Name, err)
 		}
-		members = append(members, got...)
-		if len(got) < page || limit > 0 && len(members) >= limit {
-			break
-		}
-		after = got[len(got)-1]
+		n += w
 	}
-	if len(members) == 0 {
+	for _, typ := range a.r.spec.ChildTypes {
+		w, err := agg.OrderKeyLen([]byte(mem[n:]), typ, false)
+		if err != nil {
+			return "", fmt.Errorf("roll-up %s: %w", a.r.spec.Name, err)
+		}
+		n += w
+	}
+	return mem[n:], nil
+}
+
+// ordered computes ordered aggregate i of parent from its sorted set as
+// read: the first child's value (min, max) or the first children's
+// elements (jsonb_agg).
+func (a *rollupApply) ordered(sets map[Key]*setRead, rows map[Key]LeftState, parent Key, i int, ag RollupAggregate) (Value, error) {
+	keys := sets[a.setKey(parent, a.r.setOf[i])].keys
+	if ag.Func == "jsonb_agg" && ag.Limit > 0 && len(keys) > ag.Limit {
+		keys = keys[:ag.Limit]
+	}
+	if len(keys) == 0 {
 		return NullValue(), nil // min/max of NULLs only
 	}
-	keys := make([]Key, len(members))
-	for j, mem := range members {
-		n := 0
-		for c, col := range set.cols {
-			w, err := agg.OrderKeyLen([]byte(mem[n:]), a.r.spec.Inputs[col], set.desc[c])
-			if err != nil {
-				return Value{}, fmt.Errorf("roll-up %s: %w", a.r.spec.Name, err)
-			}
-			n += w
+	child := func(k Key) (LeftState, error) {
+		st, ok := rows[k]
+		if !ok {
+			return st, fmt.Errorf("roll-up %s: a sorted set names a child the state does not hold", a.r.spec.Name)
 		}
-		for _, typ := range a.r.spec.ChildTypes {
-			w, err := agg.OrderKeyLen([]byte(mem[n:]), typ, false)
-			if err != nil {
-				return Value{}, fmt.Errorf("roll-up %s: %w", a.r.spec.Name, err)
-			}
-			n += w
-		}
-		keys[j] = mem[n:]
-	}
-	rows, err := view.GetLeft(ctx, keys)
-	if err != nil {
-		return Value{}, err
+		return st, nil
 	}
 	if ag.Func != "jsonb_agg" {
-		st, ok := rows[keys[0]]
-		if !ok {
-			return Value{}, fmt.Errorf("roll-up %s: a sorted set names a child the state does not hold", a.r.spec.Name)
+		st, err := child(keys[0])
+		if err != nil {
+			return Value{}, err
 		}
 		return st.Values[ag.Input], nil
 	}
 	var b strings.Builder
 	b.WriteByte('[')
 	for j, k := range keys {
-		st, ok := rows[k]
-		if !ok {
-			return Value{}, fmt.Errorf("roll-up %s: a sorted set names a child the state does not hold", a.r.spec.Name)
+		st, err := child(k)
+		if err != nil {
+			return Value{}, err
 		}
 		if j > 0 {
 			b.WriteString(", ")
@@ -660,6 +712,79 @@ func (a *rollupApply) ordered(ctx context.Context, view StateReader, parent Key,
 	}
 	b.WriteByte(']')
 	return TextValue(b.String()), nil
+}
+
+// readSets reads, for every touched parent with children, the first
+// members of each of its sorted sets its aggregates need (the first, the
+// first n, or all), then the children they name: two round trips for the
+// batch, and more only for a set read whole past its first page.
+func (a *rollupApply) readSets(ctx context.Context, view *Pending) (map[Key]*setRead, map[Key]LeftState, error) {
+	if len(a.r.sets) == 0 {
+		return nil, nil, nil
+	}
+	// How many members of each set the aggregates read (0: all).
+	want := make([]int, len(a.r.sets))
+	for s := range want {
+		want[s] = -1
+	}
+	for i, ag := range a.r.spec.Aggregates {
+		s := a.r.setOf[i]
+		if s < 0 {
+			continue
+		}
+		n := 1
+		if ag.Func == "jsonb_agg" {
+			n = ag.Limit
+		}
+		if n == 0 || want[s] == 0 {
+			want[s] = 0
+		} else {
+			want[s] = max(want[s], n)
+		}
+	}
+	var fks []Key
+	var limits []int
+	for _, parent := range a.parents {
+		if a.accs[parent][0].Empty() {
+			continue
+		}
+		for s := range a.r.sets {
+			fks = append(fks, a.setKey(parent, s))
+			limits = append(limits, cmp.Or(want[s], setPage))
+		}
+	}
+	pages, err := view.DependentsMany(ctx, fks, limits)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := make(map[Key]*setRead, len(fks))
+	var keys []Key
+	for i, fk := range fks {
+		members := pages[i]
+		s := int(fk[len(fk)-1])
+		if want[s] == 0 {
+			// Read whole: the pages after the first.
+			for page := members; len(page) == setPage; {
+				if page, err = view.Dependents(ctx, fk, page[len(page)-1], setPage); err != nil {
+					return nil, nil, err
+				}
+				members = append(members, page...)
+			}
+		}
+		r := &setRead{keys: make([]Key, len(members))}
+		for j, mem := range members {
+			if r.keys[j], err = a.childOf(s, mem); err != nil {
+				return nil, nil, err
+			}
+		}
+		out[fk] = r
+		keys = append(keys, r.keys...)
+	}
+	rows, err := view.GetLeft(ctx, keys)
+	if err != nil {
+		return nil, nil, err
+	}
+	return out, rows, nil
 }
 
 // emptyReader is a state with nothing in it: the store after a TRUNCATE.

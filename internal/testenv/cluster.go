@@ -291,7 +291,11 @@ func (c *Cluster) WaitHealthy(ctx context.Context) error {
 			// and the seed passed when replayed). redis-cli's fix closes
 			// open slots and settles every slot's owner.
 			repaired = 2
-			out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "fix", stuck, "--cluster-yes").CombinedOutput()
+			fix := exec.CommandContext(ctx, "redis-cli", "--cluster", "fix", stuck, "--cluster-yes")
+			// Covering an uncovered slot asks for a typed yes, which
+			// --cluster-yes does not give (redis-cli 7.0).
+			fix.Stdin = strings.NewReader(strings.Repeat("yes\n", 32))
+			out, err := fix.CombinedOutput()
 			c.t.Logf("redis cluster: redis-cli --cluster fix %s: %v\n%s", stuck, err, lastLines(string(out), 15))
 		}
 		select {

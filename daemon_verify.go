@@ -188,7 +188,7 @@ func (d *daemon) confirm(ctx context.Context, p *pipeline.Pipeline, q *verifyQue
 				confirmed = append(confirmed, suspect{kind: "extra", key: s.key})
 			case e != nil && a == nil:
 				confirmed = append(confirmed, suspect{kind: "missing", key: s.key})
-			case e != nil && !rowsEqual(e, a, approxColumns(q.plan)):
+			case e != nil && !rowsEqual(e, a, q.approx):
 				confirmed = append(confirmed, suspect{kind: "different", key: s.key, columns: q.differing(e, a)})
 			}
 		}
@@ -225,7 +225,9 @@ func waitApplied(ctx context.Context, p *pipeline.Pipeline, lsn wal.LSN) error {
 type verifyQueries struct {
 	plan *plan.JoinPlan
 	nk   int
-	cols string // the target's columns, quoted, in order
+	// approx are the columns compared within floatTolerance (approxColumns).
+	approx []bool
+	cols   string // the target's columns, quoted, in order
 	// order sorts by the key's text forms, as compareKeys does.
 	order string
 	// keyTypes are the key columns' types, to cast text parameters.
@@ -235,7 +237,7 @@ type verifyQueries struct {
 }
 
 func newVerifyQueries(p *plan.JoinPlan) *verifyQueries {
-	q := &verifyQueries{plan: p, nk: p.Target.KeyCount}
+	q := &verifyQueries{plan: p, nk: p.Target.KeyCount, approx: approxColumns(p)}
 	var cols, order []string
 	for i, c := range p.Target.Columns {
 		cols = append(cols, ident(c.Name))
@@ -340,7 +342,7 @@ func (q *verifyQueries) chunk(ctx context.Context, source, target *pgxpool.Pool,
 		switch {
 		case !ok:
 			c.suspects = append(c.suspects, suspect{kind: "missing", key: e[:q.nk]})
-		case !rowsEqual(e, a, approxColumns(q.plan)):
+		case !rowsEqual(e, a, q.approx):
 			c.suspects = append(c.suspects, suspect{kind: "different", key: e[:q.nk]})
 		}
 		delete(actual, k)

@@ -15,7 +15,7 @@ import (
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
-// rollupYAML is the SPEC's customer_stats: customers with their region,
+// rollupYAML is customer_stats: customers with their region,
 // their orders rolled up (a filter, every kind of aggregate) and their
 // open tickets counted.
 const rollupYAML = `
@@ -46,7 +46,7 @@ joins:
       table: public.customer_stats
 `
 
-// rollupSQL is what rollupYAML means, written out as the SPEC defines a
+// rollupSQL is what rollupYAML means, written out as a roll-up is defined:
 // roll-up: a correlated subquery per aggregate.
 const rollupSQL = `SELECT c.id, c.name, g.name AS region,
 	(SELECT count(*) FROM orders o WHERE o.customer_id = c.id AND status <> 'cancelled') AS orders,

@@ -280,9 +280,9 @@ func TestRollupKilledAndChanged(t *testing.T) {
 
 // TestRollupHotParent: a parent with 10^5 children, all inserted, then
 // all updated, then all moved to another parent, each in one transaction
-// (streamed in chunks): the parents' aggregates stay equal to the SQL, and
-// each transaction writes each parent's row once per chunk at most (40
-// chunks here), not once per child.
+// (streamed in some 40 chunks): the parents' aggregates stay equal to the
+// SQL, and each transaction writes each parent's row once, not once per
+// chunk or per child.
 func TestRollupHotParent(t *testing.T) {
 	tc := testenv.New(t)
 	rollupSchema(t, tc, false)
@@ -311,8 +311,8 @@ func TestRollupHotParent(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		t.Logf("%.40s…: %d target row writes", step, wrote)
-		if wrote > 50 {
-			t.Errorf("a transaction of 10^5 children of one parent wrote the target %d times", wrote)
+		if wrote > 2 {
+			t.Errorf("a transaction of 10^5 children of one or two parents wrote the target %d times", wrote)
 		}
 	}
 	assertOracle(t, cfg)

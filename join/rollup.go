@@ -1,7 +1,6 @@
 package join
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -53,7 +52,11 @@ type RollupSpec struct {
 	ChildTypes    []string
 	// Inputs are the Postgres types of the child's values (RollupChange.
 	// Values): the aggregates' arguments and order columns.
-	Inputs     []string
+	Inputs []string
+	// NotNull says which inputs are never NULL (columns of the child's
+	// key): min and max over them share a sorted set with a jsonb_agg
+	// ordered alike.
+	NotNull    []bool
 	Aggregates []RollupAggregate
 }
 
@@ -78,6 +81,11 @@ type rollupSet struct {
 	// skipNull leaves children with a NULL value out (min and max ignore
 	// NULLs; jsonb_agg orders them).
 	skipNull bool
+	// window is how many first members its aggregates read (0: all, the
+	// set is read whole); each parent's state keeps them (a window), with
+	// the inputs they read.
+	window int
+	inputs []int
 }
 
 // RollupChange is one change of a child row.
@@ -120,7 +128,8 @@ func NewRollup(spec RollupSpec) (*Rollup, error) {
 			if a.Func == "jsonb_agg" {
 				set.cols, set.desc = a.OrderBy, a.Desc
 			} else {
-				set.cols, set.desc, set.skipNull = []int{a.Input}, []bool{a.Func == "max"}, true
+				set.cols, set.desc = []int{a.Input}, []bool{a.Func == "max"}
+				set.skipNull = a.Input >= len(spec.NotNull) || !spec.NotNull[a.Input]
 			}
 			if err := r.checkInputs(i, set.cols...); err != nil {
 				return nil, err
@@ -156,7 +165,36 @@ func NewRollup(spec RollupSpec) (*Rollup, error) {
 			r.funcs = append(r.funcs, fn)
 		}
 	}
+	r.windows()
 	return r, nil
+}
+
+// windows sets each sorted set's window: the most first members its
+// aggregates read (one for min and max, n for jsonb_agg … LIMIT n, 0 when
+// one reads them all), and the inputs they read.
+func (r *Rollup) windows() {
+	whole := make([]bool, len(r.sets))
+	for i, a := range r.spec.Aggregates {
+		s := r.setOf[i]
+		if s < 0 {
+			continue
+		}
+		set := &r.sets[s]
+		n := 1
+		if a.Func == "jsonb_agg" {
+			n = a.Limit
+		}
+		whole[s] = whole[s] || n == 0
+		set.window = max(set.window, n)
+		if !slices.Contains(set.inputs, a.Input) {
+			set.inputs = append(set.inputs, a.Input)
+		}
+	}
+	for s := range r.sets {
+		if whole[s] {
+			r.sets[s].window = 0
+		}
+	}
 }
 
 func (r *Rollup) checkInputs(agg int, cols ...int) error {
@@ -184,8 +222,9 @@ type rollupApply struct {
 	base     map[Key]*LeftState
 	// accs are the touched parents' accumulators; stored their encoding
 	// as read ("" when absent).
-	accs   map[Key][]*agg.State
-	stored map[Key]string
+	accs    map[Key][]*agg.State
+	windows map[Key][]window
+	stored  map[Key]string
 	// fetched are the accumulators read ahead of the changes (nil: none
 	// stored).
 	fetched map[Key]*RightState
@@ -200,7 +239,8 @@ type rollupApply struct {
 // state's mutations and the new aggregates of the parents it changed.
 func (r *Rollup) Apply(ctx context.Context, store StateReader, changes []RollupChange) (Mutations, []RollupOutput, error) {
 	a := &rollupApply{r: r, store: store, children: map[Key]*LeftState{}, base: map[Key]*LeftState{},
-		accs: map[Key][]*agg.State{}, stored: map[Key]string{}, fetched: map[Key]*RightState{}, values: map[Key][]Value{}, members: map[Subscription]bool{}}
+		accs: map[Key][]*agg.State{}, windows: map[Key][]window{}, stored: map[Key]string{}, fetched: map[Key]*RightState{},
+		values: map[Key][]Value{}, members: map[Subscription]bool{}}
 	if err := a.prefetch(ctx, changes); err != nil {
 		return Mutations{}, nil, err
 	}
@@ -209,15 +249,36 @@ func (r *Rollup) Apply(ctx context.Context, store StateReader, changes []RollupC
 			return Mutations{}, nil, fmt.Errorf("roll-up %s, change %d: %w", r.spec.Name, i, err)
 		}
 	}
-	m, err := a.mutations()
+	m := a.mutations()
+	view, err := a.view(&m)
 	if err != nil {
 		return Mutations{}, nil, err
 	}
-	outs, err := a.outputs(ctx, &m)
+	if err := a.slideWindows(ctx, view); err != nil {
+		return Mutations{}, nil, err
+	}
+	a.putParents(&m)
+	outs, err := a.outputs(ctx, view)
 	if err != nil {
 		return Mutations{}, nil, err
 	}
 	return m, outs, nil
+}
+
+// view returns the state as the batch leaves its children and sorted sets
+// (m): the store's, or none after a TRUNCATE, with m over it.
+func (a *rollupApply) view(m *Mutations) (*Pending, error) {
+	view := NewPending(a.store)
+	if a.cleared {
+		view = NewPending(emptyReader{})
+		cm := *m
+		cm.ClearLeft, cm.ClearRight = false, false
+		m = &cm
+	}
+	if err := view.Set(m); err != nil {
+		return nil, err
+	}
+	return view, nil
 }
 
 // prefetch reads the stored state of every child the batch names, in one
@@ -383,6 +444,7 @@ func (a *rollupApply) truncate() {
 	a.cleared = true
 	clear(a.children)
 	clear(a.accs)
+	clear(a.windows)
 	clear(a.stored)
 	clear(a.values)
 	clear(a.members)
@@ -487,6 +549,7 @@ func (a *rollupApply) accumulators(ctx context.Context, parent Key, vals []Value
 		return accs, nil
 	}
 	var accs []*agg.State
+	var windows []window
 	if !a.cleared {
 		st, ok := a.fetched[parent]
 		if !ok {
@@ -500,7 +563,7 @@ func (a *rollupApply) accumulators(ctx context.Context, parent Key, vals []Value
 		}
 		if st != nil {
 			var err error
-			if accs, err = a.r.decode(*st); err != nil {
+			if accs, windows, err = a.r.decode(*st); err != nil {
 				return nil, err
 			}
 			a.stored[parent] = st.Values[0].Text
@@ -510,35 +573,49 @@ func (a *rollupApply) accumulators(ctx context.Context, parent Key, vals []Value
 		for _, fn := range a.r.funcs {
 			accs = append(accs, agg.New(fn))
 		}
+		windows = a.r.newWindows()
 	}
-	a.accs[parent] = accs
+	a.accs[parent], a.windows[parent] = accs, windows
 	a.parents = append(a.parents, parent)
 	a.values[parent] = slices.Clone(vals)
 	return accs, nil
 }
 
-// decode reads a parent's stored accumulators.
-func (r *Rollup) decode(st RightState) ([]*agg.State, error) {
+// decode reads a parent's stored accumulators and windows.
+func (r *Rollup) decode(st RightState) ([]*agg.State, []window, error) {
 	if len(st.Values) != 1 {
-		return nil, fmt.Errorf("roll-up %s: a stored parent has %d values", r.spec.Name, len(st.Values))
+		return nil, nil, fmt.Errorf("roll-up %s: a stored parent has %d values", r.spec.Name, len(st.Values))
 	}
 	b := []byte(st.Values[0].Text)
 	accs := make([]*agg.State, len(r.funcs))
 	for i, fn := range r.funcs {
 		s, rest, err := agg.Decode(b)
 		if err != nil {
-			return nil, fmt.Errorf("roll-up %s: %w", r.spec.Name, err)
+			return nil, nil, fmt.Errorf("roll-up %s: %w", r.spec.Name, err)
 		}
 		if s.Func() != fn {
-			return nil, fmt.Errorf("roll-up %s: a stored accumulator of another aggregate", r.spec.Name)
+			return nil, nil, fmt.Errorf("roll-up %s: a stored accumulator of another aggregate", r.spec.Name)
 		}
 		accs[i], b = s, rest
 	}
-	return accs, nil
+	ws, err := r.decodeWindows(b)
+	if err != nil {
+		return nil, nil, fmt.Errorf("roll-up %s: %w", r.spec.Name, err)
+	}
+	return accs, ws, nil
 }
 
-// mutations returns the batch's net state changes.
-func (a *rollupApply) mutations() (Mutations, error) {
+// encode returns a parent's state: its accumulators, then its windows.
+func (r *Rollup) encode(accs []*agg.State, ws []window) string {
+	var b []byte
+	for _, s := range accs {
+		b = s.Append(b)
+	}
+	return string(r.appendWindows(b, ws))
+}
+
+// mutations returns the batch's net changes of children and sorted sets.
+func (a *rollupApply) mutations() Mutations {
 	m := Mutations{ClearLeft: a.cleared, ClearRight: a.cleared}
 	for k, st := range a.children {
 		base := a.base[k]
@@ -555,27 +632,6 @@ func (a *rollupApply) mutations() (Mutations, error) {
 			m.PutLeft[k] = *st
 		}
 	}
-	for _, parent := range a.parents {
-		accs := a.accs[parent]
-		stored := a.stored[parent]
-		if accs[0].Empty() {
-			if stored != "" {
-				m.DelRight = append(m.DelRight, parent)
-			}
-			continue
-		}
-		var b []byte
-		for _, s := range accs {
-			b = s.Append(b)
-		}
-		if string(b) == stored {
-			continue
-		}
-		if m.PutRight == nil {
-			m.PutRight = map[Key]RightState{}
-		}
-		m.PutRight[parent] = RightState{Key: a.values[parent], Values: []Value{TextValue(string(b))}}
-	}
 	for sub, in := range a.members {
 		if in {
 			m.AddSubs = append(m.AddSubs, sub)
@@ -586,8 +642,31 @@ func (a *rollupApply) mutations() (Mutations, error) {
 	slices.SortFunc(m.AddSubs, compareSubs)
 	slices.SortFunc(m.DelSubs, compareSubs)
 	slices.Sort(m.DelLeft)
+	return m
+}
+
+// putParents adds to m the touched parents' states that changed: their
+// accumulators and windows.
+func (a *rollupApply) putParents(m *Mutations) {
+	for _, parent := range a.parents {
+		accs := a.accs[parent]
+		stored := a.stored[parent]
+		if accs[0].Empty() {
+			if stored != "" {
+				m.DelRight = append(m.DelRight, parent)
+			}
+			continue
+		}
+		b := a.r.encode(accs, a.windows[parent])
+		if b == stored {
+			continue
+		}
+		if m.PutRight == nil {
+			m.PutRight = map[Key]RightState{}
+		}
+		m.PutRight[parent] = RightState{Key: a.values[parent], Values: []Value{TextValue(b)}}
+	}
 	slices.Sort(m.DelRight)
-	return m, nil
 }
 
 func sameChild(a, b *LeftState) bool {
@@ -595,20 +674,11 @@ func sameChild(a, b *LeftState) bool {
 }
 
 // outputs computes the touched parents' aggregates from the state as the
-// batch leaves it: the accumulators, and the sorted sets read through m.
-func (a *rollupApply) outputs(ctx context.Context, m *Mutations) ([]RollupOutput, error) {
+// batch leaves it: the accumulators, the windows, and the sorted sets
+// without one read through view.
+func (a *rollupApply) outputs(ctx context.Context, view *Pending) ([]RollupOutput, error) {
 	if len(a.parents) == 0 {
 		return nil, nil
-	}
-	view := NewPending(a.store)
-	if a.cleared {
-		view = NewPending(emptyReader{})
-		cm := *m
-		cm.ClearLeft, cm.ClearRight = false, false
-		m = &cm
-	}
-	if err := view.Set(m); err != nil {
-		return nil, err
 	}
 	sets, rows, err := a.readSets(ctx, view)
 	if err != nil {
@@ -673,12 +743,12 @@ func (a *rollupApply) childOf(s int, mem Key) (Key, error) {
 // read: the first child's value (min, max) or the first children's
 // elements (jsonb_agg).
 func (a *rollupApply) ordered(sets map[Key]*setRead, rows map[Key]LeftState, parent Key, i int, ag RollupAggregate) (Value, error) {
-	keys := sets[a.setKey(parent, a.r.setOf[i])].keys
-	if ag.Func == "jsonb_agg" && ag.Limit > 0 && len(keys) > ag.Limit {
-		keys = keys[:ag.Limit]
+	if set := &a.r.sets[a.r.setOf[i]]; set.window > 0 {
+		return set.ordered(a.windows[parent][a.r.setOf[i]], ag), nil
 	}
+	keys := sets[a.setKey(parent, a.r.setOf[i])].keys
 	if len(keys) == 0 {
-		return NullValue(), nil // min/max of NULLs only
+		return NullValue(), nil
 	}
 	child := func(k Key) (LeftState, error) {
 		st, ok := rows[k]
@@ -714,34 +784,11 @@ func (a *rollupApply) ordered(sets map[Key]*setRead, rows map[Key]LeftState, par
 	return TextValue(b.String()), nil
 }
 
-// readSets reads, for every touched parent with children, the first
-// members of each of its sorted sets its aggregates need (the first, the
-// first n, or all), then the children they name: two round trips for the
-// batch, and more only for a set read whole past its first page.
+// readSets reads, for every touched parent with children, each of its
+// sorted sets without a window (those of a jsonb_agg of all children),
+// then the children they name: two round trips for the batch, and more
+// only for a set past its first page.
 func (a *rollupApply) readSets(ctx context.Context, view *Pending) (map[Key]*setRead, map[Key]LeftState, error) {
-	if len(a.r.sets) == 0 {
-		return nil, nil, nil
-	}
-	// How many members of each set the aggregates read (0: all).
-	want := make([]int, len(a.r.sets))
-	for s := range want {
-		want[s] = -1
-	}
-	for i, ag := range a.r.spec.Aggregates {
-		s := a.r.setOf[i]
-		if s < 0 {
-			continue
-		}
-		n := 1
-		if ag.Func == "jsonb_agg" {
-			n = ag.Limit
-		}
-		if n == 0 || want[s] == 0 {
-			want[s] = 0
-		} else {
-			want[s] = max(want[s], n)
-		}
-	}
 	var fks []Key
 	var limits []int
 	for _, parent := range a.parents {
@@ -749,9 +796,13 @@ func (a *rollupApply) readSets(ctx context.Context, view *Pending) (map[Key]*set
 			continue
 		}
 		for s := range a.r.sets {
-			fks = append(fks, a.setKey(parent, s))
-			limits = append(limits, cmp.Or(want[s], setPage))
+			if a.r.sets[s].window == 0 {
+				fks, limits = append(fks, a.setKey(parent, s)), append(limits, setPage)
+			}
 		}
+	}
+	if len(fks) == 0 {
+		return nil, nil, nil
 	}
 	pages, err := view.DependentsMany(ctx, fks, limits)
 	if err != nil {
@@ -762,14 +813,11 @@ func (a *rollupApply) readSets(ctx context.Context, view *Pending) (map[Key]*set
 	for i, fk := range fks {
 		members := pages[i]
 		s := int(fk[len(fk)-1])
-		if want[s] == 0 {
-			// Read whole: the pages after the first.
-			for page := members; len(page) == setPage; {
-				if page, err = view.Dependents(ctx, fk, page[len(page)-1], setPage); err != nil {
-					return nil, nil, err
-				}
-				members = append(members, page...)
+		for page := members; len(page) == setPage; {
+			if page, err = view.Dependents(ctx, fk, page[len(page)-1], setPage); err != nil {
+				return nil, nil, err
 			}
+			members = append(members, page...)
 		}
 		r := &setRead{keys: make([]Key, len(members))}
 		for j, mem := range members {
@@ -811,8 +859,9 @@ type RollupLoad struct {
 }
 
 type loadParent struct {
-	key  []Value
-	accs []*agg.State
+	key     []Value
+	accs    []*agg.State
+	windows []window
 }
 
 // Load returns a RollupLoad of r.
@@ -842,6 +891,7 @@ func (l *RollupLoad) Page(rows [][]Value) (Mutations, error) {
 		if err != nil {
 			return m, fmt.Errorf("roll-up %s: parent key: %w", r.spec.Name, err)
 		}
+		members := make([]Key, len(r.sets))
 		for s, set := range r.sets {
 			sub, ok, err := a.member(parent, &st, k, s, set)
 			if err != nil {
@@ -849,22 +899,24 @@ func (l *RollupLoad) Page(rows [][]Value) (Mutations, error) {
 			}
 			if ok {
 				m.AddSubs = append(m.AddSubs, sub)
+				members[s] = sub.PK
 			}
 		}
-		if err := l.add(parent, &st); err != nil {
+		if err := l.add(parent, &st, members); err != nil {
 			return m, err
 		}
 	}
 	return m, nil
 }
 
-// add adds a child to its parent's accumulators.
-func (l *RollupLoad) add(parent Key, st *LeftState) error {
+// add adds a child to its parent's accumulators, and its members (""
+// where it has none) to the parent's windows.
+func (l *RollupLoad) add(parent Key, st *LeftState, members []Key) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	p := l.accs[parent]
 	if p == nil {
-		p = &loadParent{key: st.FK}
+		p = &loadParent{key: st.FK, windows: l.r.newWindows()}
 		for _, fn := range l.r.funcs {
 			p.accs = append(p.accs, agg.New(fn))
 		}
@@ -872,6 +924,11 @@ func (l *RollupLoad) add(parent Key, st *LeftState) error {
 	}
 	if err := l.r.count(p.accs, st, true); err != nil {
 		return fmt.Errorf("roll-up %s: %w", l.r.spec.Name, err)
+	}
+	for s := range l.r.sets {
+		if set := &l.r.sets[s]; set.window > 0 && members[s] != "" {
+			set.insert(&p.windows[s], set.entryOf(members[s], st))
+		}
 	}
 	return nil
 }
@@ -882,11 +939,7 @@ func (l *RollupLoad) Finish() Mutations {
 	defer l.mu.Unlock()
 	m := Mutations{PutRight: make(map[Key]RightState, len(l.accs))}
 	for k, p := range l.accs {
-		var b []byte
-		for _, s := range p.accs {
-			b = s.Append(b)
-		}
-		m.PutRight[k] = RightState{Key: p.key, Values: []Value{TextValue(string(b))}}
+		m.PutRight[k] = RightState{Key: p.key, Values: []Value{TextValue(l.r.encode(p.accs, p.windows))}}
 	}
 	return m
 }

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -163,11 +165,86 @@ func (t *Tx) Apply(ctx context.Context, table *Table, out join.Output) error {
 			return err
 		}
 	}
-	for _, u := range out.ColumnUpdates {
-		if err := t.UpdateColumns(ctx, table, u); err != nil {
+	return t.updateColumnGroups(ctx, table, out.ColumnUpdates)
+}
+
+// updateColumnGroups applies column updates: one statement for an update
+// alone in setting its columns (the keys it names, its values), one for
+// all the updates of the same columns otherwise (each key with its own
+// values: a roll-up's results, one row each).
+func (t *Tx) updateColumnGroups(ctx context.Context, table *Table, us []join.ColumnUpdate) error {
+	if len(us) == 1 {
+		return t.UpdateColumns(ctx, table, us[0])
+	}
+	var groups [][]join.ColumnUpdate
+	for _, u := range us {
+		i := slices.IndexFunc(groups, func(g []join.ColumnUpdate) bool { return slices.Equal(g[0].Columns, u.Columns) })
+		if i < 0 {
+			groups = append(groups, nil)
+			i = len(groups) - 1
+		}
+		groups[i] = append(groups[i], u)
+	}
+	for _, g := range groups {
+		var err error
+		if len(g) == 1 {
+			err = t.UpdateColumns(ctx, table, g[0])
+		} else {
+			err = t.UpdateRows(ctx, table, g)
+		}
+		if err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// UpdateRows applies updates us of the same columns in one statement: each
+// key named gets its update's values, the last update's when several name
+// it (as one statement per update would leave it), touching only the rows
+// where they differ; keys without a row are skipped.
+func (t *Tx) UpdateRows(ctx context.Context, table *Table, us []join.ColumnUpdate) error {
+	cols := us[0].Columns
+	if len(cols) == 0 {
+		return nil
+	}
+	width := table.KeyCount + len(cols)
+	var rows [][]join.Value
+	seen := map[string]int{}
+	var key []byte
+	for _, u := range us {
+		if !slices.Equal(u.Columns, cols) || len(u.Values) != len(cols) {
+			return fmt.Errorf("update rows of %s: updates of different columns", table.Ident())
+		}
+		for _, k := range u.Keys {
+			if len(k) < table.KeyCount {
+				return fmt.Errorf("update rows of %s: a key of %d values, want %d", table.Ident(), len(k), table.KeyCount)
+			}
+			key = key[:0]
+			for _, v := range k[:table.KeyCount] {
+				key = strconv.AppendQuote(strconv.AppendBool(key, v.Null), v.Text)
+			}
+			row := append(append(make([]join.Value, 0, width), k[:table.KeyCount]...), u.Values...)
+			if i, ok := seen[string(key)]; ok {
+				rows[i] = row
+				continue
+			}
+			seen[string(key)] = len(rows)
+			rows = append(rows, row)
+		}
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	sql, err := updateRowsSQL(table, cols)
+	if err != nil {
+		return err
+	}
+	n, err := t.exec(ctx, sql, func(p *params) error { return columns(p, rows, width) })
+	if err != nil {
+		return fmt.Errorf("update columns of %s: %w", table.Ident(), err)
+	}
+	t.Stats.Upserted += n
 	return nil
 }
 
@@ -500,6 +577,33 @@ func updateColumnsSQL(t *Table, cols []int) (string, error) {
 	return "UPDATE " + t.Ident() + " AS t SET " + strings.Join(set, ", ") + " FROM " + from +
 		" WHERE " + strings.Join(cond, " AND ") +
 		" AND ROW(" + strings.Join(cur, ", ") + ") IS DISTINCT FROM ROW(" + strings.Join(vals, ", ") + ")", nil
+}
+
+// updateRowsSQL is UpdateRows's statement: the keys' columns, then the
+// values', as text[] parameters.
+func updateRowsSQL(t *Table, cols []int) (string, error) {
+	all := slices.Clone(t.Columns[:t.KeyCount])
+	for _, ci := range cols {
+		if ci < t.KeyCount || ci >= len(t.Columns) {
+			return "", fmt.Errorf("update columns of %s: column %d is not a value column", t.Ident(), ci)
+		}
+		all = append(all, t.Columns[ci])
+	}
+	from, exprs := unnestFrom(all)
+	cond := make([]string, t.KeyCount)
+	for i, c := range t.Columns[:t.KeyCount] {
+		cond[i] = "t." + pgx.Identifier{c.Name}.Sanitize() + " = " + exprs[i]
+	}
+	set := make([]string, len(cols))
+	cur := make([]string, len(cols))
+	for i, ci := range cols {
+		n := pgx.Identifier{t.Columns[ci].Name}.Sanitize()
+		set[i] = n + " = " + exprs[t.KeyCount+i]
+		cur[i] = "t." + n
+	}
+	return "UPDATE " + t.Ident() + " AS t SET " + strings.Join(set, ", ") + " FROM " + from +
+		" WHERE " + strings.Join(cond, " AND ") +
+		" AND ROW(" + strings.Join(cur, ", ") + ") IS DISTINCT FROM ROW(" + strings.Join(exprs[t.KeyCount:], ", ") + ")", nil
 }
 
 func deleteSQL(t *Table) string {

@@ -183,6 +183,33 @@ func TestUpdateRight(t *testing.T) {
 	}
 }
 
+// TestUpdateColumnsPerRow: column updates of the same columns, each with
+// its own keys and values (a roll-up's results, one row each), go out as
+// one statement and land as several would: each row its update's values,
+// the last update's for a key named twice, a key without a row skipped,
+// rows already equal not counted, and another set of columns beside.
+func TestUpdateColumnsPerRow(t *testing.T) {
+	tc, w, tbl, ctx := setup(t)
+	apply(t, ctx, w, tbl, 100, join.Output{Upserts: []join.Row{
+		{v("1"), v("1"), v("n1"), v("ann"), v("gold")},
+		{v("2"), v("2"), v("n2"), v("bob"), null},
+		{v("3"), v("3"), v("n3"), v("cy"), v("tin")},
+	}})
+	st := apply(t, ctx, w, tbl, 200, join.Output{ColumnUpdates: []join.ColumnUpdate{
+		{Keys: [][]join.Value{{v("1")}}, Columns: []int{3, 4}, Values: []join.Value{v("ann2"), null}},
+		{Keys: [][]join.Value{{v("2")}, {v("9")}}, Columns: []int{3, 4}, Values: []join.Value{v("a,b"), v("x")}},
+		{Keys: [][]join.Value{{v("3")}}, Columns: []int{3, 4}, Values: []join.Value{v("cy"), v("tin")}},
+		{Keys: [][]join.Value{{v("1")}}, Columns: []int{2}, Values: []join.Value{v("note")}},
+		{Keys: [][]join.Value{{v("1")}}, Columns: []int{3, 4}, Values: []join.Value{v("ann3"), v("z")}},
+	}})
+	if got, want := dump(t, ctx, tc, tbl), "1|1.00|note|ann3|z 2|2.00|n2|a,b|x 3|3.00|n3|cy|tin"; got != want {
+		t.Fatalf("target = %q, want %q", got, want)
+	}
+	if st.Upserted != 3 {
+		t.Fatalf("%d rows written, want 3 (row 3 was equal already)", st.Upserted)
+	}
+}
+
 // TestCheckpointNeverBackwards: a commit with an older LSN fails and leaves
 // the target untouched.
 func TestCheckpointNeverBackwards(t *testing.T) {

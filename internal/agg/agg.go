@@ -150,6 +150,7 @@ func (s *State) apply(text string, null bool, sign int64) error {
 		}
 		if s.scales[scale] += sign; s.scales[scale] == 0 {
 			delete(s.scales, scale)
+			s.shrinkScale()
 		}
 	case SumFloat, AvgFloat:
 		if s.special(text, sign) {
@@ -197,6 +198,21 @@ func (s *State) special(text string, sign int64) bool {
 		return false
 	}
 	return true
+}
+
+// shrinkScale brings the sum down to the largest scale of the inputs
+// present, as a sum of them alone would have it: one state, and one
+// encoding, per multiset of inputs. The sum is a multiple of the power of
+// ten it drops.
+func (s *State) shrinkScale() {
+	var top int32
+	for scale := range s.scales {
+		top = max(top, scale)
+	}
+	if top < s.sumScale {
+		s.sum.Quo(&s.sum, pow10(s.sumScale-top))
+		s.sumScale = top
+	}
 }
 
 // addInt adds sign*v at scale to the sum.

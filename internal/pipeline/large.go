@@ -34,6 +34,15 @@ func (p *Pipeline) applyLarge(ctx context.Context, first *cdc.Txn) error {
 	}
 }
 
+// A chunkHolder holds what it writes once per transaction (a roll-up's
+// results per parent) over the chunks of a large transaction before its
+// last.
+type chunkHolder interface {
+	// holdChunks says whether the batches to come are such chunks (hold),
+	// and whether a transaction starts (start: drop what was held).
+	holdChunks(hold, start bool)
+}
+
 // tryLarge applies one attempt of a chunked transaction. It returns the
 // chunk 0 that restarts it, if the stream sent one.
 func (p *Pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.Txn, err error) {
@@ -60,6 +69,9 @@ func (p *Pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 			_ = tx.Rollback(bg)
 		}
 		for i, j := range p.joins {
+			if h, ok := j.(chunkHolder); ok {
+				h.holdChunks(false, true)
+			}
 			if partial[i] {
 				if _, rerr := j.state().Recover(bg); rerr != nil && err == nil {
 					err = fmt.Errorf("join %q: undo partial transaction: %w", j.Plan().Name, rerr)
@@ -81,6 +93,9 @@ func (p *Pipeline) tryLarge(ctx context.Context, first *cdc.Txn) (restart *cdc.T
 			jc, err := j.mapChunk(chunk)
 			if err != nil {
 				return nil, err
+			}
+			if h, ok := j.(chunkHolder); ok {
+				h.holdChunks(!chunk.Final, chunk == first)
 			}
 			m, err := j.apply(ctx, jc, chunk.CommitLSN+1, func(ctx context.Context, out join.Output) error {
 				if tx == nil {

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/fkmat/fkmat/internal/plan"
 	"github.com/fkmat/fkmat/join"
@@ -20,6 +21,61 @@ import (
 // (treeState.Commit): after a crash between, the tree's tables have the
 // batch and skip it, and the roll-up, behind, applies it again from the
 // same state and gives the same results.
+//
+// In a large transaction, the results of the chunks before the last are
+// held (the latest per parent) and join the last chunk's: a transaction
+// that changes 10^5 children of one parent writes its row once. The
+// chunks' state commits are undone together after a crash, and the target
+// transaction spans them all, so nothing reads the held results early.
+
+// heldResults are a roll-up's results held over the chunks of a large
+// transaction, in first-touch order.
+type heldResults struct {
+	order []join.Key
+	by    map[join.Key]join.Change
+}
+
+// holdChunks says whether the batches to come are chunks of a large
+// transaction before its last (hold), and whether one starts (drop what
+// an abandoned attempt held).
+func (t *Tree) holdChunks(hold, start bool) {
+	t.holding = hold
+	if start {
+		clear(t.held)
+	}
+}
+
+// hold keeps result c of roll-up k for the end of the transaction; a
+// later result of the parent replaces it.
+func (t *Tree) hold(k int, c join.Change) error {
+	key, err := join.EncodeKey(t.rollups[k].Spec().Parent, c.Right.Key)
+	if err != nil {
+		return fmt.Errorf("roll-up %s: parent key: %w", t.rollups[k].Spec().Name, err)
+	}
+	h := t.held[k]
+	if h == nil {
+		h = &heldResults{by: map[join.Key]join.Change{}}
+		t.held[k] = h
+	}
+	if _, ok := h.by[key]; !ok {
+		h.order = append(h.order, key)
+	}
+	h.by[key] = c
+	return nil
+}
+
+// release appends roll-up k's held results to out.
+func (t *Tree) release(k int, out []join.Change) []join.Change {
+	h := t.held[k]
+	if h == nil {
+		return out
+	}
+	for _, key := range h.order {
+		out = append(out, h.by[key])
+	}
+	delete(t.held, k)
+	return out
+}
 
 // RollupSpecOf returns the join.RollupSpec of roll-up k of p.
 func RollupSpecOf(p *plan.JoinPlan, k int) join.RollupSpec {
@@ -29,7 +85,10 @@ func RollupSpecOf(p *plan.JoinPlan, k int) join.RollupSpec {
 		spec.ChildTypes = append(spec.ChildTypes, c.Type)
 	}
 	for _, in := range r.Inputs {
-		spec.Inputs = append(spec.Inputs, in.Type)
+		// A column of the child's key is never NULL (its NOT NULL cannot
+		// be dropped while it is), unlike one merely declared NOT NULL.
+		key := in.Expr == "" && slices.ContainsFunc(r.Table.Key, func(c plan.SourceColumn) bool { return c.Name == in.Name })
+		spec.Inputs, spec.NotNull = append(spec.Inputs, in.Type), append(spec.NotNull, key)
 	}
 	for _, a := range r.Aggregates {
 		spec.Aggregates = append(spec.Aggregates, join.RollupAggregate{Func: a.Func, Input: a.Input, OrderBy: a.OrderBy, Desc: a.Desc, Limit: a.Limit})
@@ -77,24 +136,30 @@ func (t *Tree) rollUp(ctx context.Context, changes []join.Change) ([]join.Change
 	}
 	muts := make([]join.Mutations, len(t.rollups))
 	for k, r := range t.rollups {
-		if len(per[k]) == 0 {
-			continue
-		}
-		_, results := t.rollupAt(len(t.layout.Spec.Tables) + k)
-		m, outs, err := r.Apply(ctx, t.tables[len(t.layout.Spec.Tables)+k].pending, per[k])
-		if err != nil {
-			return nil, nil, err
-		}
-		muts[k] = m
-		if m.ClearLeft {
-			kept = append(kept, join.Change{Table: results, Kind: join.RightTruncate})
-		}
-		for _, o := range outs {
-			c := join.Change{Table: results, Kind: join.RightUpsert, Right: join.RightRow{Key: o.Parent, Values: o.Values}}
-			if o.Values == nil {
-				c.Kind = join.RightDelete
+		if len(per[k]) > 0 {
+			_, results := t.rollupAt(len(t.layout.Spec.Tables) + k)
+			m, outs, err := r.Apply(ctx, t.tables[len(t.layout.Spec.Tables)+k].pending, per[k])
+			if err != nil {
+				return nil, nil, err
 			}
-			kept = append(kept, c)
+			muts[k] = m
+			if m.ClearLeft {
+				// Every parent's results so far are void.
+				delete(t.held, k)
+				kept = append(kept, join.Change{Table: results, Kind: join.RightTruncate})
+			}
+			for _, o := range outs {
+				c := join.Change{Table: results, Kind: join.RightUpsert, Right: join.RightRow{Key: o.Parent, Values: o.Values}}
+				if o.Values == nil {
+					c.Kind = join.RightDelete
+				}
+				if err := t.hold(k, c); err != nil {
+					return nil, nil, err
+				}
+			}
+		}
+		if !t.holding {
+			kept = t.release(k, kept)
 		}
 	}
 	return kept, muts, nil

@@ -25,6 +25,10 @@ type Tree struct {
 	// rollups are the roll-ups' engines; their children's changes and
 	// states are numbered after the tree's tables (rollupAt).
 	rollups []*join.Rollup
+	// holding says the batches are chunks of a large transaction before
+	// its last; held are the roll-ups' results they hold, by roll-up.
+	holding bool
+	held    map[int]*heldResults
 }
 
 var _ Join = (*Tree)(nil)
@@ -55,7 +59,7 @@ func newTree(p *plan.JoinPlan, stores []State, pageSize int) (*Tree, error) {
 	if err != nil {
 		return nil, fmt.Errorf("join %q: %w", p.Name, err)
 	}
-	t := &Tree{tree: jt, layout: l}
+	t := &Tree{tree: jt, layout: l, held: map[int]*heldResults{}}
 	for k := range p.Rollups {
 		r, err := join.NewRollup(RollupSpecOf(p, k))
 		if err != nil {

@@ -345,6 +345,9 @@ var (
 	mResizeTime = desc("fkmat_redis_resize_seconds_total", "Time the stream waited for Redis states to be resized, by join.", "join")
 	mSlotLag    = desc("fkmat_slot_lag_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn of the slot, at the last sample.")
 	mBuildDone  = desc("fkmat_backfill_rows_done", "While a backfill runs: the rows of the join's tables and target loaded so far, by join.", "join")
+	mRollupIn   = desc("fkmat_rollup_child_changes_total", "Changes of a roll-up's child table applied, by join and roll-up (its child table).", "join", "rollup")
+	mRollupOut  = desc("fkmat_rollup_parents_updated_total", "Parents whose roll-up a batch changed, counted per batch (and per chunk of a large transaction, whose last writes each parent once), by join and roll-up.", "join", "rollup")
+	mRollupRead = desc("fkmat_rollup_set_reads_total", "Children's sorted sets read from Redis because the parent's state could not say its first children (the extreme of a min/max or one of a jsonb_agg's first n removed), by join and roll-up.", "join", "rollup")
 	mMoves      = desc("fkmat_partition_moves_total", "Partition changes that moved rows (ATTACH of a filled table, DETACH or DROP of a partition with rows, TRUNCATE of one partition) followed online, by table.", "table")
 	mMovedRows  = desc("fkmat_partition_moved_rows_total", "Rows those changes took out of (direction=\"left\") or brought into (\"entered\") a joined table, by table.", "table", "direction")
 	mMoveTime   = desc("fkmat_partition_move_seconds_total", "Time spent following those changes, from the first look at the state to the commit of the rows written into the WAL, by table.", "table")
@@ -393,6 +396,12 @@ func (o *observer) Collect(ch chan<- prometheus.Metric) {
 		counter(mWaitShort, float64(jc.waitShort), name)
 		counter(mResizes, float64(r.n), name)
 		counter(mResizeTime, r.seconds, name)
+		for _, rollup := range slices.Sorted(maps.Keys(jc.Rollups)) {
+			rs := jc.Rollups[rollup]
+			counter(mRollupIn, float64(rs.Changes), name, rollup)
+			counter(mRollupOut, float64(rs.Parents), name, rollup)
+			counter(mRollupRead, float64(rs.SetReads), name, rollup)
+		}
 		if verify != nil {
 			jv := verify.join(name)
 			counter(mVerified, float64(jv.checked.Load()), name)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -153,6 +154,23 @@ func rollups(t *testing.T, partitioned bool) {
 		`INSERT INTO orders SELECT g, 1 + g % 31, g, 3, 'open', now(), NULL, NULL FROM generate_series(5000, 5200) g`)
 	d = startDaemon(t, cfg, fkmat.Options{})
 	check("restart")
+	if partitioned {
+		// Partitions leave and come back with their rows, without a row
+		// change in the WAL; one is dropped with its rows.
+		sqlExec(t, tc, `ALTER TABLE orders DETACH PARTITION orders_b`)
+		check("partition detached")
+		sqlExec(t, tc, `ALTER TABLE orders ATTACH PARTITION orders_b FOR VALUES FROM (200) TO (MAXVALUE)`)
+		check("partition attached")
+		sqlExec(t, tc, `CREATE TABLE orders_z (LIKE orders)`,
+			`INSERT INTO orders_z SELECT g, 1 + g % 30, g, 2, 'open', now(), NULL, NULL FROM generate_series(-300, -1) g`,
+			`ALTER TABLE orders DETACH PARTITION orders_a`,
+			`CREATE TABLE orders_a2 PARTITION OF orders FOR VALUES FROM (0) TO (200)`,
+			`INSERT INTO orders_a2 SELECT * FROM orders_a WHERE id >= 0`,
+			`ALTER TABLE orders ATTACH PARTITION orders_z FOR VALUES FROM (MINVALUE) TO (0)`)
+		check("a filled table attached")
+		sqlExec(t, tc, `DROP TABLE orders_a`, `DROP TABLE orders_a2`)
+		check("partition dropped")
+	}
 	sqlExec(t, tc, `TRUNCATE orders`)
 	check("truncate orders")
 	sqlExec(t, tc, `INSERT INTO orders SELECT g, 1 + g % 31, g, 2, 'open', now(), NULL, NULL FROM generate_series(1, 50) g`)
@@ -278,17 +296,111 @@ func TestRollupKilledAndChanged(t *testing.T) {
 	assertOracle(t, next)
 }
 
+// TestRollupsOnCluster: the roll-ups with their state on a 3+3 Redis
+// Cluster, under a random workload of child changes (inserts, moves
+// between parents, the filter entered and left, deletes, key changes)
+// through a slot migration and a primary failover; equal to the SQL after
+// each.
+func TestRollupsOnCluster(t *testing.T) {
+	cl := testenv.NewCluster(t)
+	tc := testenv.New(t)
+	rollupSchema(t, tc, false)
+	cfg := daemonConfig(t, tc, rollupYAML)
+	cfg.Redis = cl.URL()
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	assertSQL(t, tc, "customer_stats", rollupSQL)
+	ctx := context.Background()
+	during := func(what string, seed uint64, event func() error) {
+		t.Helper()
+		stop := make(chan struct{})
+		done := make(chan error, 1)
+		go func() { done <- rollupWorkload(tc, seed, stop) }()
+		time.Sleep(300 * time.Millisecond)
+		eerr := event()
+		time.Sleep(300 * time.Millisecond)
+		close(stop)
+		if err := <-done; err != nil {
+			t.Fatalf("workload during %s: %v", what, err)
+		}
+		if eerr != nil {
+			t.Fatalf("%s: %v", what, eerr)
+		}
+		waitCaughtUp(t, tc, d)
+		assertSQL(t, tc, "customer_stats", rollupSQL)
+		assertOracle(t, cfg)
+	}
+	prims, err := cl.Primaries(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	during("slot migration", 1, func() error { return cl.Reshard(ctx, prims[0].ID, prims[1].ID, 2000) })
+	during("primary failover", 2, func() error { return cl.FailPrimary(ctx, prims[2].Addr) })
+	if err := d.stop(t); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+}
+
+// rollupWorkload runs random changes of the roll-ups' children until stop
+// is closed.
+func rollupWorkload(tc *testenv.Case, seed uint64, stop <-chan struct{}) error {
+	r := rand.New(rand.NewPCG(seed, 45))
+	next := 10_000 + int(seed)*100_000
+	for n := 0; ; n++ {
+		select {
+		case <-stop:
+			return nil
+		default:
+		}
+		o, c := 1+r.IntN(400), 1+r.IntN(33)
+		var q string
+		switch r.IntN(7) {
+		case 0, 1:
+			next++
+			q = fmt.Sprintf(`INSERT INTO orders VALUES (%d, %d, %d.25, %d, 'open', now(), NULL, NULL)`, next, c, r.IntN(500), r.IntN(5))
+		case 2:
+			q = fmt.Sprintf(`UPDATE orders SET customer_id = %d WHERE id = %d`, c, o)
+		case 3:
+			q = fmt.Sprintf(`UPDATE orders SET status = CASE status WHEN 'cancelled' THEN 'paid' ELSE 'cancelled' END WHERE id = %d`, o)
+		case 4:
+			q = fmt.Sprintf(`DELETE FROM orders WHERE id = %d`, o)
+		case 5:
+			next++
+			q = fmt.Sprintf(`UPDATE orders SET id = %d WHERE id = %d`, next, o)
+		case 6:
+			q = fmt.Sprintf(`UPDATE tickets SET state = CASE state WHEN 'open' THEN 'closed' ELSE 'open' END WHERE id = %d`, 1+r.IntN(60))
+		}
+		if _, err := tc.Pool.Exec(context.Background(), q); err != nil {
+			return fmt.Errorf("%s: %w", q, err)
+		}
+		if n%50 == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
 // TestRollupHotParent: a parent with 10^5 children, all inserted, then
 // all updated, then all moved to another parent, each in one transaction
 // (streamed in some 40 chunks): the parents' aggregates stay equal to the
 // SQL, and each transaction writes each parent's row once, not once per
-// chunk or per child.
+// chunk or per child. The metrics count the roll-up's child changes and
+// parents updated.
 func TestRollupHotParent(t *testing.T) {
 	tc := testenv.New(t)
 	rollupSchema(t, tc, false)
 	cfg := daemonConfig(t, tc, rollupYAML)
-	d := startDaemon(t, cfg, fkmat.Options{})
+	bound := make(chan net.Addr, 1)
+	d := startDaemon(t, cfg, fkmat.Options{MetricsAddr: "127.0.0.1:0", MetricsBound: func(a net.Addr) { bound <- a }})
+	m := boundScraper(t, bound)
+	metric := func(name string) float64 {
+		v, ok := metricValue(m.body(), name+`{join="customer_stats",rollup="public.orders"}`)
+		if !ok {
+			t.Fatalf("/metrics has no %s for the orders' roll-up", name)
+		}
+		return v
+	}
 	waitCaughtUp(t, tc, d)
+	changes0, parents0 := metric("fkmat_rollup_child_changes_total"), metric("fkmat_rollup_parents_updated_total")
 	updates := func() int64 {
 		return int64(queryInt(t, tc, `SELECT n_tup_upd + n_tup_ins FROM pg_stat_user_tables WHERE relname = 'customer_stats'`))
 	}
@@ -314,6 +426,11 @@ func TestRollupHotParent(t *testing.T) {
 		if wrote > 2 {
 			t.Errorf("a transaction of 10^5 children of one or two parents wrote the target %d times", wrote)
 		}
+	}
+	changes, parents := metric("fkmat_rollup_child_changes_total")-changes0, metric("fkmat_rollup_parents_updated_total")-parents0
+	t.Logf("metrics: %.0f child changes, %.0f parents updated, %.0f sorted sets read", changes, parents, metric("fkmat_rollup_set_reads_total"))
+	if changes != 300_000 || parents < 4 || parents > 200 {
+		t.Errorf("the roll-up's metrics counted %.0f child changes (want 300000) and %.0f parents updated (4 in the last chunks, plus one per chunk before)", changes, parents)
 	}
 	assertOracle(t, cfg)
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/fkmat/fkmat/internal/agg"
 )
@@ -38,6 +39,13 @@ type Rollup struct {
 	sets   []rollupSet
 	// setOf[i] is the sorted set of ordered aggregate i (-1: scalar).
 	setOf []int
+	// changes, parents and setReads count its work (Stats).
+	changes, parents, setReads atomic.Uint64
+}
+
+// Stats returns the roll-up's counters.
+func (r *Rollup) Stats() RollupStats {
+	return RollupStats{Changes: r.changes.Load(), Parents: r.parents.Load(), SetReads: r.setReads.Load()}
 }
 
 // RollupSpec describes a Rollup.
@@ -262,6 +270,8 @@ func (r *Rollup) Apply(ctx context.Context, store StateReader, changes []RollupC
 	if err != nil {
 		return Mutations{}, nil, err
 	}
+	r.changes.Add(uint64(len(changes)))
+	r.parents.Add(uint64(len(outs)))
 	return m, outs, nil
 }
 
@@ -586,7 +596,8 @@ func (r *Rollup) decode(st RightState) ([]*agg.State, []window, error) {
 	if len(st.Values) != 1 {
 		return nil, nil, fmt.Errorf("roll-up %s: a stored parent has %d values", r.spec.Name, len(st.Values))
 	}
-	b := []byte(st.Values[0].Text)
+	text := st.Values[0].Text
+	b := []byte(text)
 	accs := make([]*agg.State, len(r.funcs))
 	for i, fn := range r.funcs {
 		s, rest, err := agg.Decode(b)
@@ -598,7 +609,7 @@ func (r *Rollup) decode(st RightState) ([]*agg.State, []window, error) {
 		}
 		accs[i], b = s, rest
 	}
-	ws, err := r.decodeWindows(b)
+	ws, err := r.decodeWindows(text[len(text)-len(b):])
 	if err != nil {
 		return nil, nil, fmt.Errorf("roll-up %s: %w", r.spec.Name, err)
 	}

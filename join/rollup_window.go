@@ -85,22 +85,28 @@ func (r *Rollup) appendWindows(b []byte, ws []window) []byte {
 
 var errWindow = errors.New("a stored roll-up window is malformed")
 
-// decodeWindows reads what appendWindows wrote.
-func (r *Rollup) decodeWindows(b []byte) ([]window, error) {
+// decodeWindows reads what appendWindows wrote. The windows' strings
+// share b's memory.
+func (r *Rollup) decodeWindows(b string) ([]window, error) {
 	ws := r.newWindows()
 	next := func() (int, error) {
-		v, n := binary.Uvarint(b)
-		if n <= 0 || v > 1<<40 {
-			return 0, errWindow
+		var v uint64
+		for shift, i := 0, 0; ; shift, i = shift+7, i+1 {
+			if i == len(b) || shift > 35 {
+				return 0, errWindow
+			}
+			v |= uint64(b[i]&0x7f) << shift
+			if b[i] < 0x80 {
+				b = b[i+1:]
+				return int(v), nil
+			}
 		}
-		b = b[n:]
-		return int(v), nil
 	}
 	bytes := func(n int) (string, error) {
 		if n > len(b) {
 			return "", errWindow
 		}
-		s := string(b[:n])
+		s := b[:n]
 		b = b[n:]
 		return s, nil
 	}
@@ -118,6 +124,7 @@ func (r *Rollup) decodeWindows(b []byte) ([]window, error) {
 			return nil, errWindow
 		}
 		w.entries = make([]windowEntry, n)
+		values := make([]Value, n*len(set.inputs))
 		for i := range w.entries {
 			e := &w.entries[i]
 			l, err := next()
@@ -128,7 +135,7 @@ func (r *Rollup) decodeWindows(b []byte) ([]window, error) {
 			if err != nil {
 				return nil, err
 			}
-			e.member, e.values = Key(m), make([]Value, len(set.inputs))
+			e.member, e.values = Key(m), values[i*len(set.inputs):(i+1)*len(set.inputs):(i+1)*len(set.inputs)]
 			for j := range e.values {
 				l, err := next()
 				if err != nil {
@@ -202,6 +209,7 @@ func (a *rollupApply) slideWindows(ctx context.Context, view *Pending) error {
 	if len(fks) == 0 {
 		return nil
 	}
+	a.r.setReads.Add(uint64(len(fks)))
 	pages, err := view.DependentsMany(ctx, fks, limits)
 	if err != nil {
 		return err

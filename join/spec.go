@@ -235,6 +235,17 @@ type Stats struct {
 	AbsentToastSkips uint64
 	// FanoutRows counts responses produced by right-side fan-out.
 	FanoutRows uint64
+	// Rollups are a tree's roll-ups' counters, by roll-up (its child
+	// table).
+	Rollups map[string]RollupStats
+}
+
+// RollupStats counts a roll-up's work.
+type RollupStats struct {
+	// Changes are the child changes applied; Parents the parents whose
+	// state a batch changed; SetReads the sorted sets read because a
+	// parent's window could not say its first members.
+	Changes, Parents, SetReads uint64
 }
 
 // Add adds o's counts to s.
@@ -245,4 +256,19 @@ func (s *Stats) Add(o Stats) {
 	s.InnerNullFKDrops += o.InnerNullFKDrops
 	s.AbsentToastSkips += o.AbsentToastSkips
 	s.FanoutRows += o.FanoutRows
+	if len(o.Rollups) > 0 {
+		// A copy: s may share its map with the Stats it was copied from.
+		rs := make(map[string]RollupStats, len(s.Rollups)+len(o.Rollups))
+		for name, r := range s.Rollups {
+			rs[name] = r
+		}
+		for name, r := range o.Rollups {
+			t := rs[name]
+			t.Changes += r.Changes
+			t.Parents += r.Parents
+			t.SetReads += r.SetReads
+			rs[name] = t
+		}
+		s.Rollups = rs
+	}
 }

@@ -22,7 +22,7 @@ GO=${GO:-go}
 TIMEOUT=${TEST_TIMEOUT:-45m}
 # The integration tests that need their containers to themselves, and those
 # that build images and releases.
-ALONE='^(TestFault.*|TestDaemonSurvivesRestarts|TestHarnessRestart|TestImage|TestReadmeQuickStart|TestMakeDemo|TestRelease|TestRollups|TestRollupHotParent|TestRollupKilledAndChanged)$'
+ALONE='^(TestFault.*|TestDaemonSurvivesRestarts|TestHarnessRestart|TestImage|TestReadmeQuickStart|TestMakeDemo|TestRelease|TestRollups|TestRollupHotParent|TestRollupKilledAndChanged|TestRollupsOnCluster)$'
 
 mkdir -p .test-logs
 log=.test-logs/unit-and-restarts.log

@@ -13,9 +13,11 @@
 package agg
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/big"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -93,8 +95,9 @@ type State struct {
 	// unscaled at scale sumScale.
 	sum      big.Int
 	sumScale int32
-	// scales counts the finite numeric inputs by display scale.
-	scales map[int32]int64
+	// scales counts the finite numeric inputs by display scale, in
+	// ascending order of scale (a column's are usually all one).
+	scales []scaleCount
 	// fsum is the exact sum of the finite floating-point inputs.
 	fsum *big.Float
 	// trues and falses count the boolean inputs.
@@ -145,11 +148,7 @@ func (s *State) apply(text string, null bool, sign int64) error {
 			return err
 		}
 		s.addInt(v, scale, sign)
-		if s.scales == nil {
-			s.scales = map[int32]int64{}
-		}
-		if s.scales[scale] += sign; s.scales[scale] == 0 {
-			delete(s.scales, scale)
+		if s.countScale(scale, sign) {
 			s.shrinkScale()
 		}
 	case SumFloat, AvgFloat:
@@ -206,13 +205,33 @@ func (s *State) special(text string, sign int64) bool {
 // ten it drops.
 func (s *State) shrinkScale() {
 	var top int32
-	for scale := range s.scales {
-		top = max(top, scale)
+	if n := len(s.scales); n > 0 {
+		top = s.scales[n-1].scale
 	}
 	if top < s.sumScale {
 		s.sum.Quo(&s.sum, pow10(s.sumScale-top))
 		s.sumScale = top
 	}
+}
+
+// scaleCount is how many inputs present have a display scale.
+type scaleCount struct {
+	scale int32
+	n     int64
+}
+
+// countScale adds sign to the count of scale, and reports whether that
+// scale has no input left.
+func (s *State) countScale(scale int32, sign int64) bool {
+	i, found := slices.BinarySearchFunc(s.scales, scale, func(c scaleCount, scale int32) int { return cmp.Compare(c.scale, scale) })
+	if !found {
+		s.scales = slices.Insert(s.scales, i, scaleCount{scale: scale})
+	}
+	if s.scales[i].n += sign; s.scales[i].n == 0 {
+		s.scales = slices.Delete(s.scales, i, i+1)
+		return true
+	}
+	return false
 }
 
 // addInt adds sign*v at scale to the sum.
@@ -296,11 +315,10 @@ func (s *State) specialResult(inf string) (string, bool) {
 // displayScale is the largest display scale of the finite numeric inputs
 // present (Postgres's sum keeps the largest it added).
 func (s *State) displayScale() int32 {
-	var d int32
-	for scale := range s.scales {
-		d = max(d, scale)
+	if n := len(s.scales); n > 0 {
+		return s.scales[n-1].scale
 	}
-	return d
+	return 0
 }
 
 // rescaled returns the sum unscaled at scale (at least every input's).

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
-	"slices"
 )
 
 // Append appends the state's encoding, as the roll-up state keeps it: the
@@ -19,15 +18,10 @@ func (s *State) Append(b []byte) []byte {
 	case SumNumeric, AvgNumeric:
 		b = appendInt(b, &s.sum)
 		b = binary.AppendUvarint(b, uint64(s.sumScale))
-		scales := make([]int32, 0, len(s.scales))
-		for scale := range s.scales {
-			scales = append(scales, scale)
-		}
-		slices.Sort(scales)
-		b = binary.AppendUvarint(b, uint64(len(scales)))
-		for _, scale := range scales {
-			b = binary.AppendUvarint(b, uint64(scale))
-			b = binary.AppendVarint(b, s.scales[scale])
+		b = binary.AppendUvarint(b, uint64(len(s.scales)))
+		for _, c := range s.scales {
+			b = binary.AppendUvarint(b, uint64(c.scale))
+			b = binary.AppendVarint(b, c.n)
 		}
 		b = s.appendSpecial(b)
 	case SumFloat, AvgFloat:
@@ -81,11 +75,11 @@ func Decode(b []byte) (*State, []byte, error) {
 		r.int(&s.sum)
 		s.sumScale = int32(r.uvarint())
 		for k := r.uvarint(); k > 0 && r.err == nil; k-- {
-			if s.scales == nil {
-				s.scales = map[int32]int64{}
+			c := scaleCount{scale: int32(r.uvarint()), n: r.varint()}
+			if n := len(s.scales); n > 0 && s.scales[n-1].scale >= c.scale || c.n <= 0 {
+				r.err = errors.New("numeric scales out of order")
 			}
-			scale := int32(r.uvarint())
-			s.scales[scale] = r.varint()
+			s.scales = append(s.scales, c)
 		}
 		s.nan, s.pinf, s.ninf = r.varint(), r.varint(), r.varint()
 	case SumFloat, AvgFloat:

@@ -90,7 +90,14 @@ func (t *Tree) Stores() []*redisstore.Store {
 // Stats reports the tree's walks as fan-out rows.
 func (t *Tree) Stats() join.Stats {
 	s := t.tree.Stats()
-	return join.Stats{FanoutRows: s.Walked}
+	out := join.Stats{FanoutRows: s.Walked}
+	if len(t.rollups) > 0 {
+		out.Rollups = make(map[string]join.RollupStats, len(t.rollups))
+		for _, r := range t.rollups {
+			out.Rollups[r.Spec().Name] = r.Stats()
+		}
+	}
+	return out
 }
 
 // Resume reads every table's state; the tables ahead of the lowest

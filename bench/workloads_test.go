@@ -129,6 +129,7 @@ type sizes struct {
 	W5Scale, W5Seconds                     int // pgbench -s and -T
 	W6Customers, W6PerCustomer, W6Rounds   int
 	W8Orders, W8Customers                  int
+	W9Orders, W9Customers                  int // W9's backfill
 	Refreshes                              int
 	ProbeEvery                             int // ms between freshness markers
 }
@@ -142,6 +143,7 @@ var fullSizes = sizes{
 	W5Scale: 2, W5Seconds: 20,
 	W6Customers: 1_000, W6PerCustomer: 200, W6Rounds: 3,
 	W8Orders: 1_000_000, W8Customers: 50_000,
+	W9Orders: 1_000_000, W9Customers: 100_000,
 	Refreshes: 3, ProbeEvery: 50,
 }
 
@@ -154,6 +156,7 @@ var smokeSizes = sizes{
 	W5Scale: 1, W5Seconds: 2,
 	W6Customers: 20, W6PerCustomer: 10, W6Rounds: 1,
 	W8Orders: 20_000, W8Customers: 1_000,
+	W9Orders: 20_000, W9Customers: 2_000,
 	Refreshes: 1, ProbeEvery: 50,
 }
 

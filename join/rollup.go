@@ -618,7 +618,7 @@ func (r *Rollup) decode(st RightState) ([]*agg.State, []window, error) {
 
 // encode returns a parent's state: its accumulators, then its windows.
 func (r *Rollup) encode(accs []*agg.State, ws []window) string {
-	var b []byte
+	b := make([]byte, 0, 256)
 	for _, s := range accs {
 		b = s.Append(b)
 	}

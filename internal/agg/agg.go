@@ -340,6 +340,9 @@ func pow10(n int32) *big.Int { return new(big.Int).Exp(big.NewInt(10), big.NewIn
 // parseNumeric parses a numeric's text form into its unscaled value and
 // display scale ("12.50" is 1250 at scale 2).
 func parseNumeric(text string) (*big.Int, int32, error) {
+	if v, scale, ok := parseSmallNumeric(text); ok {
+		return new(big.Int).SetInt64(v), scale, nil
+	}
 	digits, scale := text, int32(0)
 	if i := strings.IndexByte(text, '.'); i >= 0 {
 		digits, scale = text[:i]+text[i+1:], int32(len(text)-i-1)
@@ -349,6 +352,40 @@ func parseNumeric(text string) (*big.Int, int32, error) {
 		return nil, 0, fmt.Errorf("%q is not a numeric's text", text)
 	}
 	return v, scale, nil
+}
+
+// parseSmallNumeric parses a numeric's text of at most 18 digits (a
+// sign, digits, at most one point), the common case, without big.Int's
+// parser; ok is false for any other text.
+func parseSmallNumeric(text string) (v int64, scale int32, ok bool) {
+	s, neg := text, false
+	if len(s) > 0 && (s[0] == '-' || s[0] == '+') {
+		s, neg = s[1:], s[0] == '-'
+	}
+	digits, point := 0, false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= '0' && c <= '9':
+			if digits++; digits > 18 {
+				return 0, 0, false
+			}
+			v = v*10 + int64(c-'0')
+			if point {
+				scale++
+			}
+		case c == '.' && !point:
+			point = true
+		default:
+			return 0, 0, false
+		}
+	}
+	if digits == 0 {
+		return 0, 0, false
+	}
+	if neg {
+		v = -v
+	}
+	return v, scale, true
 }
 
 // formatNumeric writes v at scale as Postgres does ("-0.50").

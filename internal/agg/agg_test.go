@@ -274,3 +274,26 @@ func TestDecodeTruncated(t *testing.T) {
 		}
 	}
 }
+
+// TestParseNumericFast: the fast path of a numeric's text gives what
+// big.Int's parser gives, and leaves what it cannot read to it.
+func TestParseNumericFast(t *testing.T) {
+	for _, text := range []string{"0", "-0", "+1", "12.50", "-0.001", "999999999999999999", "1234567890.12345678",
+		"9999999999999999999", "-12345678901234567890.5", "1e5", "", "-", ".", "1.2.3", "0.", "NaN", " 1"} {
+		got, gotScale, gotErr := parseNumeric(text)
+		digits, scale := text, int32(0)
+		if i := strings.IndexByte(text, '.'); i >= 0 {
+			digits, scale = text[:i]+text[i+1:], int32(len(text)-i-1)
+		}
+		want, ok := new(big.Int).SetString(digits, 10)
+		if !ok || strings.ContainsAny(text, "eE") {
+			if gotErr == nil {
+				t.Errorf("%q: parsed as %v, want an error", text, got)
+			}
+			continue
+		}
+		if gotErr != nil || got.Cmp(want) != 0 || gotScale != scale {
+			t.Errorf("%q: %v scale %d (%v), want %v scale %d", text, got, gotScale, gotErr, want, scale)
+		}
+	}
+}

@@ -115,7 +115,7 @@ func (t *Tree) rollUp(ctx context.Context, changes []join.Change) ([]join.Change
 		return changes, nil, nil
 	}
 	per := make([][]join.RollupChange, len(t.rollups))
-	kept := changes[:0:0]
+	kept := make([]join.Change, 0, len(changes))
 	for _, c := range changes {
 		k, _ := t.rollupAt(c.Table)
 		if k < 0 {
@@ -152,6 +152,10 @@ func (t *Tree) rollUp(ctx context.Context, changes []join.Change) ([]join.Change
 				c := join.Change{Table: results, Kind: join.RightUpsert, Right: join.RightRow{Key: o.Parent, Values: o.Values}}
 				if o.Values == nil {
 					c.Kind = join.RightDelete
+				}
+				if !t.holding && t.held[k] == nil {
+					kept = append(kept, c)
+					continue
 				}
 				if err := t.hold(k, c); err != nil {
 					return nil, nil, err

@@ -56,7 +56,7 @@ func TestBench(t *testing.T) {
 	for _, w := range []struct {
 		name string
 		run  func(t *testing.T, s sizes, rep *report)
-	}{{"W1", benchW1}, {"W2", benchW2}, {"W3", benchW3}, {"W4", benchW4}, {"W5", benchW5}, {"W6", benchW6}, {"W7", benchW7}, {"W8", benchW8}, {"W1F", benchW1Filtered}, {"W7F", benchW7Filtered}, {"W9", benchW9}} {
+	}{{"W1", benchW1}, {"W2", benchW2}, {"W3", benchW3}, {"W4", benchW4}, {"W5", benchW5}, {"W6", benchW6}, {"W7", benchW7}, {"W8", benchW8}, {"W1F", benchW1Filtered}, {"W7F", benchW7Filtered}, {"W9", benchW9}, {"FR", benchFreshness}} {
 		if only != "" && !contains(only, w.name) {
 			continue
 		}

@@ -130,6 +130,7 @@ type sizes struct {
 	W6Customers, W6PerCustomer, W6Rounds   int
 	W8Orders, W8Customers                  int
 	W9Orders, W9Customers                  int // W9's backfill
+	FreshSeconds                           int // seconds of writes per freshness rate
 	Refreshes                              int
 	ProbeEvery                             int // ms between freshness markers
 }
@@ -144,6 +145,7 @@ var fullSizes = sizes{
 	W6Customers: 1_000, W6PerCustomer: 200, W6Rounds: 3,
 	W8Orders: 1_000_000, W8Customers: 50_000,
 	W9Orders: 1_000_000, W9Customers: 100_000,
+	FreshSeconds: 10,
 	Refreshes: 3, ProbeEvery: 50,
 }
 
@@ -157,6 +159,7 @@ var smokeSizes = sizes{
 	W6Customers: 20, W6PerCustomer: 10, W6Rounds: 1,
 	W8Orders: 20_000, W8Customers: 1_000,
 	W9Orders: 20_000, W9Customers: 2_000,
+	FreshSeconds: 1,
 	Refreshes: 1, ProbeEvery: 50,
 }
 

@@ -95,26 +95,29 @@ func stopwatch() func(d *time.Duration) {
 func (b *batch) end() wal.LSN { return b.txns[len(b.txns)-1].EndLSN }
 
 // collect adds whole transactions to a batch that starts with first, until a
-// limit is reached, the delay passes, no transaction follows within the idle
-// gap, or a transaction on the other side of the target checkpoint arrives
-// (replayed and new transactions are never mixed).
-func (p *Pipeline) collect(ctx context.Context, first *cdc.Txn) *batch {
+// limit is reached, the delay passes, or a transaction on the other side of
+// the target checkpoint arrives (replayed and new transactions are never
+// mixed). It also closes the batch as soon as no transaction is queued while
+// the pipeline can take the batch at once (nothing in flight, or the last
+// batch in flight done with the target): a light stream's changes go out
+// alone, without waiting. While the pipeline is busy, the batch keeps taking
+// what arrives until it is not (or the idle gap passes with nothing new), so
+// batches grow with the load. After a fan-out batch it waits out its delay.
+func (p *Pipeline) collect(ctx context.Context, first *cdc.Txn, inFlight []*commitJob) *batch {
 	b := &batch{txns: []*cdc.Txn{first}, changes: len(first.Changes), bytes: first.Bytes}
 	if p.cuts[first.EndLSN] {
 		return b
 	}
 	replay := first.EndLSN <= p.targetCheckpoint()
 	deadline := time.Now().Add(p.sizer.delay())
+	var busy <-chan struct{} // closed when the pipeline can take the batch
+	if n := len(inFlight); n > 0 {
+		busy = inFlight[n-1].targetDone
+	}
 	for b.changes < p.sizer.changeLimit() && b.bytes < p.limits.Bytes && ctx.Err() == nil {
-		until := time.Now().Add(p.limits.Idle)
-		if deadline.Before(until) {
-			until = deadline
-		}
-		wait, cancel := context.WithDeadline(ctx, until)
-		t, err := p.source.Next(wait)
-		cancel()
-		if err != nil {
-			break // idle, delay passed, shutdown, or the stream stopped: run sees it next
+		t, err := p.take(ctx, busy, deadline)
+		if err != nil || t == nil {
+			break // closed, shutdown, or the stream stopped: run sees it next
 		}
 		if !t.Final || (t.EndLSN <= p.targetCheckpoint()) != replay {
 			p.held = t
@@ -128,6 +131,53 @@ func (p *Pipeline) collect(ctx context.Context, first *cdc.Txn) *batch {
 		}
 	}
 	return b
+}
+
+// take returns the next queued transaction for the batch being collected,
+// or nil when the batch should close: nothing is queued and the pipeline is
+// free (busy is nil or closed, and the last batch was no fan-out), or
+// nothing came within the idle gap or by the deadline.
+func (p *Pipeline) take(ctx context.Context, busy <-chan struct{}, deadline time.Time) (*cdc.Txn, error) {
+	now, cancel := context.WithCancel(ctx)
+	cancel()
+	if t, err := p.source.Next(now); err == nil || ctx.Err() != nil {
+		return t, err
+	}
+	free := func() bool {
+		if busy == nil {
+			return true
+		}
+		select {
+		case <-busy:
+			return true
+		default:
+			return false
+		}
+	}
+	if !p.sizer.fanOut && free() {
+		return nil, nil
+	}
+	until := time.Now().Add(p.limits.Idle)
+	if deadline.Before(until) {
+		until = deadline
+	}
+	wait, cancelWait := context.WithDeadline(ctx, until)
+	defer cancelWait()
+	if !p.sizer.fanOut && busy != nil {
+		// Wake when the pipeline frees up: the batch closes then.
+		go func() {
+			select {
+			case <-busy:
+				cancelWait()
+			case <-wait.Done():
+			}
+		}()
+	}
+	t, err := p.source.Next(wait)
+	if err != nil {
+		return nil, nil
+	}
+	return t, nil
 }
 
 // batchSizer adapts how long the next batch collects transactions to how

@@ -122,3 +122,77 @@ func TestPrepareFanOut(t *testing.T) {
 		t.Fatal("a customer renamed with twenty orders was not taken for a fan-out")
 	}
 }
+
+// chanSource hands out the transactions sent on its channel.
+type chanSource struct{ c chan *cdc.Txn }
+
+func (s chanSource) Next(ctx context.Context) (*cdc.Txn, error) {
+	select {
+	case t := <-s.c:
+		return t, nil
+	default:
+	}
+	select {
+	case t := <-s.c:
+		return t, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+func (chanSource) Ack(wal.LSN)            {}
+func (chanSource) Stats() cdc.StreamStats { return cdc.StreamStats{} }
+
+// TestCollectClosesWhenFree: a batch takes what is queued and closes at
+// once when nothing more is, while the pipeline is free (nothing in
+// flight, or the last batch done with the target), however long its delay;
+// while the pipeline is busy it keeps taking what arrives, and closes when
+// the pipeline frees up; after a fan-out batch it waits out its delay.
+func TestCollectClosesWhenFree(t *testing.T) {
+	t.Parallel()
+	src := chanSource{c: make(chan *cdc.Txn, 100)}
+	lsn := wal.LSN(100)
+	txn := func() *cdc.Txn {
+		lsn += 10
+		return &cdc.Txn{Final: true, CommitLSN: lsn, EndLSN: lsn + 1, Changes: make([]cdc.Change, 2)}
+	}
+	p := &Pipeline{source: src, limits: BatchLimits{Changes: 1000, Bytes: 1 << 20, Delay: 5 * time.Second, Idle: 5 * time.Second, MaxDelay: 5 * time.Second}}
+	p.sizer = batchSizer{limits: p.limits}
+	ctx := context.Background()
+
+	// Free: three queued, then none.
+	for range 3 {
+		src.c <- txn()
+	}
+	start := time.Now()
+	if b := p.collect(ctx, txn(), nil); len(b.txns) != 4 || time.Since(start) > 2*time.Second {
+		t.Fatalf("free pipeline: a batch of %d transactions after %s, want 4 at once", len(b.txns), time.Since(start))
+	}
+	done := &commitJob{targetDone: make(chan struct{})}
+	close(done.targetDone)
+	if b := p.collect(ctx, txn(), []*commitJob{done}); len(b.txns) != 1 {
+		t.Fatalf("last batch done with the target: a batch of %d transactions, want 1", len(b.txns))
+	}
+
+	// Busy: what arrives joins the batch until the last batch in flight is
+	// done with the target.
+	busy := &commitJob{targetDone: make(chan struct{})}
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		src.c <- txn()
+		time.Sleep(50 * time.Millisecond)
+		close(busy.targetDone)
+	}()
+	start = time.Now()
+	b := p.collect(ctx, txn(), []*commitJob{busy})
+	if len(b.txns) != 2 || time.Since(start) < 100*time.Millisecond || time.Since(start) > 2*time.Second {
+		t.Fatalf("busy pipeline: a batch of %d transactions after %s, want 2 once the pipeline freed up", len(b.txns), time.Since(start))
+	}
+
+	// After a fan-out batch: the delay.
+	p.limits.Delay, p.limits.Idle = 200*time.Millisecond, 200*time.Millisecond
+	p.sizer = batchSizer{limits: p.limits, fanOut: true}
+	start = time.Now()
+	if b := p.collect(ctx, txn(), nil); len(b.txns) != 1 || time.Since(start) < 200*time.Millisecond {
+		t.Fatalf("after a fan-out: a batch of %d transactions after %s, want 1 after the delay", len(b.txns), time.Since(start))
+	}
+}

@@ -278,7 +278,7 @@ func (p *Pipeline) Run(ctx context.Context) (err error) {
 			continue
 		}
 		start := time.Now()
-		b := p.collect(ctx, first)
+		b := p.collect(ctx, first, inFlight)
 		b.timing.collect = time.Since(start)
 		inHand = b.txns
 		crash.At("join", inHand)

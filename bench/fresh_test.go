@@ -1,0 +1,74 @@
+package bench
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// freshRates are the rates (changes per second) benchFreshness writes at.
+var freshRates = []int{1_000, 5_000, 30_000}
+
+// benchFreshness measures how fresh W1's target is under a steady stream of
+// amount updates (transactions of 10) at 1k, 5k and 30k changes/s, written
+// while fkmat runs and a probe inserts a marker order every ProbeEvery ms
+// and times it from its commit until the target shows it (p50, p95, p99).
+// Beside each: the writer's pace against the one asked (its slowdown), and
+// where the batches' time went (fkmat_pipeline_batch_seconds per phase, per
+// batch, and the changes per batch).
+func benchFreshness(t *testing.T, s sizes, rep *report) {
+	w := w1(s)
+	d := newDB(t, w)
+	d.exec(fmt.Sprintf(`INSERT INTO customers SELECT g, 'customer ' || g, 'gold' FROM generate_series(1, %d) g`, s.W1Customers),
+		fmt.Sprintf(`INSERT INTO orders SELECT g, 1 + g %% %d, g %% 1000, 'note' FROM generate_series(1, %d) g`, s.W1Customers, s.W1Orders),
+		`VACUUM ANALYZE customers, orders`)
+	d.backfill()
+	p := d.run("fresh")
+	d.waitCaught(p)
+	name := "FR freshness"
+	rng := rand.New(rand.NewPCG(3, 3))
+	base := 0
+	for _, rate := range freshRates {
+		n := rate * s.FreshSeconds
+		txns := amountTxns(rng, s.W1Orders, n, 1_000_000+base)
+		base += n
+		before := p.phaseTotals()
+		pr := d.probe(time.Duration(s.ProbeEvery) * time.Millisecond)
+		took := d.write(txns, rate)
+		d.waitCaught(p)
+		lat := pr.stop(t)
+		after := p.phaseTotals()
+		batches := after["count"] - before["count"]
+		var stages string
+		for _, ph := range pipelinePhases {
+			if ms := 1e3 * (after[ph] - before[ph]) / max(batches, 1); ms >= 0.05 {
+				stages += fmt.Sprintf("%s %.1f, ", ph, ms)
+			}
+		}
+		rep.row(name, fmt.Sprintf("commit → visible at %d changes/s: p50", rate), quantile(lat, 0.5).Seconds()*1e3, "ms",
+			fmt.Sprintf("p95 %.0f ms, p99 %.0f ms, %d markers; writer at %.2fx the pace asked; %.0f batches of %.0f changes, ms per batch: %s",
+				quantile(lat, 0.95).Seconds()*1e3, quantile(lat, 0.99).Seconds()*1e3, len(lat), took.Seconds()/(float64(n)/float64(rate)),
+				batches, float64(n)/max(batches, 1), stages), false)
+		rep.row(name, fmt.Sprintf("commit → visible at %d changes/s: p99", rate), quantile(lat, 0.99).Seconds()*1e3, "ms", "", false)
+		switch rate {
+		case 5_000:
+			rep.target("freshness p50 ≤ 20 ms at 5k changes/s", quantile(lat, 0.5).Seconds()*1e3, "<=", 20, "ms")
+			rep.target("freshness p99 ≤ 100 ms at 5k changes/s", quantile(lat, 0.99).Seconds()*1e3, "<=", 100, "ms")
+		case 30_000:
+			rep.target("freshness p99 ≤ 250 ms at 30k changes/s", quantile(lat, 0.99).Seconds()*1e3, "<=", 250, "ms")
+		}
+	}
+	p.stop()
+	d.assertJoin("orders_enriched")
+}
+
+// phaseTotals returns the seconds batches spent per phase so far
+// (fkmat_pipeline_batch_seconds_sum), and their count ("count").
+func (p *daemon) phaseTotals() map[string]float64 {
+	out := map[string]float64{"count": p.metricOr(`fkmat_pipeline_batch_seconds_count\{phase="total"\}`, 0)}
+	for _, ph := range pipelinePhases {
+		out[ph] = p.metricOr(`fkmat_pipeline_batch_seconds_sum\{phase="`+ph+`"\}`, 0)
+	}
+	return out
+}

@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"testing"
 	"time"
 )
@@ -14,12 +15,32 @@ var freshRates = []int{1_000, 5_000, 30_000}
 // amount updates (transactions of 10) at 1k, 5k and 30k changes/s, written
 // while fkmat runs and a probe inserts a marker order every ProbeEvery ms
 // and times it from its commit until the target shows it (p50, p95, p99).
-// Beside each: the writer's pace against the one asked (its slowdown), and
-// where the batches' time went (fkmat_pipeline_batch_seconds per phase, per
-// batch, and the changes per batch).
+// Beside each: fkmat's CPU per change, the writer's pace against the one
+// asked (its slowdown), and where the batches' time went
+// (fkmat_pipeline_batch_seconds per phase, per batch, and the changes per
+// batch).
+//
+// With FKMAT_BENCH_FR_BASE=<an fkmat binary>, that build runs too,
+// alternately with this tree's (base, tree, base, tree), each on a fresh
+// database: the rows name which.
 func benchFreshness(t *testing.T, s sizes, rep *report) {
+	runs := []string{""}
+	if base := os.Getenv("FKMAT_BENCH_FR_BASE"); base != "" {
+		runs = []string{base, "", base, ""}
+	}
+	for i, bin := range runs {
+		label := "tree"
+		if bin != "" {
+			label = "base"
+		}
+		freshnessRun(t, s, rep, bin, fmt.Sprintf("%s %d", label, i/2+1))
+	}
+}
+
+func freshnessRun(t *testing.T, s sizes, rep *report, bin, label string) {
 	w := w1(s)
 	d := newDB(t, w)
+	d.bin = bin
 	d.exec(fmt.Sprintf(`INSERT INTO customers SELECT g, 'customer ' || g, 'gold' FROM generate_series(1, %d) g`, s.W1Customers),
 		fmt.Sprintf(`INSERT INTO orders SELECT g, 1 + g %% %d, g %% 1000, 'note' FROM generate_series(1, %d) g`, s.W1Customers, s.W1Orders),
 		`VACUUM ANALYZE customers, orders`)
@@ -27,6 +48,9 @@ func benchFreshness(t *testing.T, s sizes, rep *report) {
 	p := d.run("fresh")
 	d.waitCaught(p)
 	name := "FR freshness"
+	if len(label) > 0 && label != "tree 1" {
+		name += " (" + label + ")"
+	}
 	rng := rand.New(rand.NewPCG(3, 3))
 	base := 0
 	for _, rate := range freshRates {
@@ -34,23 +58,34 @@ func benchFreshness(t *testing.T, s sizes, rep *report) {
 		txns := amountTxns(rng, s.W1Orders, n, 1_000_000+base)
 		base += n
 		before := p.phaseTotals()
+		cpu0, err := processCPU(p.cmd.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
 		pr := d.probe(time.Duration(s.ProbeEvery) * time.Millisecond)
 		took := d.write(txns, rate)
 		d.waitCaught(p)
 		lat := pr.stop(t)
+		cpu, err := processCPU(p.cmd.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
 		after := p.phaseTotals()
 		batches := after["count"] - before["count"]
 		var stages string
 		for _, ph := range pipelinePhases {
 			if ms := 1e3 * (after[ph] - before[ph]) / max(batches, 1); ms >= 0.05 {
-				stages += fmt.Sprintf("%s %.1f, ", ph, ms)
+				stages += fmt.Sprintf(", %s %.1f", ph, ms)
 			}
 		}
 		rep.row(name, fmt.Sprintf("commit → visible at %d changes/s: p50", rate), quantile(lat, 0.5).Seconds()*1e3, "ms",
-			fmt.Sprintf("p95 %.0f ms, p99 %.0f ms, %d markers; writer at %.2fx the pace asked; %.0f batches of %.0f changes, ms per batch: %s",
-				quantile(lat, 0.95).Seconds()*1e3, quantile(lat, 0.99).Seconds()*1e3, len(lat), took.Seconds()/(float64(n)/float64(rate)),
-				batches, float64(n)/max(batches, 1), stages), false)
+			fmt.Sprintf("p95 %.0f ms, p99 %.0f ms, %d markers; fkmat CPU %.1f ms per 1k changes; writer at %.2fx the pace asked; %.0f batches of %.0f changes, ms per batch%s",
+				quantile(lat, 0.95).Seconds()*1e3, quantile(lat, 0.99).Seconds()*1e3, len(lat), 1e6*(cpu-cpu0)/float64(n),
+				took.Seconds()/(float64(n)/float64(rate)), batches, float64(n)/max(batches, 1), stages), false)
 		rep.row(name, fmt.Sprintf("commit → visible at %d changes/s: p99", rate), quantile(lat, 0.99).Seconds()*1e3, "ms", "", false)
+		if name != "FR freshness" {
+			continue
+		}
 		switch rate {
 		case 5_000:
 			rep.target("freshness p50 ≤ 20 ms at 5k changes/s", quantile(lat, 0.5).Seconds()*1e3, "<=", 20, "ms")

@@ -43,6 +43,8 @@ type db struct {
 	cluster *testenv.Cluster
 	// oracleTarget and oracleSQL: workload's.
 	oracleTarget, oracleSQL string
+	// bin, when set, is the fkmat binary to run instead of this tree's.
+	bin string
 }
 
 func newDB(b testing.TB, w *workload) *db {
@@ -160,6 +162,9 @@ func (d *db) command(args ...string) *exec.Cmd {
 	bin, err := fkmatBin()
 	if err != nil {
 		d.b.Fatal(err)
+	}
+	if d.bin != "" {
+		bin = d.bin
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = d.env

@@ -188,6 +188,21 @@ func TestCollectClosesWhenFree(t *testing.T) {
 		t.Fatalf("busy pipeline: a batch of %d transactions after %s, want 2 once the pipeline freed up", len(b.txns), time.Since(start))
 	}
 
+	// Spacing: a batch closes no sooner than Spacing after the previous
+	// one, and takes what arrives meanwhile.
+	p.limits.Spacing = 300 * time.Millisecond
+	p.collect(ctx, txn(), nil)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		src.c <- txn()
+	}()
+	start = time.Now()
+	b = p.collect(ctx, txn(), nil)
+	if len(b.txns) != 2 || time.Since(start) < 250*time.Millisecond || time.Since(start) > 2*time.Second {
+		t.Fatalf("spaced: a batch of %d transactions after %s, want 2 after the spacing", len(b.txns), time.Since(start))
+	}
+	p.limits.Spacing = 0
+
 	// After a fan-out batch: the delay.
 	p.limits.Delay, p.limits.Idle = 200*time.Millisecond, 200*time.Millisecond
 	p.sizer = batchSizer{limits: p.limits, fanOut: true}

@@ -90,6 +90,8 @@ type Pipeline struct {
 	inLarge atomic.Bool
 	// cuts are Config.Cuts.
 	cuts map[wal.LSN]bool
+	// lastClose is when collect closed the last batch.
+	lastClose time.Time
 	// between is the work Between asked for, not yet run.
 	between atomic.Pointer[func(context.Context)]
 	// ignore is Config.Ignore.

@@ -146,7 +146,7 @@ var fullSizes = sizes{
 	W8Orders: 1_000_000, W8Customers: 50_000,
 	W9Orders: 1_000_000, W9Customers: 100_000,
 	FreshSeconds: 10,
-	Refreshes: 3, ProbeEvery: 50,
+	Refreshes:    3, ProbeEvery: 50,
 }
 
 var smokeSizes = sizes{
@@ -160,7 +160,7 @@ var smokeSizes = sizes{
 	W8Orders: 20_000, W8Customers: 1_000,
 	W9Orders: 20_000, W9Customers: 2_000,
 	FreshSeconds: 1,
-	Refreshes: 1, ProbeEvery: 50,
+	Refreshes:    1, ProbeEvery: 50,
 }
 
 // w1 (insert/update): customers, then orders inserted in transactions of

@@ -64,7 +64,11 @@ type RollupSpec struct {
 	// NotNull says which inputs are never NULL (columns of the child's
 	// key): min and max over them share a sorted set with a jsonb_agg
 	// ordered alike.
-	NotNull    []bool
+	NotNull []bool
+	// KeyInputs are, per column of the child's key, the input that carries
+	// it (-1: none). A sorted set ordered by every key column needs no
+	// tie-breaker: its members are its order key and the child's key.
+	KeyInputs  []int
 	Aggregates []RollupAggregate
 }
 
@@ -94,6 +98,8 @@ type rollupSet struct {
 	// the inputs they read.
 	window int
 	inputs []int
+	// keyed says the order covers the child's key: no two members tie.
+	keyed bool
 }
 
 // RollupChange is one change of a child row.
@@ -174,6 +180,12 @@ func NewRollup(spec RollupSpec) (*Rollup, error) {
 		}
 	}
 	r.windows()
+	for s := range r.sets {
+		set := &r.sets[s]
+		set.keyed = len(spec.KeyInputs) == len(spec.Child) && len(spec.Child) > 0 && !slices.ContainsFunc(spec.KeyInputs, func(in int) bool {
+			return in < 0 || !slices.Contains(set.cols, in)
+		})
+	}
 	return r, nil
 }
 
@@ -537,6 +549,9 @@ func (a *rollupApply) member(parent Key, st *LeftState, k Key, s int, set rollup
 		}
 	}
 	for i, v := range st.PK {
+		if set.keyed {
+			break // the order has no ties
+		}
 		var err error
 		if b, err = agg.AppendOrderKey(b, a.r.spec.ChildTypes[i], v.Text, v.Null, false); err != nil {
 			return Subscription{}, false, err
@@ -741,6 +756,9 @@ func (a *rollupApply) childOf(s int, mem Key) (Key, error) {
 		n += w
 	}
 	for _, typ := range a.r.spec.ChildTypes {
+		if set.keyed {
+			break
+		}
 		w, err := agg.OrderKeyLen([]byte(mem[n:]), typ, false)
 		if err != nil {
 			return "", fmt.Errorf("roll-up %s: %w", a.r.spec.Name, err)

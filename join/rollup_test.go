@@ -17,8 +17,8 @@ import (
 
 // The children of the property test: key id, parent, and the inputs
 // amount (numeric), qty (integer), ok (boolean), created (bigint), elem
-// (a jsonb's text).
-var rollupInputs = []string{"numeric", "integer", "boolean", "bigint", "jsonb"}
+// (a jsonb's text), and id (its key, as an input).
+var rollupInputs = []string{"numeric", "integer", "boolean", "bigint", "jsonb", "integer"}
 
 const (
 	inAmount = iota
@@ -26,6 +26,7 @@ const (
 	inOK
 	inCreated
 	inElem
+	inID
 )
 
 var rollupAggs = []join.RollupAggregate{
@@ -42,6 +43,9 @@ var rollupAggs = []join.RollupAggregate{
 	{Func: "max", Input: inAmount},
 	{Func: "jsonb_agg", Input: inElem, OrderBy: []int{inCreated}, Desc: []bool{true}, Limit: 3},
 	{Func: "jsonb_agg", Input: inElem, OrderBy: []int{inCreated}, Desc: []bool{false}},
+	// Ordered by the key: no ties, and max(id) shares the set.
+	{Func: "max", Input: inID},
+	{Func: "jsonb_agg", Input: inElem, OrderBy: []int{inID}, Desc: []bool{true}, Limit: 2},
 }
 
 // modelChild is a child row of the source table.
@@ -137,9 +141,9 @@ func expected(t *testing.T, children map[int]*modelChild, parent int) []join.Val
 	return out
 }
 
-// randomChildValues returns a child's random inputs; created is never NULL
-// when notNull says so.
-func randomChildValues(r *rand.Rand, notNull []bool) []join.Value {
+// randomChildValues returns the random inputs of child id; created is
+// never NULL when notNull says so.
+func randomChildValues(r *rand.Rand, id int, notNull []bool) []join.Value {
 	vals := []join.Value{
 		join.TextValue(strconv.Itoa(r.IntN(200)-50) + "." + strconv.Itoa(r.IntN(100))),
 		join.TextValue(strconv.Itoa(r.IntN(1000))),
@@ -152,7 +156,7 @@ func randomChildValues(r *rand.Rand, notNull []bool) []join.Value {
 			vals[i] = join.NullValue()
 		}
 	}
-	return vals
+	return append(vals, join.TextValue(strconv.Itoa(id)))
 }
 
 // TestRollupRandom runs random batches of child changes (inserts,
@@ -177,13 +181,13 @@ func rollupRandom(t *testing.T, seed uint64) {
 	r := rand.New(rand.NewPCG(seed, 99))
 	// Odd seeds say created is never NULL: max(created) shares its sorted
 	// set (and window) with the newest children's jsonb_agg.
-	var notNull []bool
+	notNull := make([]bool, len(rollupInputs))
+	notNull[inID] = true
 	if seed%2 == 1 {
-		notNull = make([]bool, len(rollupInputs))
 		notNull[inCreated] = true
 	}
 	ro, err := join.NewRollup(join.RollupSpec{Name: "stats", Parent: []join.Family{join.FamilyInt}, Child: []join.Family{join.FamilyInt},
-		ChildTypes: []string{"integer"}, Inputs: rollupInputs, NotNull: notNull, Aggregates: rollupAggs})
+		ChildTypes: []string{"integer"}, Inputs: rollupInputs, NotNull: notNull, KeyInputs: []int{inID}, Aggregates: rollupAggs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,6 +220,7 @@ func rollupRandom(t *testing.T, seed uint64) {
 					continue
 				}
 				vals := slices.Clone(c.vals)
+				vals[inID] = join.TextValue(strconv.Itoa(to))
 				sent := slices.Clone(vals)
 				if c.in && r.IntN(2) == 0 {
 					sent[inElem] = join.ToastValue()
@@ -225,7 +230,7 @@ func rollupRandom(t *testing.T, seed uint64) {
 				delete(children, id)
 				children[to] = &modelChild{parent: c.parent, vals: vals, in: c.in}
 			default:
-				next := &modelChild{vals: randomChildValues(r, notNull), in: r.IntN(5) != 0}
+				next := &modelChild{vals: randomChildValues(r, id, notNull), in: r.IntN(5) != 0}
 				if p := r.IntN(nParents + 2); p < nParents+1 {
 					next.parent = &p // nParents itself is a parent that never exists: dangling
 				}

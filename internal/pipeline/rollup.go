@@ -90,6 +90,9 @@ func RollupSpecOf(p *plan.JoinPlan, k int) join.RollupSpec {
 		key := in.Expr == "" && slices.ContainsFunc(r.Table.Key, func(c plan.SourceColumn) bool { return c.Name == in.Name })
 		spec.Inputs, spec.NotNull = append(spec.Inputs, in.Type), append(spec.NotNull, key)
 	}
+	for _, c := range r.Table.Key {
+		spec.KeyInputs = append(spec.KeyInputs, slices.IndexFunc(r.Inputs, func(in plan.SourceColumn) bool { return in.Expr == "" && in.Name == c.Name }))
+	}
 	for _, a := range r.Aggregates {
 		spec.Aggregates = append(spec.Aggregates, join.RollupAggregate{Func: a.Func, Input: a.Input, OrderBy: a.OrderBy, Desc: a.Desc, Limit: a.Limit})
 	}

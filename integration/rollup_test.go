@@ -8,7 +8,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -441,4 +443,88 @@ func TestRollupHotParent(t *testing.T) {
 		t.Errorf("the roll-up's metrics counted %.0f child changes (want 270000-300000) and %.0f parents updated (4 in the last chunks, plus one per chunk before)", changes, parents)
 	}
 	assertOracle(t, cfg)
+}
+
+// TestRollupSchemaChangeThenBigTransaction: the child table changes shape
+// while run streams (a column added, one of the roll-up's inputs widened),
+// then one transaction changes 10^5 children of many parents (updates,
+// moves, rows leaving the filter, deletes), with the new shape announced
+// inside it; after a restart, another shape change and a big transaction.
+// The parents' aggregates end equal to the SQL.
+func TestRollupSchemaChangeThenBigTransaction(t *testing.T) {
+	tc := testenv.New(t)
+	rollupSchema(t, tc, false)
+	sqlExec(t, tc, `INSERT INTO orders SELECT g, 1 + g % 30, g % 500, g % 7, CASE WHEN g % 9 = 0 THEN 'cancelled' ELSE 'paid' END,
+		timestamptz '2026-01-01 00:00:00+00' + (g % 900) * interval '1 minute', NULL, NULL FROM generate_series(10000, 130000) g`)
+	cfg := daemonConfig(t, tc, rollupYAML)
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	sqlExec(t, tc, `UPDATE orders SET qty = qty + 1 WHERE id % 1000 = 0`)
+	waitCaughtUp(t, tc, d)
+	sqlExec(t, tc, `ALTER TABLE orders ADD COLUMN channel text; ALTER TABLE orders ALTER COLUMN qty TYPE bigint`,
+		`BEGIN; UPDATE orders SET qty = qty + 5000000000, channel = 'web' WHERE id >= 10000 AND id % 2 = 0;
+		 UPDATE orders SET customer_id = 1 + (customer_id + 3) % 30 WHERE id % 5 = 1;
+		 UPDATE orders SET status = 'cancelled' WHERE id % 13 = 0;
+		 DELETE FROM orders WHERE id % 17 = 0; COMMIT`)
+	waitCaughtUp(t, tc, d)
+	assertSQL(t, tc, "customer_stats", rollupSQL)
+	if err := d.stop(t); err != nil {
+		t.Fatalf("clean shutdown: %v", err)
+	}
+	sqlExec(t, tc, `ALTER TABLE orders DROP COLUMN channel; ALTER TABLE orders ADD COLUMN region int`,
+		`BEGIN; UPDATE orders SET amount = amount + 1, region = 1 WHERE id % 3 = 0;
+		 INSERT INTO orders SELECT g, 1 + g % 31, 1, 1, 'paid', now(), NULL, NULL, 2 FROM generate_series(200000, 240000) g; COMMIT`)
+	d = startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	assertSQL(t, tc, "customer_stats", rollupSQL)
+	assertOracle(t, cfg)
+}
+
+// TestRollupFrozenMidBatch: the active daemon A, keeping the roll-ups,
+// freezes (SIGSTOP) in a batch of child changes: with its target rows
+// written and their transaction open, and between its target commit and
+// its Redis commit. The standby B takes the slot after wal_sender_timeout,
+// and applies the batch again from the Redis state A left; thawed, A
+// writes nothing. The parents' aggregates end equal to the SQL.
+func TestRollupFrozenMidBatch(t *testing.T) {
+	for _, point := range []string{"target written", "target committed"} {
+		t.Run(point, func(t *testing.T) {
+			tc := testenv.New(t)
+			rollupSchema(t, tc, false)
+			env := cliEnv(t, tc, rollupYAML)
+			env = withEnv(env, "FKMAT_SOURCE_URL", tc.DatabaseURL+"&wal_sender_timeout=5s")
+			cfg := daemonConfig(t, tc, rollupYAML)
+			a, aAddr := startMetricsRun(t, withEnv(env, "FKMAT_TEST_FREEZE_AT", point), "--standby")
+			t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) })
+			waitCaughtUp(t, tc, a.daemon)
+			waitReady(t, a, aAddr)
+			aWalsender := slotHolder(t, tc)
+			b, bAddr := startMetricsRun(t, env, "--standby")
+			waitLog(t, b, "standby: replication slot "+tc.Slot+" is held by fkmat pid "+strconv.Itoa(a.cmd.Process.Pid))
+
+			stop := make(chan struct{})
+			done := make(chan error, 1)
+			go func() { done <- rollupWorkload(tc, 7, stop) }()
+			waitFor(t, time.Minute, "A to freeze at "+point, func() bool {
+				stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", a.cmd.Process.Pid))
+				return err == nil && strings.Contains(string(stat), ") T ")
+			})
+			waitTakeover(t, tc, b, bAddr, aWalsender, time.Now())
+			if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+			waitLog(t, a, "standby: replication slot "+tc.Slot+" is held by")
+			time.Sleep(300 * time.Millisecond) // more changes, B applying
+			close(stop)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			waitCaughtUp(t, tc, b.daemon)
+			assertSQL(t, tc, "customer_stats", rollupSQL)
+			assertOracle(t, cfg)
+			if err := b.term(t); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 }

@@ -176,9 +176,10 @@ func TestCollectClosesWhenFree(t *testing.T) {
 	// Busy: what arrives joins the batch until the last batch in flight is
 	// done with the target.
 	busy := &commitJob{targetDone: make(chan struct{})}
+	late := txn()
 	go func() {
 		time.Sleep(50 * time.Millisecond)
-		src.c <- txn()
+		src.c <- late
 		time.Sleep(50 * time.Millisecond)
 		close(busy.targetDone)
 	}()
@@ -192,9 +193,10 @@ func TestCollectClosesWhenFree(t *testing.T) {
 	// one, and takes what arrives meanwhile.
 	p.limits.Spacing = 300 * time.Millisecond
 	p.collect(ctx, txn(), nil)
+	late = txn()
 	go func() {
 		time.Sleep(100 * time.Millisecond)
-		src.c <- txn()
+		src.c <- late
 	}()
 	start = time.Now()
 	b = p.collect(ctx, txn(), nil)

@@ -18,9 +18,11 @@ import (
 // the table's own expressions and types: one query per call, over the
 // rows' inputs in arrays.
 type sourceGenerator struct {
-	db  *pgxpool.Pool
-	mu  sync.Mutex
-	sql map[config.TableName]string
+	db *pgxpool.Pool
+	mu sync.Mutex
+	// sql is the query per table and input types; types the type names.
+	sql   map[string]string
+	types map[[2]int64]string
 }
 
 var _ pipeline.Generator = (*sourceGenerator)(nil)
@@ -30,7 +32,7 @@ var _ pipeline.Generator = (*sourceGenerator)(nil)
 func (d *daemon) generator(plans ...*plan.JoinPlan) pipeline.Generator {
 	for _, p := range plans {
 		if p != nil && len(p.Generated) > 0 {
-			return &sourceGenerator{db: d.source, sql: map[config.TableName]string{}}
+			return &sourceGenerator{db: d.source, sql: map[string]string{}, types: map[[2]int64]string{}}
 		}
 	}
 	return nil
@@ -45,11 +47,15 @@ func (d *daemon) generator(plans ...*plan.JoinPlan) pipeline.Generator {
 // qualified by the table's name, as in the backfill's SQL (plan.FromSQL).
 func (g *sourceGenerator) Generate(ctx context.Context, table config.TableName, cols []plan.GeneratedColumn,
 	inputs []plan.GeneratedInput, rows [][]*string) ([][]*string, error) {
+	key := table.String()
+	for _, in := range inputs {
+		key += "\x00" + in.Type
+	}
 	g.mu.Lock()
-	q, ok := g.sql[table]
+	q, ok := g.sql[key]
 	if !ok {
 		q = generateSQL(table, cols, inputs)
-		g.sql[table] = q
+		g.sql[key] = q
 	}
 	g.mu.Unlock()
 	args := make([]any, 0, len(inputs)+1)
@@ -62,6 +68,28 @@ func (g *sourceGenerator) Generate(ctx context.Context, table config.TableName, 
 	}
 	args = append(args, make([]int32, len(rows))) // the row count, when no column is read
 	return g.textRows(ctx, q, args, len(cols), len(rows))
+}
+
+// TypeName returns format_type(oid, mod), asked of the source once per type.
+func (g *sourceGenerator) TypeName(ctx context.Context, oid uint32, mod int32) (string, error) {
+	k := [2]int64{int64(oid), int64(mod)}
+	g.mu.Lock()
+	name, ok := g.types[k]
+	g.mu.Unlock()
+	if ok {
+		return name, nil
+	}
+	var got *string
+	if err := g.db.QueryRow(ctx, `SELECT format_type($1::oid, $2)`, oid, mod).Scan(&got); err != nil {
+		return "", err
+	}
+	if got == nil {
+		return "", fmt.Errorf("no type of oid %d", oid)
+	}
+	g.mu.Lock()
+	g.types[k] = *got
+	g.mu.Unlock()
+	return *got, nil
 }
 
 // textRows runs q and returns its rows of n text values (nil for NULL),

@@ -446,11 +446,13 @@ func TestRollupHotParent(t *testing.T) {
 }
 
 // TestRollupSchemaChangeThenBigTransaction: the child table changes shape
-// while run streams (a column added, one of the roll-up's inputs widened),
-// then one transaction changes 10^5 children of many parents (updates,
-// moves, rows leaving the filter, deletes), with the new shape announced
-// inside it; after a restart, another shape change and a big transaction.
-// The parents' aggregates end equal to the SQL.
+// while run streams (a column added, one of the roll-up's inputs widened
+// from integer to bigint: its sum becomes numeric and the target's column
+// follows, its expression bool_and(qty > 1) reads the wider values), then
+// one transaction changes 10^5 children of many parents (updates, moves,
+// rows leaving the filter, deletes), with the new shape announced inside
+// it; after a restart, another shape change and a big transaction. The
+// parents' aggregates end equal to the SQL.
 func TestRollupSchemaChangeThenBigTransaction(t *testing.T) {
 	tc := testenv.New(t)
 	rollupSchema(t, tc, false)

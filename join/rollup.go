@@ -616,10 +616,13 @@ func (r *Rollup) decode(st RightState) ([]*agg.State, []window, error) {
 	accs := make([]*agg.State, len(r.funcs))
 	for i, fn := range r.funcs {
 		s, rest, err := agg.Decode(b)
+		ok := false
 		if err != nil {
 			return nil, nil, fmt.Errorf("roll-up %s: %w", r.spec.Name, err)
 		}
-		if s.Func() != fn {
+		// A sum of integers whose input widened to bigint goes on as a
+		// numeric sum.
+		if s, ok = s.Widened(fn); !ok {
 			return nil, nil, fmt.Errorf("roll-up %s: a stored accumulator of another aggregate", r.spec.Name)
 		}
 		accs[i], b = s, rest

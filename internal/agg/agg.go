@@ -214,6 +214,24 @@ func (s *State) shrinkScale() {
 	}
 }
 
+// Widened returns s as the state of fn, when fn keeps the same inputs at
+// a wider type: a sum of integers (bigint) once its input widened to
+// bigint, whose sum is numeric (scale 0). ok is false for any other pair.
+func (s *State) Widened(fn Func) (*State, bool) {
+	if s.fn == fn {
+		return s, true
+	}
+	if s.fn != SumInt || fn != SumNumeric {
+		return nil, false
+	}
+	w := &State{fn: SumNumeric, n: s.n}
+	w.sum.Set(&s.sum)
+	if s.n > 0 {
+		w.scales = []scaleCount{{scale: 0, n: s.n}}
+	}
+	return w, true
+}
+
 // scaleCount is how many inputs present have a display scale.
 type scaleCount struct {
 	scale int32

@@ -297,3 +297,38 @@ func TestParseNumericFast(t *testing.T) {
 		}
 	}
 }
+
+// TestWidenedSum: a sum of integers whose input widened to bigint goes on
+// as the numeric sum of the same values: equal, in result and encoding,
+// to a numeric sum of them from the start, through later changes too.
+func TestWidenedSum(t *testing.T) {
+	ints, nums := New(SumInt), New(SumNumeric)
+	for _, v := range []string{"5", "-7", "2147483647", "0"} {
+		if err := ints.Add(v, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := nums.Add(v, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, ok := ints.Widened(SumNumeric)
+	if !ok {
+		t.Fatal("a sum of integers does not widen to a numeric sum")
+	}
+	for _, s := range []*State{w, nums} {
+		if err := s.Add("5000000000", false); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Remove("-7", false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gw, _ := w.Result()
+	gn, _ := nums.Result()
+	if gw != gn || string(w.Append(nil)) != string(nums.Append(nil)) {
+		t.Fatalf("widened %s (%q), numeric %s (%q)", gw, w.Append(nil), gn, nums.Append(nil))
+	}
+	if _, ok := New(SumNumeric).Widened(SumInt); ok {
+		t.Fatal("a numeric sum narrowed to integers")
+	}
+}

@@ -24,6 +24,11 @@ type Generator interface {
 	// form): per key, each column's value in text form, all nil when no
 	// row has the key.
 	Fetch(ctx context.Context, table config.TableName, key []plan.SourceColumn, keys [][]*string, cols []string) ([][]*string, error)
+	// TypeName returns the SQL name of a type and modifier (format_type):
+	// an input's type as the stream's relation says it is at that point,
+	// which a schema change (ALTER COLUMN … TYPE) may have made other than
+	// the plan's.
+	TypeName(ctx context.Context, oid uint32, mod int32) (string, error)
 }
 
 // generated fills the generated columns the joins output into the changes
@@ -60,6 +65,10 @@ type genRelation struct {
 	// positions of t.inputs in the relation (-1: not in it).
 	missing []int
 	inputs  []int
+	// rel is the relation; typed are t.inputs with the types the relation
+	// gives them (typedInputs), once resolved.
+	rel   *cdc.Relation
+	typed []plan.GeneratedInput
 }
 
 func newGenerated(gen Generator, joins []Join) *generated {
@@ -111,7 +120,7 @@ func (g *generated) relation(rel *cdc.Relation) *genRelation {
 	}
 	var r *genRelation
 	if t := g.tables[config.TableName{Schema: rel.Namespace, Name: rel.Name}]; t != nil {
-		r = &genRelation{t: t}
+		r = &genRelation{t: t, rel: rel}
 		for i, c := range t.cols {
 			if rel.ColumnIndex(c.Name) < 0 {
 				r.missing = append(r.missing, i)
@@ -208,29 +217,76 @@ func (g *generated) scan(t *cdc.Txn, pending *map[*genTable][]pendingRow) error 
 	return nil
 }
 
-// compute evaluates the pending rows' generated columns and sets them.
-func (g *generated) compute(ctx context.Context, pending map[*genTable][]pendingRow) error {
-	for tab, rows := range pending {
-		in := make([][]*string, len(rows))
-		for i, row := range rows {
-			in[i] = row.inputs
+// typedInputs returns r's table's inputs with the types r's relation gives
+// them: after an ALTER COLUMN … TYPE, the stream's rows carry values of
+// the new type, which the plan's may not hold.
+func (g *generated) typedInputs(ctx context.Context, r *genRelation) ([]plan.GeneratedInput, error) {
+	if r.typed != nil {
+		return r.typed, nil
+	}
+	typed := slices.Clone(r.t.inputs)
+	for i, pos := range r.inputs {
+		if pos < 0 {
+			continue
 		}
-		out, err := g.gen.Generate(ctx, tab.name, tab.cols, tab.inputs, in)
+		c := r.rel.Columns[pos]
+		name, err := g.gen.TypeName(ctx, c.Type, c.TypeMod)
 		if err != nil {
-			return fmt.Errorf("compute the generated columns of %s: %w", tab.name, err)
+			return nil, fmt.Errorf("the type of %s.%s: %w", r.t.name, c.Name, err)
 		}
-		for i, row := range rows {
-			base := len(row.vals) - len(row.r.missing)
-			for k, ci := range row.r.missing {
-				if !row.compute[k] {
-					continue
-				}
-				v := cdc.Value{Kind: cdc.ValueNull, Type: tab.cols[ci].TypeOID}
-				if s := out[i][ci]; s != nil {
-					v.Kind, v.Data = cdc.ValueText, []byte(*s)
-				}
-				row.vals[base+k] = v
+		typed[i].Type = name
+	}
+	r.typed = typed
+	return typed, nil
+}
+
+// compute evaluates the pending rows' generated columns and sets them: one
+// Generate call per table and shape of its rows (a transaction may change
+// a table's shape midway).
+func (g *generated) compute(ctx context.Context, pending map[*genTable][]pendingRow) error {
+	for tab, all := range pending {
+		byRel := map[*genRelation][]pendingRow{}
+		var order []*genRelation
+		for _, row := range all {
+			if _, ok := byRel[row.r]; !ok {
+				order = append(order, row.r)
 			}
+			byRel[row.r] = append(byRel[row.r], row)
+		}
+		for _, r := range order {
+			if err := g.computeRows(ctx, tab, r, byRel[r]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// computeRows evaluates the generated columns of rows of relation r.
+func (g *generated) computeRows(ctx context.Context, tab *genTable, r *genRelation, rows []pendingRow) error {
+	inputs, err := g.typedInputs(ctx, r)
+	if err != nil {
+		return err
+	}
+	in := make([][]*string, len(rows))
+	for i, row := range rows {
+		in[i] = row.inputs
+	}
+	out, err := g.gen.Generate(ctx, tab.name, tab.cols, inputs, in)
+	if err != nil {
+		return fmt.Errorf("compute the generated columns of %s: %w", tab.name, err)
+	}
+	for i, row := range rows {
+		base := len(row.vals) - len(row.r.missing)
+		for k, ci := range row.r.missing {
+			if !row.compute[k] {
+				continue
+			}
+			v := cdc.Value{Kind: cdc.ValueNull, Type: tab.cols[ci].TypeOID}
+			if s := out[i][ci]; s != nil {
+				v.Kind, v.Data = cdc.ValueText, []byte(*s)
+			}
+			row.vals[base+k] = v
 		}
 	}
 	return nil

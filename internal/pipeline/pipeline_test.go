@@ -943,6 +943,8 @@ func withFilters(p *plan.JoinPlan) {
 // fakeGenerator computes the filters of withFilters in Go.
 type fakeGenerator struct{}
 
+func (fakeGenerator) TypeName(context.Context, uint32, int32) (string, error) { return "text", nil }
+
 func (fakeGenerator) Generate(_ context.Context, _ config.TableName, cols []plan.GeneratedColumn, _ []plan.GeneratedInput,
 	rows [][]*string) ([][]*string, error) {
 	out := make([][]*string, len(rows))

@@ -161,6 +161,16 @@ func (d *definition) columns() []typedColumn {
 	for i := range d.Edges {
 		table(&d.Edges[i].Table)
 	}
+	// A roll-up's child table and inputs: its aggregates' result types
+	// follow them (sum of an integer widened to bigint is numeric), and
+	// widen the target's columns with them.
+	for i := range d.Rollups {
+		r := &d.Rollups[i]
+		table(&r.Table)
+		for j := range r.Inputs {
+			out = append(out, typedColumn{&r.Inputs[j], false})
+		}
+	}
 	return out
 }
 
@@ -172,6 +182,29 @@ func (d *definition) untyped() {
 	d.Target.Columns = slices.Clone(d.Target.Columns)
 	for i := range d.Target.Columns {
 		d.Target.Columns[i].Type = ""
+	}
+	// Computed columns' types and their inputs': the stream checks the
+	// inputs it reads, and an output's type is one of the columns above.
+	tables := []*TablePlan{&d.Left, &d.Right}
+	for i := range d.Edges {
+		tables = append(tables, &d.Edges[i].Table)
+	}
+	for i := range d.Rollups {
+		tables = append(tables, &d.Rollups[i].Table)
+		for j := range d.Rollups[i].Aggregates {
+			d.Rollups[i].Aggregates[j].Type = ""
+		}
+	}
+	for _, t := range tables {
+		t.Computed = slices.Clone(t.Computed)
+		for i := range t.Computed {
+			c := &t.Computed[i]
+			c.Type, c.TypeOID = "", 0
+			c.Inputs = slices.Clone(c.Inputs)
+			for j := range c.Inputs {
+				c.Inputs[j].Type = ""
+			}
+		}
 	}
 }
 

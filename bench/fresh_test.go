@@ -1,9 +1,11 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"testing"
 	"time"
 )
@@ -35,6 +37,114 @@ func benchFreshness(t *testing.T, s sizes, rep *report) {
 		}
 		freshnessRun(t, s, rep, bin, fmt.Sprintf("%s %d", label, i/2+1))
 	}
+	hotRollupFreshness(t, s, rep)
+}
+
+// hotRollupFreshness measures W9's roll-up with a hot parent: customer 1
+// has FreshHot orders (10^5) among W1's, and amount updates of its orders
+// go in at 5k changes/s while a probe inserts a marker order of customer 1
+// every ProbeEvery ms and times it until the customer's count in the
+// target includes it. It also checks that each change costs the parent's
+// row one write per batch, not one per child: the target's row updates
+// against the batches.
+func hotRollupFreshness(t *testing.T, s sizes, rep *report) {
+	const rate = 5_000
+	w := w1(s)
+	w.yaml, w.oracleTarget, w.oracleSQL = w9YAML, `SELECT * FROM customer_stats`, w9SQL
+	d := newDB(t, w)
+	d.exec(fmt.Sprintf(`INSERT INTO customers SELECT g, 'customer ' || g, 'gold' FROM generate_series(1, %d) g`, s.W1Customers),
+		fmt.Sprintf(`INSERT INTO orders SELECT g, CASE WHEN g <= %d THEN 1 ELSE 1 + g %% %d END, g %% 1000, 'note' FROM generate_series(1, %d) g`,
+			s.FreshHot, s.W1Customers, s.W1Orders+s.FreshHot),
+		`VACUUM ANALYZE customers, orders`)
+	d.backfill()
+	p := d.run("fresh-hot")
+	d.waitCaught(p)
+	count := func() int64 {
+		var n int64
+		if err := d.Pool.QueryRow(context.Background(), `SELECT orders FROM customer_stats WHERE id = 1`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	base := count()
+	// Updates of the hot parent's children: amounts only (its count stays).
+	rng := rand.New(rand.NewPCG(4, 4))
+	n := rate * s.FreshSeconds
+	var txns []txn
+	for u := 0; u < n; u += 10 {
+		tx := txn{}
+		for k := u; k < min(u+10, n); k++ {
+			tx.stmts = append(tx.stmts, stmt{updateAmount, []any{int64(1 + rng.IntN(s.FreshHot)), fmt.Sprintf("%d.%02d", 2000+k/100, k%100)}})
+			tx.changes++
+		}
+		txns = append(txns, tx)
+	}
+	stop, done := make(chan struct{}), make(chan []time.Duration, 1)
+	var perr error
+	go func() {
+		var lat []time.Duration
+		defer func() { done <- lat }()
+		ctx := context.Background()
+		for k := int64(1); ; k++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(s.ProbeEvery) * time.Millisecond):
+			}
+			start := time.Now()
+			// Marker ids end in 1: W9's where keeps them.
+			if _, perr = d.Pool.Exec(ctx, `INSERT INTO orders VALUES ($1, 1, 0, 'probe')`, -(10*k + 1)); perr != nil {
+				return
+			}
+			for count() < base+k {
+				time.Sleep(2 * time.Millisecond)
+			}
+			lat = append(lat, time.Since(start))
+		}
+	}()
+	before := p.phaseTotals()
+	upd0 := d.targetUpdates("customer_stats")
+	took := d.write(txns, rate)
+	d.waitCaught(p)
+	close(stop)
+	lat := <-done
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	slices.Sort(lat)
+	batches := p.phaseTotals()["count"] - before["count"]
+	updates := d.targetUpdates("customer_stats") - upd0
+	name := "FR roll-up hot parent"
+	rep.row(name, fmt.Sprintf("%d children, their amounts updated at %d changes/s: commit → visible p50", s.FreshHot, rate), quantile(lat, 0.5).Seconds()*1e3, "ms",
+		fmt.Sprintf("p95 %.0f ms, p99 %.0f ms, %d markers; writer at %.2fx the pace asked; %.0f batches, %d target row updates",
+			quantile(lat, 0.95).Seconds()*1e3, quantile(lat, 0.99).Seconds()*1e3, len(lat), took.Seconds()/(float64(n)/float64(rate)), batches, updates), false)
+	rep.row(name, "commit → visible p99", quantile(lat, 0.99).Seconds()*1e3, "ms", "", false)
+	rep.target("roll-up hot parent: freshness p99 < 500 ms at 5k changes/s", quantile(lat, 0.99).Seconds()*1e3, "<", 500, "ms")
+	p.stop()
+	d.assertJoin("customer_stats")
+}
+
+// targetUpdates returns the rows of table the target's UPDATEs changed so
+// far, as pg_stat_user_tables counts them: read until it holds still for a
+// second (a backend reports its counts when idle, within a second).
+func (d *db) targetUpdates(table string) int64 {
+	read := func() int64 {
+		var n int64
+		if err := d.Pool.QueryRow(context.Background(), `SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = $1`, table).Scan(&n); err != nil {
+			d.b.Fatal(err)
+		}
+		return n
+	}
+	n := read()
+	for range 10 {
+		time.Sleep(time.Second)
+		if m := read(); m != n {
+			n = m
+			continue
+		}
+		break
+	}
+	return n
 }
 
 func freshnessRun(t *testing.T, s sizes, rep *report, bin, label string) {

@@ -131,6 +131,7 @@ type sizes struct {
 	W8Orders, W8Customers                  int
 	W9Orders, W9Customers                  int // W9's backfill
 	FreshSeconds                           int // seconds of writes per freshness rate
+	FreshHot                               int // the hot parent's children (FR)
 	Refreshes                              int
 	ProbeEvery                             int // ms between freshness markers
 }
@@ -146,6 +147,7 @@ var fullSizes = sizes{
 	W8Orders: 1_000_000, W8Customers: 50_000,
 	W9Orders: 1_000_000, W9Customers: 100_000,
 	FreshSeconds: 10,
+	FreshHot:     100_000,
 	Refreshes:    3, ProbeEvery: 50,
 }
 
@@ -160,6 +162,7 @@ var smokeSizes = sizes{
 	W8Orders: 20_000, W8Customers: 1_000,
 	W9Orders: 20_000, W9Customers: 2_000,
 	FreshSeconds: 1,
+	FreshHot:     2_000,
 	Refreshes:    1, ProbeEvery: 50,
 }
 

@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -493,16 +492,8 @@ func TestRollupFrozenMidBatch(t *testing.T) {
 		t.Run(point, func(t *testing.T) {
 			tc := testenv.New(t)
 			rollupSchema(t, tc, false)
-			env := cliEnv(t, tc, rollupYAML)
-			env = withEnv(env, "FKMAT_SOURCE_URL", tc.DatabaseURL+"&wal_sender_timeout=5s")
 			cfg := daemonConfig(t, tc, rollupYAML)
-			a, aAddr := startMetricsRun(t, withEnv(env, "FKMAT_TEST_FREEZE_AT", point), "--standby")
-			t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) })
-			waitCaughtUp(t, tc, a.daemon)
-			waitReady(t, a, aAddr)
-			aWalsender := slotHolder(t, tc)
-			b, bAddr := startMetricsRun(t, env, "--standby")
-			waitLog(t, b, "standby: replication slot "+tc.Slot+" is held by fkmat pid "+strconv.Itoa(a.cmd.Process.Pid))
+			a, _, b, bAddr, aWalsender := freezingPair(t, tc, rollupYAML, point)
 
 			stop := make(chan struct{})
 			done := make(chan error, 1)

@@ -452,6 +452,25 @@ func (w *standbyWorkload) waitOps(t *testing.T, n int64) {
 	}
 }
 
+// freezingPair starts, with yaml and a wal_sender_timeout of 5 s, the
+// active daemon A, which freezes (SIGSTOP) at point of its first batch
+// (FKMAT_TEST_FREEZE_AT), caught up and ready, and the standby B, waiting
+// for A's slot; it returns them, their metrics addresses and the pid of
+// A's walsender.
+func freezingPair(t *testing.T, tc *testenv.Case, yaml, point string) (a *childRun, aAddr string, b *childRun, bAddr string, aWalsender int) {
+	t.Helper()
+	env := cliEnv(t, tc, yaml)
+	env = withEnv(env, "FKMAT_SOURCE_URL", tc.DatabaseURL+"&wal_sender_timeout=5s")
+	a, aAddr = startMetricsRun(t, withEnv(env, "FKMAT_TEST_FREEZE_AT", point), "--standby")
+	t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) })
+	waitCaughtUp(t, tc, a.daemon)
+	waitReady(t, a, aAddr)
+	aWalsender = slotHolder(t, tc)
+	b, bAddr = startMetricsRun(t, env, "--standby")
+	waitLog(t, b, "standby: replication slot "+tc.Slot+" is held by fkmat pid "+strconv.Itoa(a.cmd.Process.Pid))
+	return a, aAddr, b, bAddr, aWalsender
+}
+
 // TestStandbyFrozenMidBatch: the active daemon A freezes (SIGSTOP, by
 // FKMAT_TEST_FREEZE_AT) at each point of a batch's commit: before its
 // target write, with its rows written and the target transaction open
@@ -467,17 +486,8 @@ func TestStandbyFrozenMidBatch(t *testing.T) {
 			sqlExec(t, tc, shop,
 				`INSERT INTO customers SELECT g, 'c' || g, NULL FROM generate_series(1, 30) g`,
 				`INSERT INTO orders SELECT g, g % 35, g, 'n' FROM generate_series(1, 300) g`)
-			env := cliEnv(t, tc, leftJoinYAML)
-			env = withEnv(env, "FKMAT_SOURCE_URL", tc.DatabaseURL+"&wal_sender_timeout=5s")
 			cfg := daemonConfig(t, tc, leftJoinYAML)
-
-			a, aAddr := startMetricsRun(t, withEnv(env, "FKMAT_TEST_FREEZE_AT", point), "--standby")
-			t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) })
-			waitCaughtUp(t, tc, a.daemon)
-			waitReady(t, a, aAddr)
-			aWalsender := slotHolder(t, tc)
-			b, bAddr := startMetricsRun(t, env, "--standby")
-			waitLog(t, b, "standby: replication slot "+tc.Slot+" is held by fkmat pid "+strconv.Itoa(a.cmd.Process.Pid))
+			a, aAddr, b, bAddr, aWalsender := freezingPair(t, tc, leftJoinYAML, point)
 
 			// A freezes at its first batch's point.
 			w := startStandbyWorkload(t, tc)

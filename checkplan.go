@@ -17,6 +17,7 @@ import (
 	"github.com/fkmat/fkmat/internal/human"
 	"github.com/fkmat/fkmat/internal/pipeline"
 	"github.com/fkmat/fkmat/internal/plan"
+	"github.com/fkmat/fkmat/join"
 	"github.com/fkmat/fkmat/redisstore"
 	"github.com/fkmat/fkmat/sink"
 )
@@ -270,13 +271,12 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 			r := &p.Rollups[k]
 			s := stateTable{name: "roll-up " + r.Table.Table.String(), table: r.Table.Table, key: r.Table.Key,
 				cols: [][]plan.SourceColumn{slices.Concat(r.Table.Key, r.Table.ForeignKey, r.Inputs)}, tp: &r.Table}
-			sets := map[string]bool{}
-			for _, a := range r.Aggregates {
-				if a.Func == "min" || a.Func == "max" || a.Func == "jsonb_agg" {
-					sets[fmt.Sprint(a.Func == "max", a.OrderBy, a.Desc, a.Input)] = true
-				}
+			// Its sorted sets, as the roll-up shares them.
+			ro, err := join.NewRollup(pipeline.RollupSpecOf(p, k))
+			if err != nil {
+				return jc, err
 			}
-			for range sets {
+			for range ro.Sets() {
 				s.refs = append(s.refs, r.Table.ForeignKey)
 			}
 			results := stateTable{name: "roll-up " + r.Table.Table.String() + " (results)", table: p.Left.Table, key: p.Left.Key,

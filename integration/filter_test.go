@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/internal/config"
 	"github.com/fkmat/fkmat/internal/testenv"
 )
 
@@ -288,6 +289,19 @@ func TestFilterKilledAndChanged(t *testing.T) {
 	// A changed where is a definition change: built beside, switched in.
 	changed := strings.Replace(filterChainYAML, `where: "status <> 'draft'"`, `where: "status = 'paid'"`, 1)
 	next := daemonConfig(t, tc, changed)
+	p = switchDefinition(t, tc, p, changed, next, "the changed filter")
+	waitCaughtUp(t, tc, p.d)
+	assertSQL(t, tc, "orders_wide", strings.Replace(filterChainSQL, "status <> 'draft'", "status = 'paid'", 1))
+	assertSQL(t, tc, "orders_inner", filterInnerSQL)
+	assertOracle(t, next)
+}
+
+// switchDefinition kills the daemon p and starts it with the changed
+// configuration (next, as a config), which verify says is pending before
+// then; it returns the new daemon once the changed definition, built
+// beside the running join while orders change, is switched in.
+func switchDefinition(t *testing.T, tc *testenv.Case, p *cliDaemon, changed string, next *config.Config, what string) *cliDaemon {
+	t.Helper()
 	if _, err := fkmat.Verify(context.Background(), next, fkmat.Options{}); !errors.Is(err, fkmat.ErrDefinitionPending) {
 		t.Fatalf("verify before run = %v, want ErrDefinitionPending", err)
 	}
@@ -296,20 +310,15 @@ func TestFilterKilledAndChanged(t *testing.T) {
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		sqlExec(t, tc, `UPDATE orders SET qty = qty + 1 WHERE id % 50 = 7`)
-		_, err := fkmat.Verify(context.Background(), next, fkmat.Options{})
-		if !errors.Is(err, fkmat.ErrDefinitionPending) {
-			break
+		if _, err := fkmat.Verify(context.Background(), next, fkmat.Options{}); !errors.Is(err, fkmat.ErrDefinitionPending) {
+			return p
 		}
 		p.mustRun("wait for the switch")
 		if time.Now().After(deadline) {
-			t.Fatal("the changed filter was not switched in within 3 minutes")
+			t.Fatalf("%s was not switched in within 3 minutes", what)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	waitCaughtUp(t, tc, p.d)
-	assertSQL(t, tc, "orders_wide", strings.Replace(filterChainSQL, "status <> 'draft'", "status = 'paid'", 1))
-	assertSQL(t, tc, "orders_inner", filterInnerSQL)
-	assertOracle(t, next)
 }
 
 // readmeFilterYAML is the README's example of filters and computed

@@ -61,14 +61,15 @@ type RollupSpec struct {
 	// Inputs are the Postgres types of the child's values (RollupChange.
 	// Values): the aggregates' arguments and order columns.
 	Inputs []string
-	// NotNull says which inputs are never NULL (columns of the child's
-	// key): min and max over them share a sorted set with a jsonb_agg
-	// ordered alike.
-	NotNull []bool
 	// KeyInputs are, per column of the child's key, the input that carries
 	// it (-1: none). A sorted set ordered by every key column needs no
 	// tie-breaker: its members are its order key and the child's key.
-	KeyInputs  []int
+	KeyInputs []int
+	// NotNull says which other inputs are never NULL (a key's are not:
+	// its NOT NULL cannot be dropped while it is a key, unlike a column's
+	// NOT NULL). min and max over such an input share a sorted set with a
+	// jsonb_agg ordered alike.
+	NotNull    []bool
 	Aggregates []RollupAggregate
 }
 
@@ -143,7 +144,7 @@ func NewRollup(spec RollupSpec) (*Rollup, error) {
 				set.cols, set.desc = a.OrderBy, a.Desc
 			} else {
 				set.cols, set.desc = []int{a.Input}, []bool{a.Func == "max"}
-				set.skipNull = a.Input >= len(spec.NotNull) || !spec.NotNull[a.Input]
+				set.skipNull = !spec.notNull(a.Input)
 			}
 			if err := r.checkInputs(i, set.cols...); err != nil {
 				return nil, err
@@ -217,6 +218,12 @@ func (r *Rollup) windows() {
 	}
 }
 
+// notNull says input in is never NULL: a column of the child's key, or
+// one NotNull names.
+func (spec *RollupSpec) notNull(in int) bool {
+	return slices.Contains(spec.KeyInputs, in) || in < len(spec.NotNull) && spec.NotNull[in]
+}
+
 func (r *Rollup) checkInputs(agg int, cols ...int) error {
 	for _, c := range cols {
 		if c < 0 || c >= len(r.spec.Inputs) {
@@ -225,6 +232,10 @@ func (r *Rollup) checkInputs(agg int, cols ...int) error {
 	}
 	return nil
 }
+
+// Sets returns how many sorted sets each parent has: one per order of
+// its min, max and jsonb_agg aggregates, shared by those ordered alike.
+func (r *Rollup) Sets() int { return len(r.sets) }
 
 // Spec returns the roll-up's spec.
 func (r *Rollup) Spec() RollupSpec { return r.spec }
@@ -616,16 +627,16 @@ func (r *Rollup) decode(st RightState) ([]*agg.State, []window, error) {
 	accs := make([]*agg.State, len(r.funcs))
 	for i, fn := range r.funcs {
 		s, rest, err := agg.Decode(b)
-		ok := false
 		if err != nil {
 			return nil, nil, fmt.Errorf("roll-up %s: %w", r.spec.Name, err)
 		}
 		// A sum of integers whose input widened to bigint goes on as a
 		// numeric sum.
-		if s, ok = s.Widened(fn); !ok {
+		w, ok := s.Widened(fn)
+		if !ok {
 			return nil, nil, fmt.Errorf("roll-up %s: a stored accumulator of another aggregate", r.spec.Name)
 		}
-		accs[i], b = s, rest
+		accs[i], b = w, rest
 	}
 	ws, err := r.decodeWindows(text[len(text)-len(b):])
 	if err != nil {
@@ -737,12 +748,6 @@ func (a *rollupApply) outputs(ctx context.Context, view *Pending) ([]RollupOutpu
 	return outs, nil
 }
 
-// setRead is the children named by the first members of a parent's
-// sorted set, in order.
-type setRead struct {
-	keys []Key
-}
-
 // setPage is how many members a sorted set read whole is read at a time.
 const setPage = 1024
 
@@ -774,11 +779,11 @@ func (a *rollupApply) childOf(s int, mem Key) (Key, error) {
 // ordered computes ordered aggregate i of parent from its sorted set as
 // read: the first child's value (min, max) or the first children's
 // elements (jsonb_agg).
-func (a *rollupApply) ordered(sets map[Key]*setRead, rows map[Key]LeftState, parent Key, i int, ag RollupAggregate) (Value, error) {
+func (a *rollupApply) ordered(sets map[Key][]Key, rows map[Key]LeftState, parent Key, i int, ag RollupAggregate) (Value, error) {
 	if set := &a.r.sets[a.r.setOf[i]]; set.window > 0 {
 		return set.ordered(a.windows[parent][a.r.setOf[i]], ag), nil
 	}
-	keys := sets[a.setKey(parent, a.r.setOf[i])].keys
+	keys := sets[a.setKey(parent, a.r.setOf[i])]
 	if len(keys) == 0 {
 		return NullValue(), nil
 	}
@@ -818,9 +823,10 @@ func (a *rollupApply) ordered(sets map[Key]*setRead, rows map[Key]LeftState, par
 
 // readSets reads, for every touched parent with children, each of its
 // sorted sets without a window (those of a jsonb_agg of all children),
-// then the children they name: two round trips for the batch, and more
-// only for a set past its first page.
-func (a *rollupApply) readSets(ctx context.Context, view *Pending) (map[Key]*setRead, map[Key]LeftState, error) {
+// then the children they name: for each set, the children's keys in its
+// order, and the children. Two round trips for the batch, and more only
+// for a set past its first page.
+func (a *rollupApply) readSets(ctx context.Context, view *Pending) (map[Key][]Key, map[Key]LeftState, error) {
 	var fks []Key
 	var limits []int
 	for _, parent := range a.parents {
@@ -840,7 +846,7 @@ func (a *rollupApply) readSets(ctx context.Context, view *Pending) (map[Key]*set
 	if err != nil {
 		return nil, nil, err
 	}
-	out := make(map[Key]*setRead, len(fks))
+	out := make(map[Key][]Key, len(fks))
 	var keys []Key
 	for i, fk := range fks {
 		members := pages[i]
@@ -851,14 +857,14 @@ func (a *rollupApply) readSets(ctx context.Context, view *Pending) (map[Key]*set
 			}
 			members = append(members, page...)
 		}
-		r := &setRead{keys: make([]Key, len(members))}
+		children := make([]Key, len(members))
 		for j, mem := range members {
-			if r.keys[j], err = a.childOf(s, mem); err != nil {
+			if children[j], err = a.childOf(s, mem); err != nil {
 				return nil, nil, err
 			}
 		}
-		out[fk] = r
-		keys = append(keys, r.keys...)
+		out[fk] = children
+		keys = append(keys, children...)
 	}
 	rows, err := view.GetLeft(ctx, keys)
 	if err != nil {

@@ -85,10 +85,7 @@ func RollupSpecOf(p *plan.JoinPlan, k int) join.RollupSpec {
 		spec.ChildTypes = append(spec.ChildTypes, c.Type)
 	}
 	for _, in := range r.Inputs {
-		// A column of the child's key is never NULL (its NOT NULL cannot
-		// be dropped while it is), unlike one merely declared NOT NULL.
-		key := in.Expr == "" && slices.ContainsFunc(r.Table.Key, func(c plan.SourceColumn) bool { return c.Name == in.Name })
-		spec.Inputs, spec.NotNull = append(spec.Inputs, in.Type), append(spec.NotNull, key)
+		spec.Inputs = append(spec.Inputs, in.Type)
 	}
 	for _, c := range r.Table.Key {
 		spec.KeyInputs = append(spec.KeyInputs, slices.IndexFunc(r.Inputs, func(in plan.SourceColumn) bool { return in.Expr == "" && in.Name == c.Name }))

@@ -142,10 +142,26 @@ type typedColumn struct {
 	key bool
 }
 
-// columns returns every source column of d, in a fixed order.
+// tables returns d's tables: the left, the right, the entries', the
+// roll-ups' child tables.
+func (d *definition) tables() []*TablePlan {
+	out := []*TablePlan{&d.Left, &d.Right}
+	for i := range d.Edges {
+		out = append(out, &d.Edges[i].Table)
+	}
+	for i := range d.Rollups {
+		out = append(out, &d.Rollups[i].Table)
+	}
+	return out
+}
+
+// columns returns every source column of d, in a fixed order: each table's
+// key, foreign key and values, then the roll-ups' inputs (their
+// aggregates' result types follow them: a sum of an integer widened to
+// bigint is numeric, and the target's column widens with it).
 func (d *definition) columns() []typedColumn {
 	var out []typedColumn
-	table := func(t *TablePlan) {
+	for _, t := range d.tables() {
 		for i := range t.Key {
 			out = append(out, typedColumn{&t.Key[i], true})
 		}
@@ -156,17 +172,8 @@ func (d *definition) columns() []typedColumn {
 			out = append(out, typedColumn{&t.Values[i].Source, false})
 		}
 	}
-	table(&d.Left)
-	table(&d.Right)
-	for i := range d.Edges {
-		table(&d.Edges[i].Table)
-	}
-	// A roll-up's child table and inputs: its aggregates' result types
-	// follow them (sum of an integer widened to bigint is numeric), and
-	// widen the target's columns with them.
 	for i := range d.Rollups {
 		r := &d.Rollups[i]
-		table(&r.Table)
 		for j := range r.Inputs {
 			out = append(out, typedColumn{&r.Inputs[j], false})
 		}
@@ -174,7 +181,9 @@ func (d *definition) columns() []typedColumn {
 	return out
 }
 
-// untyped clears the types of d's columns and target columns.
+// untyped clears the types of d's columns, of its target columns and
+// aggregates, and of its computed columns and their inputs (the stream
+// checks the inputs it reads, and an output's type is one of d's columns).
 func (d *definition) untyped() {
 	for _, tc := range d.columns() {
 		tc.c.Type, tc.c.TypeOID, tc.c.TypeMod, tc.c.HasTypeMod = "", 0, 0, false
@@ -183,24 +192,15 @@ func (d *definition) untyped() {
 	for i := range d.Target.Columns {
 		d.Target.Columns[i].Type = ""
 	}
-	// Computed columns' types and their inputs': the stream checks the
-	// inputs it reads, and an output's type is one of the columns above.
-	tables := []*TablePlan{&d.Left, &d.Right}
-	for i := range d.Edges {
-		tables = append(tables, &d.Edges[i].Table)
-	}
 	for i := range d.Rollups {
-		tables = append(tables, &d.Rollups[i].Table)
 		for j := range d.Rollups[i].Aggregates {
 			d.Rollups[i].Aggregates[j].Type = ""
 		}
 	}
-	for _, t := range tables {
-		t.Computed = slices.Clone(t.Computed)
+	for _, t := range d.tables() {
 		for i := range t.Computed {
 			c := &t.Computed[i]
 			c.Type, c.TypeOID = "", 0
-			c.Inputs = slices.Clone(c.Inputs)
 			for j := range c.Inputs {
 				c.Inputs[j].Type = ""
 			}

@@ -257,30 +257,14 @@ func TestFilterKilledAndChanged(t *testing.T) {
 	cfg := daemonConfig(t, tc, filterChainYAML)
 	p := startCLIDaemon(t, env)
 	waitCaughtUp(t, tc, p.d)
-	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
-	pending := 0
-	for i := range 5 {
-		// Rows enter and leave the filters of both joins, in large
-		// transactions and small ones.
-		sqlExec(t, tc, fmt.Sprintf(`UPDATE orders SET status = CASE WHEN status = 'draft' THEN 'paid' ELSE 'draft' END, qty = coalesce(qty, 0) + 1
+	// Rows enter and leave the filters of both joins, in large
+	// transactions and small ones.
+	p = killRounds(t, tc, env, p, func(i int) []string {
+		return []string{fmt.Sprintf(`UPDATE orders SET status = CASE WHEN status = 'draft' THEN 'paid' ELSE 'draft' END, qty = coalesce(qty, 0) + 1
 			WHERE id %% 5 = %d`, i),
 			fmt.Sprintf(`UPDATE customers SET deleted_at = CASE WHEN deleted_at IS NULL THEN now() END WHERE id %% 4 = %d`, i%4),
-			fmt.Sprintf(`UPDATE regions SET active = NOT active WHERE id = %d`, 1+i))
-		time.Sleep(time.Duration(r.IntN(300)) * time.Millisecond)
-		var behind bool
-		if err := tc.Pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn() > confirmed_flush_lsn
-			FROM pg_replication_slots WHERE slot_name = $1`, tc.Slot).Scan(&behind); err == nil && behind {
-			pending++
-		}
-		p.mustRun("before kill -9")
-		p.kill()
-		sqlExec(t, tc, fmt.Sprintf(`UPDATE orders SET status = 'open' WHERE id %% 97 = %d`, i))
-		p = startCLIDaemon(t, env)
-	}
-	t.Logf("%d of 5 kills landed with changes not yet acknowledged", pending)
-	if pending == 0 {
-		t.Error("no kill landed while the daemon had changes to apply: the test proves nothing")
-	}
+			fmt.Sprintf(`UPDATE regions SET active = NOT active WHERE id = %d`, 1+i)}
+	}, func(i int) string { return fmt.Sprintf(`UPDATE orders SET status = 'open' WHERE id %% 97 = %d`, i) })
 	waitCaughtUp(t, tc, p.d)
 	assertSQL(t, tc, "orders_wide", filterChainSQL)
 	assertSQL(t, tc, "orders_inner", filterInnerSQL)
@@ -294,6 +278,35 @@ func TestFilterKilledAndChanged(t *testing.T) {
 	assertSQL(t, tc, "orders_wide", strings.Replace(filterChainSQL, "status <> 'draft'", "status = 'paid'", 1))
 	assertSQL(t, tc, "orders_inner", filterInnerSQL)
 	assertOracle(t, next)
+}
+
+// killRounds runs five rounds of: the statements of round i, a random
+// pause, kill -9 of the daemon p (noting whether it had changes not yet
+// acknowledged), the statement after(i) while it is down, and a restart.
+// It returns the last daemon, and fails the test when no kill landed with
+// changes pending: it would prove nothing.
+func killRounds(t *testing.T, tc *testenv.Case, env []string, p *cliDaemon, round func(i int) []string, after func(i int) string) *cliDaemon {
+	t.Helper()
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	pending := 0
+	for i := range 5 {
+		sqlExec(t, tc, round(i)...)
+		time.Sleep(time.Duration(r.IntN(300)) * time.Millisecond)
+		var behind bool
+		if err := tc.Pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn() > confirmed_flush_lsn
+			FROM pg_replication_slots WHERE slot_name = $1`, tc.Slot).Scan(&behind); err == nil && behind {
+			pending++
+		}
+		p.mustRun("before kill -9")
+		p.kill()
+		sqlExec(t, tc, after(i))
+		p = startCLIDaemon(t, env)
+	}
+	t.Logf("%d of 5 kills landed with changes not yet acknowledged", pending)
+	if pending == 0 {
+		t.Error("no kill landed while the daemon had changes to apply: the test proves nothing")
+	}
+	return p
 }
 
 // switchDefinition kills the daemon p and starts it with the changed

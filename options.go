@@ -44,6 +44,10 @@ type Options struct {
 	// another process takes the slot first, it waits again instead of
 	// stopping. See waitForSlot.
 	Standby bool
+	// TargetChunkBytes bounds the left table's bytes each transaction of
+	// a backfill's target fill reads, within the source's database; zero
+	// means DefaultTargetChunkBytes (tests use small values).
+	TargetChunkBytes int64
 	// PartitionCheckInterval is how often run compares the partitions of
 	// the joined partitioned tables with the ones it knows; zero means
 	// DefaultPartitionCheckInterval.

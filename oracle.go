@@ -14,9 +14,13 @@ import (
 
 // OracleSQL returns the SQL join a plan maintains, with the target's column
 // names, in the target's column order.
-func OracleSQL(p *plan.JoinPlan) string {
+func OracleSQL(p *plan.JoinPlan) string { return oracleSQLWhere(p, "") }
+
+// oracleSQLWhere is OracleSQL of the left table's rows that meet leftCond
+// (plan.FromSQLWhere): the target's rows of those rows.
+func oracleSQLWhere(p *plan.JoinPlan, leftCond string) string {
 	if p.Edges != nil {
-		return oracleListSQL(p)
+		return oracleListSQL(p, leftCond)
 	}
 	var sel []string
 	for i, k := range p.Left.Key {
@@ -36,14 +40,14 @@ func OracleSQL(p *plan.JoinPlan) string {
 	if p.Type == config.JoinInner {
 		kind = "JOIN"
 	}
-	return "SELECT " + strings.Join(sel, ", ") + " FROM " + plan.FromSQL(&p.Left) + " l " + kind + " " +
+	return "SELECT " + strings.Join(sel, ", ") + " FROM " + plan.FromSQLWhere(&p.Left, leftCond) + " l " + kind + " " +
 		plan.FromSQL(&p.Right) + " r ON " + strings.Join(on, " AND ")
 }
 
 // listFrom is the FROM clause of a list-form join's SQL with its first n
-// entries.
-func listFrom(p *plan.JoinPlan, n int) string {
-	from := plan.FromSQL(&p.Left) + " l"
+// entries, over the left table's rows that meet leftCond.
+func listFrom(p *plan.JoinPlan, n int, leftCond string) string {
+	from := plan.FromSQLWhere(&p.Left, leftCond) + " l"
 	for i, e := range p.Edges[:n] {
 		var on []string
 		for k, fk := range e.Table.ForeignKey {
@@ -70,7 +74,7 @@ func entryAlias(t int) string {
 // oracleListSQL is OracleSQL of a list-form join: the join's SQL, the
 // entries joined in list order (alias l for the left table, e0, e1, ... for
 // the entries).
-func oracleListSQL(p *plan.JoinPlan) string {
+func oracleListSQL(p *plan.JoinPlan, leftCond string) string {
 	var sel []string
 	for i, k := range p.Left.Key {
 		sel = append(sel, "l."+ident(k.Name)+" AS "+ident(p.Left.KeyNames[i]))
@@ -83,7 +87,7 @@ func oracleListSQL(p *plan.JoinPlan) string {
 			sel = append(sel, entryAlias(i)+"."+ident(v.Source.Name)+" AS "+ident(v.Name))
 		}
 	}
-	from := listFrom(p, len(p.Edges))
+	from := listFrom(p, len(p.Edges), leftCond)
 	for k := range p.Rollups {
 		s, f, _ := rollupSQL(p, k)
 		sel, from = append(sel, s...), from+f

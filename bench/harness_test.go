@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fkmat/fkmat/internal/testenv"
@@ -95,6 +96,28 @@ func (d *db) assertJoin(table string) {
 		return
 	}
 	d.assertQuery(table, `SELECT id, customer_id, amount, note, name, tier FROM `+pgx.Identifier{table}.Sanitize(), joinSQL)
+}
+
+// assertQueryIn fails unless the rows of got, in the database of pool,
+// and of want, in the test's database, are the same multiset: compared by
+// the digest of their rows' text, sorted.
+func (d *db) assertQueryIn(pool *pgxpool.Pool, table, got, want string) {
+	d.b.Helper()
+	digest := func(pool *pgxpool.Pool, q string) (n int64, sum string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		err := pool.QueryRow(ctx, `SELECT count(*), coalesce(md5(string_agg(h, ',' ORDER BY h)), '')
+			FROM (SELECT md5(q::text) AS h FROM (`+q+`) q) s`).Scan(&n, &sum)
+		if err != nil {
+			d.b.Fatal(err)
+		}
+		return n, sum
+	}
+	gn, gs := digest(pool, got)
+	wn, ws := digest(d.Pool, want)
+	if gn != wn || gs != ws {
+		d.b.Fatalf("%s (%d rows) differs from the SQL join (%d rows)", table, gn, wn)
+	}
 }
 
 // assertQuery fails unless the rows of got and of want (the SQL oracle)
@@ -586,6 +609,99 @@ func (p *daemon) waitServing() {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// freshRun is what runToFresh measured.
+type freshRun struct {
+	total    time.Duration // from the start of run to caught up
+	backfill time.Duration // from the start of run to the backfill's end
+}
+
+// runToFresh starts fkmat run on joins never backfilled (their targets and
+// state are dropped first), waits until it has backfilled and caught up with
+// every commit made until then, and stops it.
+func (d *db) runToFresh(what string) freshRun {
+	d.b.Helper()
+	if out, err := d.command("teardown", "--drop-target").CombinedOutput(); err != nil {
+		d.b.Fatalf("fkmat teardown: %v\n%s", err, out)
+	}
+	return d.runToFreshFrom(d.run(what), d.Pool)
+}
+
+// runToFreshInto is runToFresh with the targets in database target (a
+// database of the test server, created here and dropped when the test
+// ends), and the pool of that database, whose targets the caller checks
+// (assertQueryIn). The targets and the state of the source's database
+// are dropped first, and those of target database left behind.
+func (d *db) runToFreshInto(what, target string) (freshRun, *pgxpool.Pool) {
+	d.b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := d.command("teardown", "--drop-target").CombinedOutput(); err != nil {
+		d.b.Fatalf("fkmat teardown: %v\n%s", err, out)
+	}
+	if _, err := d.Env.Admin().Exec(ctx, "CREATE DATABASE "+pgx.Identifier{target}.Sanitize()); err != nil {
+		d.b.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, d.Env.URL(target, nil))
+	if err != nil {
+		d.b.Fatal(err)
+	}
+	d.b.Cleanup(func() {
+		pool.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = d.Env.Admin().Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{target}.Sanitize()+" WITH (FORCE)")
+	})
+	env := d.env
+	d.env = append(slices.Clone(env), "FKMAT_TARGET_URL="+d.Env.URL(target, nil))
+	defer func() { d.env = env }()
+	r := d.runToFreshFrom(d.run(what), pool)
+	if out, err := d.command("teardown").CombinedOutput(); err != nil {
+		d.b.Fatalf("fkmat teardown: %v\n%s", err, out)
+	}
+	return r, pool
+}
+
+// runToFreshFrom measures p, a run started on joins never backfilled
+// whose fkmat schema (join_state) is in the database of state.
+func (d *db) runToFreshFrom(p *daemon, state *pgxpool.Pool) freshRun {
+	d.b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	var r freshRun
+	var target string
+	poll := func(what string, done func() bool) time.Duration {
+		for !done() {
+			select {
+			case err := <-p.done:
+				d.b.Fatalf("fkmat run exited: %v\n%s", err, p.out)
+			default:
+			}
+			if ctx.Err() != nil {
+				d.b.Fatalf("%s\n%s", what, p.out)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return time.Since(p.start)
+	}
+	r.backfill = poll("the backfill did not end", func() bool {
+		var streaming bool
+		err := state.QueryRow(ctx, `SELECT coalesce((SELECT bool_and(phase = 'streaming') FROM fkmat.join_state WHERE slot = $1), false)`,
+			d.Slot).Scan(&streaming)
+		return err == nil && streaming
+	})
+	if err := d.Pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target); err != nil {
+		d.b.Fatal(err)
+	}
+	r.total = poll("not caught up with "+target, func() bool {
+		var ok bool
+		err := d.Pool.QueryRow(ctx, `SELECT coalesce((SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2), false)`,
+			target, d.Slot).Scan(&ok)
+		return err == nil && ok
+	})
+	p.stop()
+	return r
 }
 
 // waitCaught waits until the slot's confirmed_flush_lsn covers every commit

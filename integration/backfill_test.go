@@ -74,7 +74,9 @@ func TestBackfillConcurrentWrites(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	start := time.Now()
-	if err := fkmat.BackfillIfNeeded(ctx, cfg, false, fkmat.Options{}); err != nil {
+	// The target is filled in transactions of 64 pages of orders (about
+	// 20), while the writes add rows past the pages counted.
+	if err := fkmat.BackfillIfNeeded(ctx, cfg, false, fkmat.Options{TargetChunkBytes: 64 * 8192}); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("backfill of 200k orders took %.1fs under concurrent writes", time.Since(start).Seconds())
@@ -86,6 +88,63 @@ func TestBackfillConcurrentWrites(t *testing.T) {
 	if ops < 50 {
 		t.Fatalf("only %d concurrent writes: the test did not overlap the backfill", ops)
 	}
+	assertOracle(t, cfg)
+}
+
+// TestBackfillInChunks: a backfill fills a target in the source's database
+// a range of the left table's pages at a time, each range in a transaction
+// of its own; so does a rebuild beside the running join. The left table is
+// partitioned (the ranges apply to every partition), filtered, and one of
+// its partitions is much larger than the others. Each time, the target
+// holds the rows of several transactions and equals the SQL join.
+func TestBackfillInChunks(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc,
+		`CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`,
+		`CREATE TABLE orders (id bigint, created date, customer_id bigint, amount numeric(12,2), note text,
+			PRIMARY KEY (id, created)) PARTITION BY RANGE (created)`,
+		`CREATE TABLE orders_2025 PARTITION OF orders FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`,
+		`CREATE TABLE orders_2026 PARTITION OF orders FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`,
+		`CREATE TABLE orders_default PARTITION OF orders DEFAULT`,
+		`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 300) g`,
+		`INSERT INTO orders SELECT g, CASE WHEN g % 10 = 0 THEN date '2025-03-01' WHEN g % 10 = 1 THEN date '2030-01-01' ELSE date '2026-02-01' END,
+			CASE WHEN g % 11 = 0 THEN NULL ELSE g % 330 END, g % 1000, repeat('n', g % 200) FROM generate_series(1, 30000) g`)
+	yaml := strings.Replace(partitionedYAML, "      columns: [id, created, customer_id, amount, note]",
+		"      columns: [id, created, customer_id, amount, note]\n      where: amount < 900", 1)
+	cfg := daemonConfig(t, tc, yaml)
+	opts := fkmat.Options{TargetChunkBytes: 16 * 8192}
+	transactions := func() int64 {
+		return queryInt(t, tc, `SELECT count(DISTINCT xmin::text) FROM orders_enriched`)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := fkmat.BackfillIfNeeded(ctx, cfg, false, opts); err != nil {
+		t.Fatal(err)
+	}
+	if n := transactions(); n < 10 {
+		t.Fatalf("the backfill wrote the target in %d transactions, want several", n)
+	}
+	assertOracle(t, cfg)
+
+	// The rebuild streams the join's slot while it loads (backfill --force
+	// with the daemon stopped).
+	d := startDaemon(t, cfg, opts)
+	sqlExec(t, tc, `UPDATE orders SET amount = amount + 1 WHERE id % 7 = 0`,
+		`INSERT INTO orders SELECT g, date '2026-05-05', g % 300, 1, 'late' FROM generate_series(40001, 42000) g`)
+	waitCaughtUp(t, tc, d)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if err := fkmat.BackfillIfNeeded(ctx, cfg, true, opts); err != nil {
+		t.Fatal(err)
+	}
+	if n := transactions(); n < 10 {
+		t.Fatalf("the rebuild wrote the target in %d transactions, want several", n)
+	}
+	assertOracle(t, cfg)
+	d = startDaemon(t, cfg, opts)
+	sqlExec(t, tc, `DELETE FROM orders WHERE id % 13 = 0`)
+	waitCaughtUp(t, tc, d)
 	assertOracle(t, cfg)
 }
 

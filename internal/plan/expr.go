@@ -47,10 +47,18 @@ func (tp *TablePlan) FilterColumn() string {
 // when tp has a filter or computed columns, a subquery of the rows that
 // pass the filter with the computed columns appended (named ComputedName).
 // Expressions see the table under its own name, unqualified.
-func FromSQL(tp *TablePlan) string {
+func FromSQL(tp *TablePlan) string { return FromSQLWhere(tp, "") }
+
+// FromSQLWhere is FromSQL with the table's rows further limited by cond, a
+// condition on the table's own columns, system columns included (a range
+// of ctid); "" is no condition.
+func FromSQLWhere(tp *TablePlan, cond string) string {
 	table := pgx.Identifier{tp.Table.Schema, tp.Table.Name}.Sanitize()
 	if tp.Where == "" && len(tp.Computed) == 0 {
-		return table
+		if cond == "" {
+			return table
+		}
+		return "(SELECT * FROM " + table + " WHERE " + cond + ")"
 	}
 	alias := pgx.Identifier{tp.Table.Name}.Sanitize()
 	sel := []string{alias + ".*"}
@@ -60,8 +68,15 @@ func FromSQL(tp *TablePlan) string {
 		}
 	}
 	q := "(SELECT " + strings.Join(sel, ", ") + " FROM " + table + " AS " + alias
+	var where []string
 	if tp.Where != "" {
-		q += " WHERE (" + tp.Where + ")"
+		where = append(where, "("+tp.Where+")")
+	}
+	if cond != "" {
+		where = append(where, cond)
+	}
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
 	}
 	return q + ")"
 }

@@ -615,6 +615,9 @@ func (p *daemon) waitServing() {
 type freshRun struct {
 	total    time.Duration // from the start of run to caught up
 	backfill time.Duration // from the start of run to the backfill's end
+	// before and after are Redis's memory before run and once caught up.
+	before, after memory
+	wideUsed float64 // w7Memory's
 }
 
 // runToFresh starts fkmat run on joins never backfilled (their targets and
@@ -625,7 +628,7 @@ func (d *db) runToFresh(what string) freshRun {
 	if out, err := d.command("teardown", "--drop-target").CombinedOutput(); err != nil {
 		d.b.Fatalf("fkmat teardown: %v\n%s", err, out)
 	}
-	return d.runToFreshFrom(d.run(what), d.Pool)
+	return d.runToFreshFrom(what, d.Pool)
 }
 
 // runToFreshInto is runToFresh with the targets in database target (a
@@ -656,20 +659,21 @@ func (d *db) runToFreshInto(what, target string) (freshRun, *pgxpool.Pool) {
 	env := d.env
 	d.env = append(slices.Clone(env), "FKMAT_TARGET_URL="+d.Env.URL(target, nil))
 	defer func() { d.env = env }()
-	r := d.runToFreshFrom(d.run(what), pool)
+	r := d.runToFreshFrom(what, pool)
 	if out, err := d.command("teardown").CombinedOutput(); err != nil {
 		d.b.Fatalf("fkmat teardown: %v\n%s", err, out)
 	}
 	return r, pool
 }
 
-// runToFreshFrom measures p, a run started on joins never backfilled
-// whose fkmat schema (join_state) is in the database of state.
-func (d *db) runToFreshFrom(p *daemon, state *pgxpool.Pool) freshRun {
+// runToFreshFrom starts and measures a run on joins never backfilled whose
+// fkmat schema (join_state) is in the database of state.
+func (d *db) runToFreshFrom(what string, state *pgxpool.Pool) freshRun {
 	d.b.Helper()
+	r := freshRun{before: d.settledMemory()}
+	p := d.run(what)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	var r freshRun
 	var target string
 	poll := func(what string, done func() bool) time.Duration {
 		for !done() {
@@ -700,8 +704,26 @@ func (d *db) runToFreshFrom(p *daemon, state *pgxpool.Pool) freshRun {
 			target, d.Slot).Scan(&ok)
 		return err == nil && ok
 	})
+	r.after = d.settledMemory()
 	p.stop()
 	return r
+}
+
+// memory is what INFO memory says, summed over the Redis nodes.
+type memory struct {
+	used, dataset, overhead float64
+}
+
+// settledMemory returns INFO memory once the server has freed what
+// deletions left to its background thread (lazyfree_pending_objects 0).
+func (d *db) settledMemory() memory {
+	d.b.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for d.redisInfo("memory", "lazyfree_pending_objects") > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	return memory{used: d.redisInfo("memory", "used_memory"), dataset: d.redisInfo("memory", "used_memory_dataset"),
+		overhead: d.redisInfo("memory", "used_memory_overhead")}
 }
 
 // waitCaught waits until the slot's confirmed_flush_lsn covers every commit

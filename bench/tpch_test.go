@@ -168,6 +168,7 @@ func benchW7(t *testing.T, s sizes, rep *report) {
 			fmt.Sprintf("backfill %.1f s, then streaming to caught up %.1f s", f.r.backfill.Seconds(), (f.r.total-f.r.backfill).Seconds()), true)
 		rep.row(name, "from run on empty to caught up / INSERT ... SELECT, "+f.where, f.r.total.Seconds()/floor.Seconds(), "x", "", false)
 	}
+	w7Memory(d, rep, name, &fresh, lineitems, planBytes)
 
 	p := d.run("w7")
 	p.waitServing()
@@ -196,6 +197,7 @@ func benchW7(t *testing.T, s sizes, rep *report) {
 	rep.target("W7 Redis per lineitem, all state of the 8-entry join", all/lineitems, "<=", 300, "B")
 	rep.target("W7 backfill within 3x of INSERT ... SELECT of its SQL", ratio, "<=", 3, "x")
 	rep.target("W7 from run on empty to caught up within 2x of INSERT ... SELECT", fresh.total.Seconds()/floor.Seconds(), "<=", 2, "x")
+	rep.target("W7 Redis used_memory growth per lineitem, the 8-entry join", fresh.wideUsed, "<=", 250, "B")
 	rep.target("W7 a fan-out through a 4-level chain at 0.6x a two-table fan-out or better", region/flags, ">=", 0.6, "x")
 }
 
@@ -236,4 +238,43 @@ func w7FanOuts(t *testing.T, d *db, p *daemon) (regions, flags []float64, inRegi
 		flags = append(flags, rate(fmt.Sprintf(`UPDATE returnflag SET label = 'no flag %d' WHERE flag = 'N'`, r), flagged))
 	}
 	return regions, flags, inRegion, flagged
+}
+
+// w7Memory reports the Redis memory of both joins as INFO used_memory
+// grew from run on empty to caught up (fresh), beside the MEMORY USAGE sum
+// of their keys and check --plan's estimate (planBytes), and what a
+// rebuild beside the running joins (backfill --force) leaves behind. It
+// sets fresh.wideUsed: the growth per lineitem charged to lineitem_wide,
+// in proportion to its share of the MEMORY USAGE sum.
+func w7Memory(d *db, rep *report, name string, fresh *freshRun, lineitems, planBytes float64) {
+	used := fresh.after.used - fresh.before.used
+	var sum float64
+	keys := 0
+	for _, n := range d.stateNodes() {
+		sum += n.bytes
+		keys += n.keys
+	}
+	var wideSum float64
+	for tab := range 9 { // lineitem_wide's tables
+		for _, b := range d.redisKeysOf(redisstore.TablePrefix(d.Slot, "lineitem_wide", tab)).bytes {
+			wideSum += b
+		}
+	}
+	fresh.wideUsed = used * wideSum / sum / lineitems
+	rep.row(name, "Redis used_memory growth per lineitem, both joins, from run on empty", used/lineitems, "B",
+		fmt.Sprintf("%.0f MB: used_memory_dataset %+.0f MB, used_memory_overhead %+.0f MB (the keyspace's tables), over %d keys",
+			used/1e6, (fresh.after.dataset-fresh.before.dataset)/1e6, (fresh.after.overhead-fresh.before.overhead)/1e6, keys), false)
+	rep.row(name, "MEMORY USAGE sum per lineitem, both joins, same keys", sum/lineitems, "B",
+		fmt.Sprintf("lineitem_wide %.0f MB, lineitem_flags %.0f MB", wideSum/1e6, (sum-wideSum)/1e6), false)
+	rep.row(name, "used_memory growth / MEMORY USAGE sum", used/sum, "x", "", false)
+	rep.row(name, "Redis used_memory growth per lineitem, lineitem_wide's share", fresh.wideUsed, "B",
+		"the growth in proportion to its share of the MEMORY USAGE sum", false)
+	rep.row(name, "check --plan: estimated Redis memory / used_memory growth, both joins", planBytes/used, "x",
+		fmt.Sprintf("estimate %.0f MB, used_memory growth %.0f MB", planBytes/1e6, used/1e6), false)
+	// A rebuild beside the running joins writes a new generation and
+	// deletes the old one.
+	d.backfill()
+	after := d.settledMemory()
+	rep.row(name, "Redis used_memory after a rebuild beside the joins / before it", (after.used-fresh.before.used)/used, "x",
+		fmt.Sprintf("%.0f MB, %.0f MB before", (after.used-fresh.before.used)/1e6, used/1e6), false)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fkmat/fkmat"
 	"github.com/fkmat/fkmat/internal/testenv"
+	"github.com/fkmat/fkmat/redisstore"
 )
 
 // writer runs random single-statement transactions on both tables until
@@ -140,6 +141,19 @@ func TestBackfillInChunks(t *testing.T) {
 	}
 	if n := transactions(); n < 10 {
 		t.Fatalf("the rebuild wrote the target in %d transactions, want several", n)
+	}
+	// The command deleted the Redis state the rebuild replaced before it
+	// returned, without waiting for the next run.
+	gen := queryInt(t, tc, `SELECT generation FROM fkmat.join_state WHERE slot = $1`, tc.Slot)
+	keys, err := tc.Redis.Keys(ctx, "fkmat:"+tc.Slot+":orders_enriched*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	current := redisstore.GenerationPrefix(tc.Slot, "orders_enriched", int(gen))
+	for _, k := range keys {
+		if !strings.HasPrefix(k, current+":") {
+			t.Fatalf("generation %d is current, and key %s of another is left after the rebuild", gen, k)
+		}
 	}
 	assertOracle(t, cfg)
 	d = startDaemon(t, cfg, opts)

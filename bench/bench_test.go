@@ -469,6 +469,9 @@ func (d *db) checkPlan() (bytes, seconds float64) {
 	if err != nil || json.Unmarshal(out, &res) != nil || res.Plan.RedisBytes <= 0 {
 		d.b.Fatalf("fkmat check --plan --json: %v\n%s", err, out)
 	}
+	if os.Getenv("FKMAT_BENCH_PLAN_LOG") != "" {
+		d.b.Logf("check --plan --json:\n%s", out)
+	}
 	return res.Plan.RedisBytes, res.Plan.BackfillSeconds
 }
 

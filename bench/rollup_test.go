@@ -146,8 +146,15 @@ func benchW9Backfill(t *testing.T, s sizes, rep *report) {
 		 FROM (SELECT o.*, row_number() OVER (PARTITION BY customer_id ORDER BY id DESC) AS k FROM orders o WHERE id % 10 <> 0) o
 		 GROUP BY customer_id) g ON g.customer_id = c.id`)
 	limit := time.Since(start)
+	planBytes, planSeconds := d.checkPlan()
+	mem0 := d.settledMemory()
 	u := d.backfill()
+	mem := d.settledMemory().used - mem0.used
 	d.assertJoin("customer_stats")
+	rep.row(name, "check --plan: estimated Redis memory / INFO used_memory growth of the backfill", planBytes/mem, "x",
+		fmt.Sprintf("estimate %.0f MB, used_memory growth %.0f MB", planBytes/1e6, mem/1e6), false)
+	rep.row(name, "check --plan: estimated backfill time / real", planSeconds/u.took.Seconds(), "x",
+		fmt.Sprintf("estimate %.1f s, real %.1f s", planSeconds, u.took.Seconds()), false)
 	rep.row(name, "INSERT INTO … SELECT … GROUP BY of its SQL (limit)", limit.Seconds(), "s",
 		fmt.Sprintf("%d orders over %d customers", s.W9Orders, s.W9Customers), true)
 	rep.row(name, "fkmat backfill (target + Redis state)", u.took.Seconds(), "s",

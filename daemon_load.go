@@ -193,15 +193,39 @@ func (l *loader) addRollupLoads(ctx context.Context, prog *progress, snapshot st
 	})
 	kids := prog.add(p.Name, "roll-up "+name, rows)
 	add(kids, func(ctx context.Context) error {
-		ro, err := join.NewRollup(pipeline.RollupSpecOf(p, k))
+		spec := pipeline.RollupSpecOf(p, k)
+		ro, err := join.NewRollup(spec)
 		if err != nil {
 			return err
 		}
 		ld := ro.Load()
 		cols := append(append(slices.Clone(r.Table.Key), r.Table.ForeignKey...), r.Inputs...)
-		return l.loadQuery(ctx, snapshot, selectColumns(&r.Table, cols), j.Stores()[children], kids, ld.Page, ld.Finish,
+		query := selectColumns(&r.Table, cols) + " ORDER BY " + parentOrder(r.Table.ForeignKey, spec.Parent)
+		return l.loadQuery(ctx, snapshot, query, j.Stores()[children], kids, ld.Page, ld.Finish,
 			fmt.Sprintf("load the roll-up of %s of join %q", name, p.Name))
 	})
+}
+
+// parentOrder is the ORDER BY that puts a roll-up's children of one parent
+// next to each other (join.RollupLoad): by their foreign key columns fks,
+// of key families fams, so that the values one encoded key stands for sort
+// together: text by its bytes (COLLATE "C": a nondeterministic collation
+// could interleave equal values of other bytes), a type compared as its
+// text (join.FamilyExact) by that text, the others (integers, numeric,
+// uuid, floats) by their values.
+func parentOrder(fks []plan.SourceColumn, fams []join.Family) string {
+	items := make([]string, len(fks))
+	for i, fk := range fks {
+		col := "t." + ident(fk.Name)
+		switch fams[i] {
+		case join.FamilyText, join.FamilyBpchar:
+			col += ` COLLATE "C"`
+		case join.FamilyExact:
+			col += `::text COLLATE "C"`
+		}
+		items[i] = col
+	}
+	return strings.Join(items, ", ")
 }
 
 // buildInterval is how often a backfill records its progress in

@@ -2,8 +2,10 @@ package join_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -312,12 +314,23 @@ func rollupRandom(t *testing.T, seed uint64) {
 	}
 	// A backfill of the children as they are gives the same state: a batch
 	// touching every parent (an update changing nothing) yields the same
-	// aggregates from both, the model's.
+	// aggregates from both, the model's. The backfill reads the children
+	// ordered by parent (children without one last), in pages of random
+	// sizes, handed to the load in a random order.
 	loaded := jointest.NewStore()
 	ld := ro.Load()
 	var rows [][]join.Value
 	var touch []join.RollupChange
-	for id, c := range children {
+	for _, id := range slices.SortedFunc(maps.Keys(children), func(a, b int) int {
+		pa, pb := children[a].parent, children[b].parent
+		switch {
+		case pa == nil || pb == nil:
+			return cmp.Compare(b2i(pa == nil), b2i(pb == nil))
+		default:
+			return cmp.Compare(*pa, *pb)
+		}
+	}) {
+		c := children[id]
 		if !c.in {
 			continue
 		}
@@ -329,12 +342,20 @@ func rollupRandom(t *testing.T, seed uint64) {
 		}
 		touch = append(touch, join.RollupChange{Kind: join.LeftUpsert, Key: key, Parent: parentValues(c.parent), Values: toast, IfPresent: true})
 	}
-	m, err := ld.Page(rows)
-	if err != nil {
-		t.Fatal(err)
+	var pages [][][]join.Value
+	for len(rows) > 0 {
+		n := min(len(rows), 1+r.IntN(6))
+		pages, rows = append(pages, rows[:n]), rows[n:]
 	}
-	if err := loaded.Apply(ctx, m); err != nil {
-		t.Fatal(err)
+	r.Shuffle(len(pages), func(i, j int) { pages[i], pages[j] = pages[j], pages[i] })
+	for _, page := range pages {
+		m, err := ld.Page(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := loaded.Apply(ctx, m); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := loaded.Apply(ctx, ld.Finish()); err != nil {
 		t.Fatal(err)
@@ -366,6 +387,14 @@ func rollupRandom(t *testing.T, seed uint64) {
 			t.Fatalf("parent %d after the run: %v, want %v", p, o.Values, expected(t, children, p))
 		}
 	}
+}
+
+// b2i is 1 for true.
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func parentValues(p *int) []join.Value {

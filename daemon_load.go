@@ -313,7 +313,7 @@ const DefaultTargetChunkBytes = 16 << 20
 // running joins, their slot. A slot decodes a transaction at its commit,
 // whole, and one larger than logical_decoding_work_mem is spilled to disk
 // and read back: W7's two shadows, one transaction each, took a new
-// join's stream 2.1-2.5 s to decode after the backfill, 0.9 s in
+// join's stream 2.1-2.5 s to decode after the backfill, 1.1-1.3 s in
 // transactions of DefaultTargetChunkBytes. So the shadow is filled a range
 // of the left table's pages at a time (targetChunks), each range in its
 // own transaction that imports the snapshot and commits. A join with

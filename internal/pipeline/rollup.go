@@ -132,6 +132,9 @@ func (t *Tree) rollUp(ctx context.Context, changes []join.Change) ([]join.Change
 		default:
 			return nil, nil, fmt.Errorf("roll-up %d: change kind %s", k, c.Kind)
 		}
+		if per[k] == nil {
+			per[k] = make([]join.RollupChange, 0, len(changes))
+		}
 		per[k] = append(per[k], rc)
 	}
 	muts := make([]join.Mutations, len(t.rollups))

@@ -617,7 +617,7 @@ type freshRun struct {
 	backfill time.Duration // from the start of run to the backfill's end
 	// before and after are Redis's memory before run and once caught up.
 	before, after memory
-	wideUsed float64 // w7Memory's
+	wideUsed      float64 // w7Memory's
 }
 
 // runToFresh starts fkmat run on joins never backfilled (their targets and
@@ -676,17 +676,7 @@ func (d *db) runToFreshFrom(what string, state *pgxpool.Pool) freshRun {
 	defer cancel()
 	var target string
 	poll := func(what string, done func() bool) time.Duration {
-		for !done() {
-			select {
-			case err := <-p.done:
-				d.b.Fatalf("fkmat run exited: %v\n%s", err, p.out)
-			default:
-			}
-			if ctx.Err() != nil {
-				d.b.Fatalf("%s\n%s", what, p.out)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		p.pollUntil(ctx, what, done)
 		return time.Since(p.start)
 	}
 	r.backfill = poll("the backfill did not end", func() bool {
@@ -736,20 +726,28 @@ func (d *db) waitCaught(p *daemon) time.Time {
 	if err := d.Pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target); err != nil {
 		d.b.Fatal(err)
 	}
-	for {
+	p.pollUntil(ctx, "not caught up with "+target, func() bool {
 		var ok bool
 		err := d.Pool.QueryRow(ctx, `SELECT coalesce((SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2), false)
 			AND coalesce((SELECT bool_and(phase = 'streaming') FROM fkmat.join_state WHERE slot = $2), false)`, target, d.Slot).Scan(&ok)
-		if err == nil && ok {
-			return time.Now()
-		}
+		return err == nil && ok
+	})
+	return time.Now()
+}
+
+// pollUntil checks done every 10 ms until it holds; the test fails, with
+// the daemon's output, when the daemon exits or ctx ends first (saying
+// what).
+func (p *daemon) pollUntil(ctx context.Context, what string, done func() bool) {
+	p.d.b.Helper()
+	for !done() {
 		select {
 		case err := <-p.done:
-			d.b.Fatalf("fkmat run exited: %v\n%s", err, p.out)
+			p.d.b.Fatalf("fkmat run exited: %v\n%s", err, p.out)
 		default:
 		}
 		if ctx.Err() != nil {
-			d.b.Fatalf("not caught up with %s\n%s", target, p.out)
+			p.d.b.Fatalf("%s\n%s", what, p.out)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

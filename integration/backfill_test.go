@@ -100,13 +100,9 @@ func TestBackfillConcurrentWrites(t *testing.T) {
 // holds the rows of several transactions and equals the SQL join.
 func TestBackfillInChunks(t *testing.T) {
 	tc := testenv.New(t)
+	sqlExec(t, tc, `CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`)
+	sqlExec(t, tc, partitionedOrders...)
 	sqlExec(t, tc,
-		`CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`,
-		`CREATE TABLE orders (id bigint, created date, customer_id bigint, amount numeric(12,2), note text,
-			PRIMARY KEY (id, created)) PARTITION BY RANGE (created)`,
-		`CREATE TABLE orders_2025 PARTITION OF orders FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`,
-		`CREATE TABLE orders_2026 PARTITION OF orders FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`,
-		`CREATE TABLE orders_default PARTITION OF orders DEFAULT`,
 		`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 300) g`,
 		`INSERT INTO orders SELECT g, CASE WHEN g % 10 = 0 THEN date '2025-03-01' WHEN g % 10 = 1 THEN date '2030-01-01' ELSE date '2026-02-01' END,
 			CASE WHEN g % 11 = 0 THEN NULL ELSE g % 330 END, g % 1000, repeat('n', g % 200) FROM generate_series(1, 30000) g`)

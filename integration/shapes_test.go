@@ -12,6 +12,16 @@ import (
 
 // partitionedYAML joins a range-partitioned orders (key: id and the
 // partition key created) to a hash-partitioned customers.
+// partitionedOrders creates orders partitioned by range of created: 2025,
+// 2026 and a default partition.
+var partitionedOrders = []string{
+	`CREATE TABLE orders (id bigint, created date, customer_id bigint, amount numeric(12,2), note text,
+		PRIMARY KEY (id, created)) PARTITION BY RANGE (created)`,
+	`CREATE TABLE orders_2025 PARTITION OF orders FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`,
+	`CREATE TABLE orders_2026 PARTITION OF orders FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`,
+	`CREATE TABLE orders_default PARTITION OF orders DEFAULT`,
+}
+
 const partitionedYAML = `
 joins:
   - name: orders_enriched
@@ -56,12 +66,8 @@ func TestPartitionedTables(t *testing.T) {
 				}
 			}
 			sqlExec(t, tc, customers...)
+			sqlExec(t, tc, partitionedOrders...)
 			sqlExec(t, tc,
-				`CREATE TABLE orders (id bigint, created date, customer_id bigint, amount numeric(12,2), note text,
-					PRIMARY KEY (id, created)) PARTITION BY RANGE (created)`,
-				`CREATE TABLE orders_2025 PARTITION OF orders FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')`,
-				`CREATE TABLE orders_2026 PARTITION OF orders FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`,
-				`CREATE TABLE orders_default PARTITION OF orders DEFAULT`,
 				`INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 30) g`,
 				`INSERT INTO orders SELECT g, date '2024-06-01' + (g * 7) % 1000, CASE WHEN g % 11 = 0 THEN NULL ELSE g % 33 END, g, 'n'
 					FROM generate_series(1, 300) g`)

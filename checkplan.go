@@ -100,7 +100,8 @@ const (
 // estimateBasis is RunPlan.Basis.
 const estimateBasis = "rows: max(pg_class.reltuples, n_live_tup); widths: pg_stats.avg_width (the type's length where a column was never analyzed); " +
 	"Redis: 14 B per row plus its columns, 4 B per reference plus its keys (make bench W4: 65 B per order row, 18 B per subscription); " +
-	"backfill: 900k rows and references per second, plus 0.5 s per join (make bench W4 1.1M/s, W7 0.6-1.1M/s, on 2 cores). " +
+	"a roll-up's results and accumulators per parent from its aggregates' widths (make bench W9); " +
+	"backfill: 900k rows and references per second, a roll-up's children counted three times (grouped again for the target and the results), plus 0.5 s per join (make bench W4 1.1M/s, W7 0.6-1.1M/s, on 2 cores). " +
 	"Expect the Redis estimate within 2x of the real state; the time varies with the machine"
 
 // Plan computes the RunPlan of cfg: which slot, publication, metadata
@@ -235,6 +236,11 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 		cols, refs [][]plan.SourceColumn // refs: per edge from this table, its FK columns
 		key        []plan.SourceColumn
 		tp         *plan.TablePlan
+		// rowBytes, when set, is a row's bytes (a roll-up's results and
+		// accumulators per parent); regroup says the backfill groups the
+		// table's rows twice more (the target's SQL, the results).
+		rowBytes int64
+		regroup  bool
 	}
 	var st []stateTable
 	if p.Edges == nil {
@@ -281,9 +287,25 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 			}
 			results := stateTable{name: "roll-up " + r.Table.Table.String() + " (results)", table: p.Left.Table, key: p.Left.Key,
 				cols: [][]plan.SourceColumn{slices.Concat(p.Left.Key, p.Left.Key)}, tp: &plan.TablePlan{}}
+			childWidths, _, err := columnWidths(ctx, source, r.Table.Table)
+			if err != nil {
+				return jc, err
+			}
+			children, err := tableRows(ctx, source, r.Table.Table)
+			if err != nil {
+				return jc, err
+			}
+			parents, err := tableRows(ctx, source, p.Left.Table)
+			if err != nil {
+				return jc, err
+			}
+			results.rowBytes = rowOverhead + 2*width(childWidths, r.Table.ForeignKey) +
+				rollupParentBytes(r, childWidths, float64(children)/float64(max(parents, 1)))
+			s.regroup = true
 			st = append(st, s, results)
 		}
 	}
+	var regrouped int64 // rows a roll-up's backfill groups again
 	for _, s := range st {
 		rows, err := tableRows(ctx, source, s.table)
 		if err != nil {
@@ -294,6 +316,9 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 			return jc, err
 		}
 		tc := TableCost{Table: s.name, Rows: rows, RowBytes: rowOverhead + width(widths, s.cols[0]), WidthSource: "pg_stats"}
+		if s.rowBytes > 0 {
+			tc.RowBytes = s.rowBytes
+		}
 		if !analyzed {
 			tc.WidthSource = "types"
 		}
@@ -316,12 +341,15 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 		jc.Tables = append(jc.Tables, tc)
 		jc.RedisBytes += tc.StateBytes
 		jc.BackfillRows += kept
+		if s.regroup {
+			regrouped += 2 * kept
+		}
 	}
 	var refs int64
 	for _, t := range jc.Tables {
 		refs += t.References
 	}
-	jc.BackfillSeconds = backfillSetup + float64(jc.BackfillRows+refs)/backfillEntriesPerSecond
+	jc.BackfillSeconds = backfillSetup + float64(jc.BackfillRows+refs+regrouped)/backfillEntriesPerSecond
 	return jc, nil
 }
 
@@ -379,6 +407,52 @@ func width(widths map[string]int64, cols []plan.SourceColumn) int64 {
 	}
 	return n
 }
+
+// rollupParentBytes estimates what roll-up r keeps per parent in Redis
+// besides its children, at perParent children per parent: its results as
+// a row of the tree's entry (each aggregate's value) and, in the parent's
+// state, its accumulators and the windows of its first children (min, max,
+// jsonb_agg … LIMIT n). widths are the child table's columns'. A
+// jsonb_agg element is its input's width plus jsonElementOverhead (a
+// computed input: to_jsonb of an expression, twice computedWidth).
+// Calibrated on make bench W9 (340 B of accumulators and windows, 260 B of
+// results per customer, for count, sum, max and the 5 latest as JSON).
+func rollupParentBytes(r *plan.RollupPlan, widths map[string]int64, perParent float64) int64 {
+	input := func(i int) int64 {
+		if r.Inputs[i].Expr != "" {
+			return 2 * computedWidth
+		}
+		return width(widths, r.Inputs[i:i+1])
+	}
+	var results, state int64
+	for _, a := range r.Aggregates {
+		switch a.Func {
+		case "count", "bool_and", "bool_or":
+			results, state = results+8, state+accumulatorBytes
+		case "sum", "avg":
+			results, state = results+input(a.Input)+4, state+2*accumulatorBytes
+		case "min", "max":
+			results, state = results+input(a.Input), state+input(a.Input)+memberBytes
+		case "jsonb_agg":
+			n := perParent
+			if a.Limit > 0 {
+				n = min(n, float64(a.Limit))
+				state += int64(n * float64(input(a.Input)+memberBytes))
+			}
+			results += int64(n * float64(input(a.Input)+jsonElementOverhead))
+		}
+	}
+	return results + state
+}
+
+// The pieces of rollupParentBytes: an accumulator's encoding, a window
+// member's order key and child key, and a JSON array element's separator
+// and the jsonb text's spaces.
+const (
+	accumulatorBytes    = 8
+	memberBytes         = 20
+	jsonElementOverhead = 4
+)
 
 // computedWidth is the width a computed column is estimated at.
 const computedWidth = 16

@@ -169,8 +169,12 @@ func (g *generated) fill(ctx context.Context, txns []*cdc.Txn) error {
 		return err
 	}
 	var pending map[*genTable][]pendingRow
+	changes := 0
 	for _, t := range txns {
-		if err := g.scan(t, &pending); err != nil {
+		changes += len(t.Changes)
+	}
+	for _, t := range txns {
+		if err := g.scan(t, &pending, changes); err != nil {
 			return err
 		}
 	}
@@ -178,8 +182,9 @@ func (g *generated) fill(ctx context.Context, txns []*cdc.Txn) error {
 }
 
 // scan extends t's changes on tables with generated columns, and adds the
-// rows whose values are computed to pending.
-func (g *generated) scan(t *cdc.Txn, pending *map[*genTable][]pendingRow) error {
+// rows whose values are computed to pending, each table's sized for the
+// batch's changes.
+func (g *generated) scan(t *cdc.Txn, pending *map[*genTable][]pendingRow, changes int) error {
 	for i := range t.Changes {
 		c := &t.Changes[i]
 		switch c.Kind {
@@ -211,7 +216,11 @@ func (g *generated) scan(t *cdc.Txn, pending *map[*genTable][]pendingRow) error 
 			if *pending == nil {
 				*pending = map[*genTable][]pendingRow{}
 			}
-			(*pending)[r.t] = append((*pending)[r.t], row)
+			rows := (*pending)[r.t]
+			if rows == nil {
+				rows = make([]pendingRow, 0, changes)
+			}
+			(*pending)[r.t] = append(rows, row)
 		}
 	}
 	return nil
@@ -245,6 +254,13 @@ func (g *generated) typedInputs(ctx context.Context, r *genRelation) ([]plan.Gen
 // a table's shape midway).
 func (g *generated) compute(ctx context.Context, pending map[*genTable][]pendingRow) error {
 	for tab, all := range pending {
+		if !slices.ContainsFunc(all, func(row pendingRow) bool { return row.r != all[0].r }) {
+			// One shape, as almost always: no copy by relation.
+			if err := g.computeRows(ctx, tab, all[0].r, all); err != nil {
+				return err
+			}
+			continue
+		}
 		byRel := map[*genRelation][]pendingRow{}
 		var order []*genRelation
 		for _, row := range all {

@@ -396,8 +396,9 @@ func insertChunk(ctx context.Context, conn *pgx.Conn, snapshot string, shadow *s
 
 // targetChunks splits table's rows into ranges of pages of about
 // chunkBytes each, as conditions on ctid (plan.FromSQLWhere); the last
-// range has no end. A partitioned table's ranges apply to each of its
-// leaf partitions, sized by the largest. The pages are counted after the
+// range has no end. A partitioned table's ranges would apply to each of
+// its leaf partitions, sized by the largest (loadTarget does not range a
+// join of partitioned tables). The pages are counted after the
 // snapshot was taken: a row the snapshot sees was written before it, in a
 // page that existed then, and the open last range covers any other.
 func targetChunks(ctx context.Context, source *pgxpool.Pool, table config.TableName, chunkBytes int64) ([]string, error) {

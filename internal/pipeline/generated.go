@@ -169,12 +169,8 @@ func (g *generated) fill(ctx context.Context, txns []*cdc.Txn) error {
 		return err
 	}
 	var pending map[*genTable][]pendingRow
-	changes := 0
 	for _, t := range txns {
-		changes += len(t.Changes)
-	}
-	for _, t := range txns {
-		if err := g.scan(t, &pending, changes); err != nil {
+		if err := g.scan(t, &pending); err != nil {
 			return err
 		}
 	}
@@ -182,9 +178,8 @@ func (g *generated) fill(ctx context.Context, txns []*cdc.Txn) error {
 }
 
 // scan extends t's changes on tables with generated columns, and adds the
-// rows whose values are computed to pending, each table's sized for the
-// batch's changes.
-func (g *generated) scan(t *cdc.Txn, pending *map[*genTable][]pendingRow, changes int) error {
+// rows whose values are computed to pending.
+func (g *generated) scan(t *cdc.Txn, pending *map[*genTable][]pendingRow) error {
 	for i := range t.Changes {
 		c := &t.Changes[i]
 		switch c.Kind {
@@ -216,11 +211,7 @@ func (g *generated) scan(t *cdc.Txn, pending *map[*genTable][]pendingRow, change
 			if *pending == nil {
 				*pending = map[*genTable][]pendingRow{}
 			}
-			rows := (*pending)[r.t]
-			if rows == nil {
-				rows = make([]pendingRow, 0, changes)
-			}
-			(*pending)[r.t] = append(rows, row)
+			(*pending)[r.t] = append((*pending)[r.t], row)
 		}
 	}
 	return nil
@@ -254,13 +245,6 @@ func (g *generated) typedInputs(ctx context.Context, r *genRelation) ([]plan.Gen
 // a table's shape midway).
 func (g *generated) compute(ctx context.Context, pending map[*genTable][]pendingRow) error {
 	for tab, all := range pending {
-		if !slices.ContainsFunc(all, func(row pendingRow) bool { return row.r != all[0].r }) {
-			// One shape, as almost always: no copy by relation.
-			if err := g.computeRows(ctx, tab, all[0].r, all); err != nil {
-				return err
-			}
-			continue
-		}
 		byRel := map[*genRelation][]pendingRow{}
 		var order []*genRelation
 		for _, row := range all {

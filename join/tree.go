@@ -570,9 +570,9 @@ func (a *treeApply) eval(ctx context.Context, t int, rows []*TreeRow, v view, ou
 		sat[i] = true
 	}
 	for j, c := range tr.children[t] {
-		keys := make([]Key, 0, len(rows))
+		var keys []Key
 		fks := make([]Key, len(rows))
-		seen := make(map[Key]bool, len(rows))
+		seen := map[Key]bool{}
 		for i, r := range rows {
 			k, err := tr.fkKey(t, r, j)
 			if err != nil {
@@ -588,13 +588,10 @@ func (a *treeApply) eval(ctx context.Context, t int, rows []*TreeRow, v view, ou
 		if err != nil {
 			return nil, err
 		}
-		idx := make([]int, 0, len(rows))
-		sub := make([]*TreeRow, 0, len(rows))
-		subOuts := make([][]Value, 0, len(rows))
+		var idx []int
+		var sub []*TreeRow
+		var subOuts [][]Value
 		var subPaths [][]Key
-		if paths != nil {
-			subPaths = make([][]Key, 0, len(rows))
-		}
 		for i, r := range rows {
 			if r == nil {
 				continue // the whole subtree is NULL already
@@ -665,24 +662,18 @@ func (a *treeApply) roots(ctx context.Context) error {
 // rootRows evaluates whole target rows for root rows in view v, and with
 // paths the key of the row each reaches at every table.
 func (a *treeApply) rootRows(ctx context.Context, rows []*TreeRow, v view, withPaths bool) ([][]Value, []bool, [][]Key, error) {
-	// One allocation for every row's values (and one for the paths), each
-	// row capped so that an append copies.
-	w, nt := a.tr.width, len(a.tr.spec.Tables)
 	outs := make([][]Value, len(rows))
-	vals := make([]Value, len(rows)*w)
 	var paths [][]Key
-	var keys []Key
 	if withPaths {
 		paths = make([][]Key, len(rows))
-		keys = make([]Key, len(rows)*nt)
 	}
 	for i, r := range rows {
-		outs[i] = vals[i*w : (i+1)*w : (i+1)*w]
+		outs[i] = make([]Value, a.tr.width)
 		if r != nil {
 			copy(outs[i], r.Key)
 		}
 		if withPaths {
-			paths[i] = keys[i*nt : (i+1)*nt : (i+1)*nt]
+			paths[i] = make([]Key, len(a.tr.spec.Tables))
 		}
 	}
 	sat, err := a.eval(ctx, 0, rows, v, outs, paths)

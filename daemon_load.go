@@ -843,9 +843,33 @@ func (l *loader) checkRaced(ctx context.Context, snapshot string) (map[uint32]le
 		names[i] = pgx.Identifier{t.Schema, t.Name}.Sanitize()
 	}
 	var leaves map[uint32]leaf
-	err := inSnapshot(ctx, l.source, snapshot, func(conn *pgx.Conn) error {
+	// The joined tables and their partitions, and the versions of their
+	// catalog rows: a partition attached, detached, dropped, created or
+	// truncated writes a new one. The snapshot's are compared with the
+	// current ones: the loads plan with the catalog of their own moment,
+	// so after such a change they may not have read the same partitions
+	// (a partition detached and attached back while one load ran, the
+	// others not, left rows in the target that the state did not have).
+	const versions = `
+		WITH RECURSIVE tree AS (
+			SELECT c.oid FROM pg_class c WHERE c.oid = ANY ($1::text[]::regclass[])
+			UNION ALL
+			SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid)
+		SELECT c.oid::regclass::text, c.xmin::text FROM tree JOIN pg_class c ON c.oid = tree.oid ORDER BY 1`
+	now, err := catalogVersions(ctx, l.source, versions, names)
+	if err != nil {
+		return nil, err
+	}
+	err = inSnapshot(ctx, l.source, snapshot, func(conn *pgx.Conn) error {
+		seen, err := catalogVersions(ctx, conn, versions, names)
+		if err != nil {
+			return err
+		}
+		if changed := changedVersion(seen, now); changed != "" {
+			return fmt.Errorf("%w: the catalog row of %s changed (partition DDL); backfilling again", errBackfillRaced, changed)
+		}
 		var raced *string
-		err := conn.QueryRow(ctx, `
+		err = conn.QueryRow(ctx, `
 			WITH RECURSIVE tree AS (
 				SELECT c.oid FROM pg_class c WHERE c.oid = ANY ($1::text[]::regclass[])
 				UNION ALL
@@ -865,6 +889,41 @@ func (l *loader) checkRaced(ctx context.Context, snapshot string) (map[uint32]le
 		return err
 	})
 	return leaves, err
+}
+
+// catalogVersions runs query (names: the tables) and returns its rows: a
+// relation's name and the version (xmin) of its catalog row.
+func catalogVersions(ctx context.Context, q querier, query string, names []string) (map[string]string, error) {
+	rows, err := q.Query(ctx, query, names)
+	if err != nil {
+		return nil, fmt.Errorf("check the joined tables after the backfill: %w", err)
+	}
+	out := map[string]string{}
+	var name, xmin string
+	_, err = pgx.ForEachRow(rows, []any{&name, &xmin}, func() error {
+		out[name] = xmin
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("check the joined tables after the backfill: %w", err)
+	}
+	return out, nil
+}
+
+// changedVersion returns a relation whose catalog row differs between two
+// catalogVersions (or is in one only), "" when none does.
+func changedVersion(a, b map[string]string) string {
+	for _, name := range slices.Sorted(maps.Keys(a)) {
+		if v, ok := b[name]; !ok || v != a[name] {
+			return name
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(b)) {
+		if _, ok := a[name]; !ok {
+			return name
+		}
+	}
+	return ""
 }
 
 func outputSources(cols []plan.OutputColumn) []plan.SourceColumn {

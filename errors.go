@@ -46,10 +46,11 @@ var errAuthentication = errors.New("authentication failed")
 // (unknown authority, wrong host name, expired).
 var errCertificate = errors.New("server certificate not accepted")
 
-// errBackfillRaced means a joined table was truncated or rewritten after
-// the slot's snapshot, while the backfill read it: TRUNCATE is not
-// MVCC-safe, so a read after it saw the table empty. The backfill is
-// retried.
+// errBackfillRaced means a joined table was truncated or rewritten, or a
+// partition of one attached, detached, dropped or created, after the
+// slot's snapshot, while the backfill read it: TRUNCATE is not MVCC-safe,
+// so a read after it saw the table empty, and each load plans with the
+// partitions of its own moment. The backfill is retried.
 var errBackfillRaced = errors.New("a joined table was truncated or rewritten while the backfill read it")
 
 // errTargetBusy means a reader of a target held it longer than the lock

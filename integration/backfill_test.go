@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fkmat/fkmat"
+	"github.com/fkmat/fkmat/internal/crash"
 	"github.com/fkmat/fkmat/internal/testenv"
 	"github.com/fkmat/fkmat/redisstore"
 )
@@ -154,6 +155,38 @@ func TestBackfillInChunks(t *testing.T) {
 	assertOracle(t, cfg)
 	d = startDaemon(t, cfg, opts)
 	sqlExec(t, tc, `DELETE FROM orders WHERE id % 13 = 0`)
+	waitCaughtUp(t, tc, d)
+	assertOracle(t, cfg)
+}
+
+// TestBackfillPartitionChurn: a partition of the left table detached and
+// attached back after the backfill's snapshot makes the loads plan with
+// another catalog than the snapshot's (a load planned while it was
+// detached misses its rows, one planned after does not): the backfill
+// starts again from a new snapshot, and the join ends equal to its SQL.
+func TestBackfillPartitionChurn(t *testing.T) {
+	tc := testenv.New(t)
+	sqlExec(t, tc, `CREATE TABLE customers (id bigint PRIMARY KEY, name text, tier text)`)
+	sqlExec(t, tc, partitionedOrders...)
+	sqlExec(t, tc, `INSERT INTO customers SELECT g, 'c' || g, 'silver' FROM generate_series(1, 50) g`,
+		`INSERT INTO orders SELECT g, date '2025-06-01' + g % 400, g % 60, g, 'n' FROM generate_series(1, 2000) g`)
+	cfg := daemonConfig(t, tc, partitionedYAML)
+	var starts atomic.Int32
+	crash.SetTestHook(func(at string, _ any) {
+		if at != "backfill: slot created" || starts.Add(1) != 1 {
+			return
+		}
+		// After the first backfill's snapshot, before its loads.
+		sqlExec(t, tc, `ALTER TABLE orders DETACH PARTITION orders_2026`,
+			`ALTER TABLE orders ATTACH PARTITION orders_2026 FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`)
+	})
+	t.Cleanup(func() { crash.SetTestHook(nil) })
+	d := startDaemon(t, cfg, fkmat.Options{})
+	waitCaughtUp(t, tc, d)
+	if n := starts.Load(); n < 2 {
+		t.Fatalf("the backfill started %d times: the partition changed after its snapshot, want it started again", n)
+	}
+	sqlExec(t, tc, `DELETE FROM orders WHERE id % 9 = 0`)
 	waitCaughtUp(t, tc, d)
 	assertOracle(t, cfg)
 }

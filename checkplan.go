@@ -236,9 +236,11 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 		cols, refs [][]plan.SourceColumn // refs: per edge from this table, its FK columns
 		key        []plan.SourceColumn
 		tp         *plan.TablePlan
-		// rowBytes, when set, is a row's bytes (a roll-up's results and
-		// accumulators per parent); regroup says the backfill groups the
-		// table's rows twice more (the target's SQL, the results).
+		// rollup, when set, is the roll-up whose results and accumulators
+		// per parent the table's rows are (rowBytes, rollupParentBytes);
+		// regroup says the backfill groups the table's rows twice more
+		// (the target's SQL, the results).
+		rollup   *plan.RollupPlan
 		rowBytes int64
 		regroup  bool
 	}
@@ -287,33 +289,46 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 			}
 			results := stateTable{name: "roll-up " + r.Table.Table.String() + " (results)", table: p.Left.Table, key: p.Left.Key,
 				cols: [][]plan.SourceColumn{slices.Concat(p.Left.Key, p.Left.Key)}, tp: &plan.TablePlan{}}
-			childWidths, _, err := columnWidths(ctx, source, r.Table.Table)
-			if err != nil {
-				return jc, err
-			}
-			children, err := tableRows(ctx, source, r.Table.Table)
-			if err != nil {
-				return jc, err
-			}
-			parents, err := tableRows(ctx, source, p.Left.Table)
-			if err != nil {
-				return jc, err
-			}
-			results.rowBytes = rowOverhead + 2*width(childWidths, r.Table.ForeignKey) +
-				rollupParentBytes(r, childWidths, float64(children)/float64(max(parents, 1)))
-			s.regroup = true
+			results.rollup, s.regroup = r, true
 			st = append(st, s, results)
 		}
 	}
+	// Each table's rows and column widths, read once.
+	type tableStats struct {
+		rows     int64
+		widths   map[string]int64
+		analyzed bool
+	}
+	stats := map[config.TableName]*tableStats{}
+	statsOf := func(t config.TableName) (*tableStats, error) {
+		if ts := stats[t]; ts != nil {
+			return ts, nil
+		}
+		rows, err := tableRows(ctx, source, t)
+		if err != nil {
+			return nil, err
+		}
+		widths, analyzed, err := columnWidths(ctx, source, t)
+		if err != nil {
+			return nil, err
+		}
+		stats[t] = &tableStats{rows: rows, widths: widths, analyzed: analyzed}
+		return stats[t], nil
+	}
 	var regrouped int64 // rows a roll-up's backfill groups again
 	for _, s := range st {
-		rows, err := tableRows(ctx, source, s.table)
+		ts, err := statsOf(s.table)
 		if err != nil {
 			return jc, err
 		}
-		widths, analyzed, err := columnWidths(ctx, source, s.table)
-		if err != nil {
-			return jc, err
+		rows, widths, analyzed := ts.rows, ts.widths, ts.analyzed
+		if r := s.rollup; r != nil {
+			children, err := statsOf(r.Table.Table)
+			if err != nil {
+				return jc, err
+			}
+			s.rowBytes = rowOverhead + 2*width(children.widths, r.Table.ForeignKey) +
+				rollupParentBytes(r, children.widths, float64(children.rows)/float64(max(rows, 1)))
 		}
 		tc := TableCost{Table: s.name, Rows: rows, RowBytes: rowOverhead + width(widths, s.cols[0]), WidthSource: "pg_stats"}
 		if s.rowBytes > 0 {

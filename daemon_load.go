@@ -294,36 +294,13 @@ func (l *loader) loadTarget(ctx context.Context, snapshot string, p *plan.JoinPl
 	if l.cfg.Target != l.cfg.Source {
 		return l.copyTarget(ctx, snapshot, p, t)
 	}
-	// Ranges of pages run in transactions of their own, each planned with
-	// the partitions of its own moment: a partition detached at the
-	// snapshot and attached back before a range would bring rows the
-	// snapshot's join has not (seen in the fault injection's partition
-	// churn). One statement reads the snapshot's join of a partitioned
-	// table, as it did, and a join with roll-ups groups once.
-	partitioned, err := joinPartitioned(ctx, l.source, p)
-	if err != nil {
-		return err
-	}
-	ranged := !partitioned && len(p.Rollups) == 0
+	// A join with roll-ups is filled in one statement: each range would
+	// group every child again.
+	ranged := len(p.Rollups) == 0
 	if l.streaming && !ranged {
 		return l.chunkTarget(ctx, snapshot, p, t)
 	}
 	return l.insertTarget(ctx, snapshot, p, t, ranged)
-}
-
-// joinPartitioned says whether a table of p is partitioned.
-func joinPartitioned(ctx context.Context, source *pgxpool.Pool, p *plan.JoinPlan) (bool, error) {
-	var names []string
-	for _, t := range publishedTables([]*plan.JoinPlan{p}) {
-		names = append(names, pgx.Identifier{t.Schema, t.Name}.Sanitize())
-	}
-	var partitioned bool
-	err := source.QueryRow(ctx, `SELECT coalesce(bool_or(relkind = 'p'), false) FROM pg_class WHERE oid = ANY ($1::text[]::regclass[])`,
-		names).Scan(&partitioned)
-	if err != nil {
-		return false, fmt.Errorf("join %q: look up its partitioned tables: %w", p.Name, err)
-	}
-	return partitioned, nil
 }
 
 // DefaultTargetChunkBytes bounds the rows one transaction of insertTarget
@@ -342,9 +319,10 @@ const DefaultTargetChunkBytes = 16 << 20
 // join's stream 2.1-2.5 s to decode after the backfill, 1.1-1.3 s in
 // transactions of DefaultTargetChunkBytes. So the shadow is filled a range
 // of the left table's pages at a time (targetChunks), each range in its
-// own transaction that imports the snapshot and commits (ranged). A join
-// with roll-ups or partitioned tables takes one transaction (or
-// chunkTarget's, beside running joins): see loadTarget.
+// own transaction that imports the snapshot and commits (ranged; each
+// plans with the partitions of its own moment, which checkRaced compares
+// with the snapshot's). A join with roll-ups takes one transaction (or
+// chunkTarget's, beside running joins).
 func (l *loader) insertTarget(ctx context.Context, snapshot string, p *plan.JoinPlan, t *task, ranged bool) error {
 	shadow := sink.ShadowOf(&p.Target)
 	chunks := []string{""}
@@ -396,9 +374,8 @@ func insertChunk(ctx context.Context, conn *pgx.Conn, snapshot string, shadow *s
 
 // targetChunks splits table's rows into ranges of pages of about
 // chunkBytes each, as conditions on ctid (plan.FromSQLWhere); the last
-// range has no end. A partitioned table's ranges would apply to each of
-// its leaf partitions, sized by the largest (loadTarget does not range a
-// join of partitioned tables). The pages are counted after the
+// range has no end. A partitioned table's ranges apply to each of its leaf
+// partitions, sized by the largest. The pages are counted after the
 // snapshot was taken: a row the snapshot sees was written before it, in a
 // page that existed then, and the open last range covers any other.
 func targetChunks(ctx context.Context, source *pgxpool.Pool, table config.TableName, chunkBytes int64) ([]string, error) {
@@ -824,15 +801,16 @@ func stateSizes(ctx context.Context, source *pgxpool.Pool, p *plan.JoinPlan) []r
 	return out
 }
 
-// checkRaced runs after the loads, on the backfill's snapshot: a relation
-// whose storage (relfilenode) as the snapshot sees it is not its current
-// one was truncated or rewritten after the snapshot, maybe before a load
-// read it, and the load may have seen it empty. It takes no lock (a lock
-// held across the loads would queue a TRUNCATE ahead of the loads' own
-// locks and hang them), so a rewrite that keeps the rows (VACUUM FULL)
-// also counts: the backfill is simply redone. It returns the leaf
-// partitions as the snapshot sees them, the ones the loads read, for the
-// daemon to compare later ones with.
+// checkRaced runs after the loads, on the backfill's snapshot: a joined
+// table or partition whose catalog row as the snapshot sees it is not its
+// current one (catalogVersions) was truncated, rewritten, dropped,
+// attached or detached after the snapshot, maybe while the loads read it.
+// It takes no lock (a lock held across the loads would queue such DDL
+// ahead of the loads' own locks and hang them), so a change that moved no
+// rows (VACUUM FULL, a partition detached and attached back) also counts:
+// the backfill is simply redone. It returns the leaf partitions as the
+// snapshot sees them, the ones the loads read, for the daemon to compare
+// later ones with.
 func (l *loader) checkRaced(ctx context.Context, snapshot string) (map[uint32]leaf, error) {
 	var tables []config.TableName
 	for _, t := range publishedTables(plansOf(l.joins)) {
@@ -843,44 +821,20 @@ func (l *loader) checkRaced(ctx context.Context, snapshot string) (map[uint32]le
 		names[i] = pgx.Identifier{t.Schema, t.Name}.Sanitize()
 	}
 	var leaves map[uint32]leaf
-	// The joined tables and their partitions, and the versions of their
-	// catalog rows: a partition attached, detached, dropped, created or
-	// truncated writes a new one. The snapshot's are compared with the
-	// current ones: the loads plan with the catalog of their own moment,
-	// so after such a change they may not have read the same partitions
-	// (a partition detached and attached back while one load ran, the
-	// others not, left rows in the target that the state did not have).
-	const versions = `
-		WITH RECURSIVE tree AS (
-			SELECT c.oid FROM pg_class c WHERE c.oid = ANY ($1::text[]::regclass[])
-			UNION ALL
-			SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid)
-		SELECT c.oid::regclass::text, c.xmin::text FROM tree JOIN pg_class c ON c.oid = tree.oid ORDER BY 1`
-	now, err := catalogVersions(ctx, l.source, versions, names)
+	now, err := catalogVersions(ctx, l.source, names)
 	if err != nil {
 		return nil, err
 	}
 	err = inSnapshot(ctx, l.source, snapshot, func(conn *pgx.Conn) error {
-		seen, err := catalogVersions(ctx, conn, versions, names)
+		seen, err := catalogVersions(ctx, conn, names)
 		if err != nil {
 			return err
 		}
-		if changed := changedVersion(seen, now); changed != "" {
-			return fmt.Errorf("%w: the catalog row of %s changed (partition DDL); backfilling again", errBackfillRaced, changed)
-		}
-		var raced *string
-		err = conn.QueryRow(ctx, `
-			WITH RECURSIVE tree AS (
-				SELECT c.oid FROM pg_class c WHERE c.oid = ANY ($1::text[]::regclass[])
-				UNION ALL
-				SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid)
-			SELECT min(c.oid::regclass::text) FROM tree JOIN pg_class c ON c.oid = tree.oid
-			WHERE c.relkind = 'r' AND c.relfilenode IS DISTINCT FROM pg_relation_filenode(c.oid)`, names).Scan(&raced)
-		if err != nil {
-			return fmt.Errorf("check the joined tables after the backfill: %w", err)
-		}
-		if raced != nil {
-			return fmt.Errorf("%w: %s; backfilling again", errBackfillRaced, *raced)
+		for _, oid := range slices.Sorted(maps.Keys(seen)) {
+			if v, ok := now[oid]; !ok || v.xmin != seen[oid].xmin {
+				return fmt.Errorf("%w: %s was truncated, rewritten, dropped, attached or detached; backfilling again",
+					errBackfillRaced, seen[oid].name)
+			}
 		}
 		leaves, err = readLeaves(ctx, conn, tables)
 		if catalogRaced(err) {
@@ -891,39 +845,40 @@ func (l *loader) checkRaced(ctx context.Context, snapshot string) (map[uint32]le
 	return leaves, err
 }
 
-// catalogVersions runs query (names: the tables) and returns its rows: a
-// relation's name and the version (xmin) of its catalog row.
-func catalogVersions(ctx context.Context, q querier, query string, names []string) (map[string]string, error) {
-	rows, err := q.Query(ctx, query, names)
+// catalogVersion is a relation's name and the version (xmin) of its
+// catalog row.
+type catalogVersion struct{ name, xmin string }
+
+// catalogVersions returns the catalog rows of the tables names and of
+// their partitions, by OID, as q sees them. TRUNCATE, a rewrite, ATTACH
+// and DETACH write a new version of a relation's row; ANALYZE and VACUUM
+// change it in place. A load plans with the catalog of its own moment, not
+// the snapshot's: after such a change since the snapshot, the loads may
+// not have read the same rows (a partition detached and attached back
+// while one of them ran), or read a truncated table empty. A partition
+// created or attached since is not in the snapshot's: it brings no rows,
+// or the partition check follows the rows it brought.
+func catalogVersions(ctx context.Context, q querier, names []string) (map[uint32]catalogVersion, error) {
+	rows, err := q.Query(ctx, `
+		WITH RECURSIVE tree AS (
+			SELECT c.oid FROM pg_class c WHERE c.oid = ANY ($1::text[]::regclass[])
+			UNION ALL
+			SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid)
+		SELECT c.oid, c.oid::regclass::text, c.xmin::text FROM tree JOIN pg_class c ON c.oid = tree.oid`, names)
 	if err != nil {
 		return nil, fmt.Errorf("check the joined tables after the backfill: %w", err)
 	}
-	out := map[string]string{}
-	var name, xmin string
-	_, err = pgx.ForEachRow(rows, []any{&name, &xmin}, func() error {
-		out[name] = xmin
+	out := map[uint32]catalogVersion{}
+	var oid uint32
+	var v catalogVersion
+	_, err = pgx.ForEachRow(rows, []any{&oid, &v.name, &v.xmin}, func() error {
+		out[oid] = v
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("check the joined tables after the backfill: %w", err)
 	}
 	return out, nil
-}
-
-// changedVersion returns a relation whose catalog row differs between two
-// catalogVersions (or is in one only), "" when none does.
-func changedVersion(a, b map[string]string) string {
-	for _, name := range slices.Sorted(maps.Keys(a)) {
-		if v, ok := b[name]; !ok || v != a[name] {
-			return name
-		}
-	}
-	for _, name := range slices.Sorted(maps.Keys(b)) {
-		if _, ok := a[name]; !ok {
-			return name
-		}
-	}
-	return ""
 }
 
 func outputSources(cols []plan.OutputColumn) []plan.SourceColumn {

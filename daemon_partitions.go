@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -248,9 +249,9 @@ type partitionWatcher struct {
 	mu      sync.Mutex
 	known   map[uint32]leaf // nil until a check recorded them
 	pending map[uint32]pendingStorage
-	// moves are the partitioned tables whose partitions moved rows, by
-	// name, with the position at which that was first seen.
-	moves map[string]wal.LSN
+	// moves are the partitioned tables whose partitions moved rows and
+	// are not followed yet, by name.
+	moves map[string]moveSeen
 	// awaiting is the source WAL position the pipeline must have applied
 	// before the slot is cleared again: past the last move written.
 	awaiting wal.LSN
@@ -264,6 +265,34 @@ type partitionWatcher struct {
 func (d *daemon) partitionWatcher(applied func() wal.LSN) *partitionWatcher {
 	return &partitionWatcher{cfg: d.cfg, log: d.log, interval: d.opts.PartitionCheckInterval, source: d.source, target: d.target,
 		plans: d.plans, joins: d.joins, obs: d.obs, switching: &d.switching, applied: applied}
+}
+
+// moveSeen is when a partitioned table's unfollowed partition changes were
+// seen as they are: at is a source WAL position after the last of them
+// committed, leaves its partitions then (leavesOf).
+type moveSeen struct {
+	at     wal.LSN
+	leaves string
+}
+
+// leavesOf describes the leaves of parent in leaves: which relations, on
+// which storage, attached by which transactions, within which bounds. Every
+// partition change that moves rows changes it.
+func leavesOf(leaves map[uint32]leaf, parent string) string {
+	var b strings.Builder
+	for _, oid := range slices.Sorted(maps.Keys(leaves)) {
+		if l := leaves[oid]; l.parent == parent {
+			fmt.Fprintf(&b, "%d %s %s %s;", oid, fmtPtr(l.relfilenode), fmtPtr(l.attached), fmtPtr(l.bound))
+		}
+	}
+	return b.String()
+}
+
+func fmtPtr[T any](p *T) string {
+	if p == nil {
+		return "-"
+	}
+	return fmt.Sprint(*p)
 }
 
 type pendingStorage struct {
@@ -320,11 +349,12 @@ func (w *partitionWatcher) check(ctx context.Context, at catalogRead) error {
 		}
 	}
 	if len(moves) > 0 {
-		// A change seen was committed before at.after.
-		done, err := w.followMoves(ctx, moves, at.after)
+		done, err := w.followMoves(ctx, moves, at)
 		if err != nil || !done {
 			return err
 		}
+	} else {
+		clear(w.moves)
 	}
 	if err := w.saveLeaves(ctx, known, next); err != nil {
 		return err
@@ -417,19 +447,33 @@ func (w *partitionWatcher) compare(ctx context.Context, known map[uint32]leaf, a
 }
 
 // followMoves follows the moves of rows, once the pipeline has applied
-// everything committed before each was first seen; it reports whether it
-// did.
-func (w *partitionWatcher) followMoves(ctx context.Context, moves map[string]*pendingMove, seenAt wal.LSN) (bool, error) {
+// everything committed before each table's partition changes were seen in
+// the catalog read at; it reports whether it did.
+//
+// The wait is for the last change, not the first: a table's changes are
+// followed together, by the state's keys and the table's rows, and a
+// transaction committed between two of them that the state does not hold
+// yet would be applied after the move, bringing back rows the second change
+// took (a partition detached, emptied, and attached back).
+func (w *partitionWatcher) followMoves(ctx context.Context, moves map[string]*pendingMove, at catalogRead) (bool, error) {
 	if w.moves == nil {
-		w.moves = map[string]wal.LSN{}
+		w.moves = map[string]moveSeen{}
+	}
+	for parent := range w.moves {
+		if moves[parent] == nil {
+			delete(w.moves, parent) // nothing to follow any more
+		}
 	}
 	ready := true
 	for parent := range moves {
-		first, ok := w.moves[parent]
-		if !ok {
-			w.moves[parent], first = seenAt, seenAt
+		// A change seen was committed before at.after.
+		now := leavesOf(at.leaves, parent)
+		seen, ok := w.moves[parent]
+		if !ok || seen.leaves != now {
+			seen = moveSeen{at: at.after, leaves: now}
+			w.moves[parent] = seen
 		}
-		if w.applied() < first {
+		if w.applied() < seen.at {
 			ready = false
 		}
 	}

@@ -329,6 +329,7 @@ func (f *faultRun) killAt(moment string, delay time.Duration) {
 		f.pendingKills++
 	}
 	f.p.kill()
+	f.w.note("killed (" + moment + ")")
 	f.kills[moment]++
 	f.restart()
 }
@@ -494,6 +495,8 @@ func (f *faultRun) inject(k faultKind) {
 	// Longer than the clients' read timeouts (go-redis: 3 s, retried 3
 	// times), sometimes longer than all the retries.
 	pauseFor := 4*time.Second + time.Duration(f.r.IntN(7000))*time.Millisecond
+	f.w.note("fault " + faultNames[k])
+	defer f.w.note(faultNames[k] + " done")
 	if k != faultLostRefuse {
 		f.p.mustRun("before " + faultNames[k])
 	}
@@ -736,6 +739,9 @@ func faultInjection(t *testing.T, shape string, ops int, cluster bool) {
 			path := filepath.Join(os.TempDir(), fmt.Sprintf("fkmat-fault-%d.log", seed))
 			if err := os.WriteFile(path, []byte(f.logs.String()), 0o644); err == nil {
 				t.Logf("the log of every daemon process of the run: %s", path)
+			}
+			if err := os.WriteFile(path+".journal", []byte(strings.Join(f.w.journal, "\n")+"\n"), 0o644); err == nil {
+				t.Logf("its statements other than single-row changes, and its faults, with times and WAL positions: %s.journal", path)
 			}
 		}
 	}()

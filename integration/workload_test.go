@@ -153,6 +153,15 @@ type workload struct {
 	// counts counts the changes generated, by singleOps name and by kind
 	// of step.
 	counts map[string]int
+	// journal lists the statements run other than single-row changes,
+	// and the faults (note), with times and WAL positions: a failed fault
+	// run writes it beside its log.
+	journal []string
+}
+
+// note adds an event to the journal.
+func (w *workload) note(event string) {
+	w.journal = append(w.journal, time.Now().UTC().Format("15:04:05.000")+" "+event)
 }
 
 func newWorkload(tc *testenv.Case, seed uint64) *workload {
@@ -429,6 +438,11 @@ func (w *workload) exec(t *testing.T, q string, kind opKind) {
 		_, err := w.tc.Pool.Exec(ctx, q)
 		cancel()
 		if err == nil {
+			if kind != opSingle {
+				var lsn string
+				_ = w.tc.Pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn)
+				w.note(fmt.Sprintf("wal %s after: %.300s", lsn, q))
+			}
 			w.ops++
 			w.last = kind
 			return

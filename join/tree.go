@@ -628,10 +628,21 @@ func (a *treeApply) roots(ctx context.Context) error {
 	page := a.tr.spec.PageSize
 	for start := 0; start < len(keys); start += page {
 		part := keys[start:min(start+page, len(keys))]
+		// The target row of a root row that is gone is deleted without
+		// evaluating what it was: deleting a key the target does not hold
+		// changes nothing, and the evaluation would read every entry's
+		// rows. The old row is evaluated where a new one may equal it.
 		olds := make([]*TreeRow, len(part))
 		news := make([]*TreeRow, len(part))
+		var out Output
 		for i, k := range part {
-			olds[i], news[i] = changed[k].old, changed[k].new
+			ch := changed[k]
+			news[i] = ch.new
+			if ch.new != nil {
+				olds[i] = ch.old
+			} else if ch.old != nil {
+				out.Deletes = append(out.Deletes, ch.old.Key)
+			}
 		}
 		oldOut, oldSat, _, err := a.rootRows(ctx, olds, before, false)
 		if err != nil {
@@ -641,7 +652,6 @@ func (a *treeApply) roots(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		var out Output
 		for i := range part {
 			had := olds[i] != nil && oldSat[i]
 			has := news[i] != nil && newSat[i]

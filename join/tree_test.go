@@ -20,6 +20,8 @@ type treeStore struct {
 	rows  []map[join.Key]join.TreeRow
 	refs  []map[join.Key]map[join.Key]bool // refs[e][parent][child]
 	reads int
+	// rowReads counts the GetRows calls by table.
+	rowReads map[int]int
 }
 
 func newTreeStore(n int) *treeStore {
@@ -32,6 +34,10 @@ func newTreeStore(n int) *treeStore {
 
 func (s *treeStore) GetRows(_ context.Context, t int, keys []join.Key) (map[join.Key]join.TreeRow, error) {
 	s.reads++
+	if s.rowReads == nil {
+		s.rowReads = map[int]int{}
+	}
+	s.rowReads[t]++
 	out := map[join.Key]join.TreeRow{}
 	for _, k := range keys {
 		if r, ok := s.rows[t][k]; ok {
@@ -530,4 +536,57 @@ func (t tree) String() string {
 		s += fmt.Sprintf("[%d %s from %d]", i, t.typ[i], p)
 	}
 	return s
+}
+
+// TestTreeRootDeleteReadsNoEntry: a root row deleted is deleted from the
+// target without evaluating the row it was, which would read a row of
+// every entry (a TPC-H refresh deletes thousands of lineitems at a time).
+func TestTreeRootDeleteReadsNoEntry(t *testing.T) {
+	ctx := context.Background()
+	spec := join.TreeSpec{Name: "chain", Tables: []join.TreeTable{
+		{Key: []join.Family{join.FamilyInt}, Values: 1, From: -1},
+		{Key: []join.Family{join.FamilyInt}, Values: 1, From: 0, Type: join.Inner},
+		{Key: []join.Family{join.FamilyInt}, Values: 1, From: 1, Type: join.Left},
+	}}
+	tree, err := join.NewTree(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := func(s string) []join.Value { return []join.Value{join.TextValue(s)} }
+	row := func(key, val string, fks ...string) join.TreeRow {
+		r := join.TreeRow{Key: text(key), Values: text(val)}
+		for _, fk := range fks {
+			r.FKs = append(r.FKs, text(fk))
+		}
+		return r
+	}
+	store := newTreeStore(len(spec.Tables))
+	target := &treeTarget{rows: map[join.Key]join.Row{}}
+	apply := func(changes ...join.TreeChange) {
+		t.Helper()
+		m, err := tree.Apply(ctx, store, changes, func(_ context.Context, o join.Output) error {
+			return target.apply(o, spec.Tables[0].Key)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := store.apply(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply(join.TreeChange{Table: 2, Kind: join.TreeUpsert, Row: row("100", "nation")},
+		join.TreeChange{Table: 1, Kind: join.TreeUpsert, Row: row("10", "order", "100")},
+		join.TreeChange{Table: 0, Kind: join.TreeUpsert, Row: row("1", "lineitem", "10")},
+		join.TreeChange{Table: 0, Kind: join.TreeUpsert, Row: row("2", "lineitem", "10")})
+	if len(target.rows) != 2 {
+		t.Fatalf("target holds %d rows, want 2", len(target.rows))
+	}
+	clear(store.rowReads)
+	apply(join.TreeChange{Table: 0, Kind: join.TreeDelete, Row: join.TreeRow{Key: text("1")}})
+	if len(target.rows) != 1 {
+		t.Fatalf("target holds %d rows after the delete, want 1", len(target.rows))
+	}
+	if n := store.rowReads[1] + store.rowReads[2]; n != 0 {
+		t.Fatalf("deleting a root row read the entries' rows %d times (%v), want 0", n, store.rowReads)
+	}
 }

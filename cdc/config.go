@@ -29,8 +29,15 @@ const (
 	DefaultStandbyInterval = 10 * time.Second
 	DefaultChunkChanges    = 10_000
 	DefaultChunkBytes      = 16 << 20
-	DefaultQueueChanges    = 30_000
-	DefaultQueueBytes      = 64 << 20
+	// The queue holds about one batch of the pipeline's (10k changes).
+	// Decoded changes are dense in pointers, and everything queued is
+	// marked by each garbage collection: with 30k changes and 64 MB,
+	// fkmat's live heap during W7's TPC-H refresh stream was 135-155 MB
+	// against its 192 MB memory limit, and collecting took half its CPU.
+	// At 10k and 16 MB it used 23% less CPU there, and W1's catch-up did
+	// not slow down.
+	DefaultQueueChanges    = 10_000
+	DefaultQueueBytes      = 16 << 20
 	DefaultConnectTimeout  = 30 * time.Second
 	DefaultBackoffMin      = 500 * time.Millisecond
 	DefaultBackoffMax      = 30 * time.Second

@@ -353,8 +353,6 @@ func (w *partitionWatcher) check(ctx context.Context, at catalogRead) error {
 		if err != nil || !done {
 			return err
 		}
-	} else {
-		clear(w.moves)
 	}
 	if err := w.saveLeaves(ctx, known, next); err != nil {
 		return err
@@ -459,14 +457,13 @@ func (w *partitionWatcher) followMoves(ctx context.Context, moves map[string]*pe
 	if w.moves == nil {
 		w.moves = map[string]moveSeen{}
 	}
-	for parent := range w.moves {
-		if moves[parent] == nil {
-			delete(w.moves, parent) // nothing to follow any more
-		}
-	}
 	ready := true
 	for parent := range moves {
-		// A change seen was committed before at.after.
+		// A change seen was committed before at.after. A table kept from
+		// an earlier read keeps its position while its leaves are the
+		// same, also across reads that did not call for its move (a
+		// partition truncated on its own is judged anew every other
+		// read: checkStorage).
 		now := leavesOf(at.leaves, parent)
 		seen, ok := w.moves[parent]
 		if !ok || seen.leaves != now {

@@ -47,8 +47,8 @@ var errAuthentication = errors.New("authentication failed")
 var errCertificate = errors.New("server certificate not accepted")
 
 // errBackfillRaced means a joined table was truncated or rewritten, or a
-// partition of one attached, detached, dropped or created, after the
-// slot's snapshot, while the backfill read it: TRUNCATE is not MVCC-safe,
+// partition of one attached, detached or dropped, after the slot's
+// snapshot, while the backfill read it: TRUNCATE is not MVCC-safe,
 // so a read after it saw the table empty, and each load plans with the
 // partitions of its own moment. The backfill is retried.
 var errBackfillRaced = errors.New("a joined table was truncated or rewritten while the backfill read it")

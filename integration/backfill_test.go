@@ -176,9 +176,17 @@ func TestBackfillPartitionChurn(t *testing.T) {
 		if at != "backfill: slot created" || starts.Add(1) != 1 {
 			return
 		}
-		// After the first backfill's snapshot, before its loads.
-		sqlExec(t, tc, `ALTER TABLE orders DETACH PARTITION orders_2026`,
-			`ALTER TABLE orders ATTACH PARTITION orders_2026 FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`)
+		// After the first backfill's snapshot, before its loads. The hook
+		// runs on the daemon's goroutine: no t.Fatal here.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, q := range []string{`ALTER TABLE orders DETACH PARTITION orders_2026`,
+			`ALTER TABLE orders ATTACH PARTITION orders_2026 FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`} {
+			if _, err := tc.Pool.Exec(ctx, q); err != nil {
+				t.Errorf("%s: %v", q, err)
+				return
+			}
+		}
 	})
 	t.Cleanup(func() { crash.SetTestHook(nil) })
 	d := startDaemon(t, cfg, fkmat.Options{})

@@ -440,7 +440,9 @@ func (w *workload) exec(t *testing.T, q string, kind opKind) {
 		if err == nil {
 			if kind != opSingle {
 				var lsn string
-				_ = w.tc.Pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn)
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_ = w.tc.Pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn)
+				cancel()
 				w.note(fmt.Sprintf("wal %s after: %.300s", lsn, q))
 			}
 			w.ops++

@@ -331,11 +331,17 @@ const (
 var errInjected = errors.New("injected stop between shards")
 
 // apply runs the second step of rd on every shard and returns the
-// subscriptions the shards' ZADDs added minus those their ZREMs removed.
-// It fails with ErrLost when a shard is neither at the write before rd nor
-// at rd. It is idempotent: a shard that has rd already is left alone, so it
-// retries the shards whose script failed (a slot moving, a failover).
-func (s *Store) apply(ctx context.Context, rd *redo) (int64, error) {
+// subscriptions the shards' ZADDs added minus those their ZREMs removed,
+// and whether that count is exact. It fails with ErrLost when a shard is
+// neither at the write before rd nor at rd. It is idempotent: a shard that
+// has rd already is left alone, so it retries the shards whose script
+// failed (a slot moving, a failover).
+//
+// A shard found at rd already counts nothing, and makes the count inexact:
+// its script ran before, in a round whose reply was lost (a read that timed
+// out while a slot migrated, a connection cut), or in an earlier process
+// (Resume). Its subscriptions are then unknown here.
+func (s *Store) apply(ctx context.Context, rd *redo) (delta int64, exact bool, err error) {
 	n := s.keys.shards.n
 	pending := make([]int, 0, n)
 	for i := range n {
@@ -345,8 +351,8 @@ func (s *Store) apply(ctx context.Context, rd *redo) (int64, error) {
 		pending = append(pending, i)
 	}
 	injected := len(pending) < n
+	exact = true
 	var (
-		delta   int64
 		lost    []string
 		lastErr error
 		noSha   = map[int]bool{}
@@ -357,12 +363,12 @@ func (s *Store) apply(ctx context.Context, rd *redo) (int64, error) {
 	)
 	for attempt := 0; len(pending) > 0; attempt++ {
 		if attempt == applyAttempts {
-			return delta, fmt.Errorf("apply write %s to the shards: %d shards failed %d times, last: %w", rd.cur, len(pending), attempt, lastErr)
+			return delta, false, fmt.Errorf("apply write %s to the shards: %d shards failed %d times, last: %w", rd.cur, len(pending), attempt, lastErr)
 		}
 		if attempt > 0 {
 			select {
 			case <-ctx.Done():
-				return delta, fmt.Errorf("apply write %s to the shards: %w", rd.cur, ctx.Err())
+				return delta, false, fmt.Errorf("apply write %s to the shards: %w", rd.cur, ctx.Err())
 			case <-time.After(applyBackoff * time.Duration(min(attempt, 10))):
 			}
 		}
@@ -406,6 +412,7 @@ func (s *Store) apply(ctx context.Context, rd *redo) (int64, error) {
 				d, _ := res[1].(int64)
 				delta += d
 			case 1:
+				exact = false
 			default:
 				found, _ := res[1].(string)
 				if found == "" {
@@ -418,13 +425,13 @@ func (s *Store) apply(ctx context.Context, rd *redo) (int64, error) {
 	}
 	if len(lost) > 0 {
 		slices.Sort(lost)
-		return delta, fmt.Errorf("%w: the meta hash is at write %s, but %s", ErrLost, cp(rd.epoch, rd.cur),
+		return delta, false, fmt.Errorf("%w: the meta hash is at write %s, but %s", ErrLost, cp(rd.epoch, rd.cur),
 			strings.Join(lost[:min(len(lost), 4)], ", ")+more(len(lost)-4))
 	}
 	if injected {
-		return delta, errInjected
+		return delta, false, errInjected
 	}
-	return delta, nil
+	return delta, exact, nil
 }
 
 // applyRound sends one round of apply's scripts, queue(p, j) adding the
@@ -518,7 +525,7 @@ func (s *Store) resumeLocked(ctx context.Context) error {
 	}
 	// The subscriptions a redo applied only now adds are in the count
 	// already: it was planned in the meta MULTI of the write.
-	if _, err := s.apply(ctx, rd); err != nil {
+	if _, _, err := s.apply(ctx, rd); err != nil {
 		if errors.Is(err, ErrLost) {
 			s.mu.Lock()
 			s.broken = err
@@ -581,12 +588,13 @@ func (s *Store) resumeOnceLocked(ctx context.Context) error {
 
 // finishUnit runs the second step of rd (nil: the write touched no shard)
 // after its first step succeeded, and returns the subscriptions it added,
-// net. A failure leaves the redo record for the next write or Resume.
-func (s *Store) finishUnit(ctx context.Context, rd *redo) (int64, error) {
+// net, and whether that count is exact (see apply). A failure leaves the
+// redo record for the next write or Resume.
+func (s *Store) finishUnit(ctx context.Context, rd *redo) (int64, bool, error) {
 	if rd == nil {
-		return 0, nil
+		return 0, true, nil
 	}
-	delta, err := s.apply(ctx, rd)
+	delta, exact, err := s.apply(ctx, rd)
 	if err != nil {
 		s.mu.Lock()
 		s.resumed = false
@@ -596,7 +604,7 @@ func (s *Store) finishUnit(ctx context.Context, rd *redo) (int64, error) {
 		s.mu.Unlock()
 		s.right.drop()
 	}
-	return delta, err
+	return delta, exact, err
 }
 
 // masters calls fn with a client of every primary: the one server, or each

@@ -27,7 +27,8 @@ import (
 // The same MULTI sets the subscription count (Meta.Subscriptions): 0 after
 // a ClearLeft, plus len(m.AddSubs) minus len(m.DelSubs), since the engine's
 // mutations are net (see countSubs). Should the replies of the ZADDs and
-// ZREMs show otherwise, Commit corrects the count right after (fixSubs).
+// ZREMs show otherwise, Commit corrects the count right after (fixSubs);
+// on a cluster only when every shard's reply arrived (see apply).
 //
 // Commit fails with ErrEpoch when the state was re-initialised by someone
 // else, and with ErrInFlight while a transaction written by CommitPartial is

@@ -428,7 +428,7 @@ func (s *Store) restorePage(ctx context.Context, cached Meta, kv []string) (int,
 	if err := s.settle(ctx, err, execErr, stored, "recovery step"); err != nil {
 		return 0, fmt.Errorf("restore pre-images: %w", err)
 	}
-	if _, err := s.finishUnit(ctx, rd); err != nil {
+	if _, _, err := s.finishUnit(ctx, rd); err != nil {
 		return 0, fmt.Errorf("restore pre-images: %w", err)
 	}
 	return len(done), nil

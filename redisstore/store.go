@@ -402,7 +402,7 @@ func (s *Store) Init(ctx context.Context, epoch, fingerprint string, size Size) 
 	s.mu.Lock()
 	s.meta, s.broken, s.resumed = &m, nil, true
 	s.mu.Unlock()
-	if _, err := s.finishUnit(ctx, rd); err != nil {
+	if _, _, err := s.finishUnit(ctx, rd); err != nil {
 		return fmt.Errorf("init redis state: %w", err)
 	}
 	return nil

@@ -242,7 +242,7 @@ func (s *Store) sweepUnit(ctx context.Context, keys []string) (int, error) {
 	if err := s.settle(ctx, nil, nil, next, "sweep"); err != nil {
 		return 0, err
 	}
-	if _, err := s.finishUnit(ctx, rd); err != nil {
+	if _, _, err := s.finishUnit(ctx, rd); err != nil {
 		return 0, err
 	}
 	return len(stale), nil

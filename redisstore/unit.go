@@ -98,12 +98,17 @@ func (s *Store) writeUnit(ctx context.Context, u unitWrite) error {
 	if err := s.settle(ctx, err, execErr, next, u.name); err != nil {
 		return fmt.Errorf("%s: %w", u.what, err)
 	}
-	applied, err := s.finishUnit(ctx, rd)
+	applied, exact, err := s.finishUnit(ctx, rd)
 	if err != nil {
 		return fmt.Errorf("%s: %w", u.what, err)
 	}
 	if u.applied != nil {
 		u.applied(wrote, next)
+	}
+	if !exact {
+		// A shard's reply was lost and its script's count with it: the
+		// planned count stands, exact for the engine's net mutations.
+		return nil
 	}
 	if err := s.fixSubs(ctx, next, applied+replies.delta()-planned); err != nil {
 		return fmt.Errorf("%s: applied, but %w", u.what, err)

@@ -251,38 +251,48 @@ type rollupApply struct {
 	// absent); base their states at the batch start, as read.
 	children map[Key]*LeftState
 	base     map[Key]*LeftState
-	// accs are the touched parents' accumulators; stored their encoding
-	// as read ("" when absent).
-	accs    map[Key][]*agg.State
-	windows map[Key][]window
-	stored  map[Key]string
+	// touched are the parents the batch touched, by key; parents the same,
+	// in first-touch order.
+	touched map[Key]*rollupParent
+	parents []*rollupParent
 	// fetched are the accumulators read ahead of the changes (nil: none
 	// stored).
 	fetched map[Key]*RightState
-	// parents are the touched parents' keys, in first-touch order.
-	parents []Key
-	values  map[Key][]Value
 	// members are the sorted sets' changes: true added, false removed.
 	members map[Subscription]bool
 }
 
-// applySizeHint bounds the entries Apply sizes its maps for: a batch of
-// many changes to few parents (a hot parent) allocates no more.
-const applySizeHint = 1024
+// rollupParent is a parent a batch touched.
+type rollupParent struct {
+	key Key
+	// values are its key's columns (the children's foreign key).
+	values []Value
+	// accs are its accumulators, windows its windows; stored their
+	// encoding as read ("" when absent).
+	accs    []*agg.State
+	windows []window
+	stored  string
+}
+
+// applySizeHint bounds the entries Apply sizes its first maps for, before
+// it knows the batch's children and parents: a batch of many changes to
+// one row allocates no more.
+const applySizeHint = 1 << 14
 
 // Apply applies a batch of child changes in commit order and returns the
 // state's mutations and the new aggregates of the parents it changed.
 func (r *Rollup) Apply(ctx context.Context, store StateReader, changes []RollupChange) (Mutations, []RollupOutput, error) {
-	// Sized for a child and a parent per change, up to applySizeHint: the
-	// maps grew by rehashing, a tenth of W9's CPU per change.
+	// The maps are sized for the batch's children and parents: grown by
+	// rehashing, they took a tenth of W9's CPU per change.
 	n := min(len(changes), applySizeHint)
-	a := &rollupApply{r: r, store: store, children: make(map[Key]*LeftState, n), base: make(map[Key]*LeftState, n),
-		accs: make(map[Key][]*agg.State, n), windows: make(map[Key][]window, n), stored: make(map[Key]string, n),
-		fetched: make(map[Key]*RightState, n), values: make(map[Key][]Value, n), members: make(map[Subscription]bool, n),
-		parents: make([]Key, 0, n)}
+	a := &rollupApply{r: r, store: store, base: make(map[Key]*LeftState, n), fetched: make(map[Key]*RightState, min(n, 1024))}
 	if err := a.prefetch(ctx, changes); err != nil {
 		return Mutations{}, nil, err
 	}
+	a.children = make(map[Key]*LeftState, len(a.base))
+	a.members = make(map[Subscription]bool, len(a.base)*len(r.sets))
+	a.touched = make(map[Key]*rollupParent, len(a.fetched))
+	a.parents = make([]*rollupParent, 0, len(a.fetched))
 	for i := range changes {
 		if err := a.change(ctx, &changes[i]); err != nil {
 			return Mutations{}, nil, fmt.Errorf("roll-up %s, change %d: %w", r.spec.Name, i, err)
@@ -350,8 +360,10 @@ func (a *rollupApply) prefetch(ctx context.Context, changes []RollupChange) erro
 		if err != nil {
 			return err
 		}
+		sts := make([]LeftState, 0, len(got)) // one allocation for the batch's
 		for k, st := range got {
-			a.base[k] = &st
+			sts = append(sts, st)
+			a.base[k] = &sts[len(sts)-1]
 		}
 	}
 	// The accumulators of every parent the batch may touch, in one round
@@ -393,8 +405,10 @@ func (a *rollupApply) prefetch(ctx context.Context, changes []RollupChange) erro
 	if err != nil {
 		return err
 	}
+	sts := make([]RightState, 0, len(got))
 	for k, st := range got {
-		a.fetched[k] = &st
+		sts = append(sts, st)
+		a.fetched[k] = &sts[len(sts)-1]
 	}
 	return nil
 }
@@ -484,10 +498,7 @@ func fillChildToast(next, old *LeftState) error {
 func (a *rollupApply) truncate() {
 	a.cleared = true
 	clear(a.children)
-	clear(a.accs)
-	clear(a.windows)
-	clear(a.stored)
-	clear(a.values)
+	clear(a.touched)
 	clear(a.members)
 	a.parents = a.parents[:0]
 }
@@ -502,11 +513,11 @@ func (a *rollupApply) account(ctx context.Context, k Key, st *LeftState, in bool
 	if err != nil {
 		return fmt.Errorf("parent key: %w", err)
 	}
-	accs, err := a.accumulators(ctx, parent, st.FK)
+	p, err := a.parent(ctx, parent, st.FK)
 	if err != nil {
 		return err
 	}
-	if err := a.r.count(accs, st, in); err != nil {
+	if err := a.r.count(p.accs, st, in); err != nil {
 		return err
 	}
 	for s, set := range a.r.sets {
@@ -586,43 +597,43 @@ func (a *rollupApply) setKey(parent Key, s int) Key {
 	return Key(string(parent) + string([]byte{byte(s)}))
 }
 
-// accumulators returns parent's accumulators, read from the store the
-// first time.
-func (a *rollupApply) accumulators(ctx context.Context, parent Key, vals []Value) ([]*agg.State, error) {
-	if accs, ok := a.accs[parent]; ok {
-		return accs, nil
+// parent returns the batch's parent of key k, whose key columns are vals,
+// with its accumulators read from the store the first time. vals are kept:
+// a child's foreign key is not changed once accounted.
+func (a *rollupApply) parent(ctx context.Context, k Key, vals []Value) (*rollupParent, error) {
+	if p, ok := a.touched[k]; ok {
+		return p, nil
 	}
-	var accs []*agg.State
-	var windows []window
+	p := &rollupParent{key: k, values: vals}
 	if !a.cleared {
-		st, ok := a.fetched[parent]
+		st, ok := a.fetched[k]
 		if !ok {
-			got, err := a.store.GetRight(ctx, []Key{parent})
+			got, err := a.store.GetRight(ctx, []Key{k})
 			if err != nil {
 				return nil, err
 			}
-			if g, found := got[parent]; found {
+			if g, found := got[k]; found {
 				st = &g
 			}
 		}
 		if st != nil {
 			var err error
-			if accs, windows, err = a.r.decode(*st); err != nil {
+			if p.accs, p.windows, err = a.r.decode(*st); err != nil {
 				return nil, err
 			}
-			a.stored[parent] = st.Values[0].Text
+			p.stored = st.Values[0].Text
 		}
 	}
-	if accs == nil {
+	if p.accs == nil {
+		p.accs = make([]*agg.State, 0, len(a.r.funcs))
 		for _, fn := range a.r.funcs {
-			accs = append(accs, agg.New(fn))
+			p.accs = append(p.accs, agg.New(fn))
 		}
-		windows = a.r.newWindows()
+		p.windows = a.r.newWindows()
 	}
-	a.accs[parent], a.windows[parent] = accs, windows
-	a.parents = append(a.parents, parent)
-	a.values[parent] = slices.Clone(vals)
-	return accs, nil
+	a.touched[k] = p
+	a.parents = append(a.parents, p)
+	return p, nil
 }
 
 // decode reads a parent's stored accumulators and windows.
@@ -633,8 +644,10 @@ func (r *Rollup) decode(st RightState) ([]*agg.State, []window, error) {
 	text := st.Values[0].Text
 	b := []byte(text)
 	accs := make([]*agg.State, len(r.funcs))
+	states := make([]agg.State, len(r.funcs)) // one allocation for the parent's
 	for i, fn := range r.funcs {
-		s, rest, err := agg.Decode(b)
+		s := &states[i]
+		rest, err := agg.DecodeInto(s, b)
 		if err != nil {
 			return nil, nil, fmt.Errorf("roll-up %s: %w", r.spec.Name, err)
 		}
@@ -696,23 +709,21 @@ func (a *rollupApply) mutations() Mutations {
 // putParents adds to m the touched parents' states that changed: their
 // accumulators and windows.
 func (a *rollupApply) putParents(m *Mutations) {
-	for _, parent := range a.parents {
-		accs := a.accs[parent]
-		stored := a.stored[parent]
-		if accs[0].Empty() {
-			if stored != "" {
-				m.DelRight = append(m.DelRight, parent)
+	for _, p := range a.parents {
+		if p.accs[0].Empty() {
+			if p.stored != "" {
+				m.DelRight = append(m.DelRight, p.key)
 			}
 			continue
 		}
-		b := a.r.encode(accs, a.windows[parent])
-		if b == stored {
+		b := a.r.encode(p.accs, p.windows)
+		if b == p.stored {
 			continue
 		}
 		if m.PutRight == nil {
 			m.PutRight = make(map[Key]RightState, len(a.parents))
 		}
-		m.PutRight[parent] = RightState{Key: a.values[parent], Values: []Value{TextValue(b)}}
+		m.PutRight[p.key] = RightState{Key: p.values, Values: []Value{TextValue(b)}}
 	}
 	slices.Sort(m.DelRight)
 }
@@ -733,9 +744,9 @@ func (a *rollupApply) outputs(ctx context.Context, view *Pending) ([]RollupOutpu
 		return nil, err
 	}
 	outs := make([]RollupOutput, 0, len(a.parents))
-	for _, parent := range a.parents {
-		accs := a.accs[parent]
-		out := RollupOutput{Parent: a.values[parent]}
+	for _, p := range a.parents {
+		accs := p.accs
+		out := RollupOutput{Parent: p.values}
 		if !accs[0].Empty() {
 			out.Values = make([]Value, len(a.r.spec.Aggregates))
 			for i, ag := range a.r.spec.Aggregates {
@@ -744,7 +755,7 @@ func (a *rollupApply) outputs(ctx context.Context, view *Pending) ([]RollupOutpu
 					out.Values[i] = Value{Text: text, Null: null}
 					continue
 				}
-				v, err := a.ordered(sets, rows, parent, i, ag)
+				v, err := a.ordered(sets, rows, p, i, ag)
 				if err != nil {
 					return nil, err
 				}
@@ -787,11 +798,11 @@ func (a *rollupApply) childOf(s int, mem Key) (Key, error) {
 // ordered computes ordered aggregate i of parent from its sorted set as
 // read: the first child's value (min, max) or the first children's
 // elements (jsonb_agg).
-func (a *rollupApply) ordered(sets map[Key][]Key, rows map[Key]LeftState, parent Key, i int, ag RollupAggregate) (Value, error) {
+func (a *rollupApply) ordered(sets map[Key][]Key, rows map[Key]LeftState, p *rollupParent, i int, ag RollupAggregate) (Value, error) {
 	if set := &a.r.sets[a.r.setOf[i]]; set.window > 0 {
-		return set.ordered(a.windows[parent][a.r.setOf[i]], ag), nil
+		return set.ordered(p.windows[a.r.setOf[i]], ag), nil
 	}
-	keys := sets[a.setKey(parent, a.r.setOf[i])]
+	keys := sets[a.setKey(p.key, a.r.setOf[i])]
 	if len(keys) == 0 {
 		return NullValue(), nil
 	}
@@ -837,13 +848,13 @@ func (a *rollupApply) ordered(sets map[Key][]Key, rows map[Key]LeftState, parent
 func (a *rollupApply) readSets(ctx context.Context, view *Pending) (map[Key][]Key, map[Key]LeftState, error) {
 	var fks []Key
 	var limits []int
-	for _, parent := range a.parents {
-		if a.accs[parent][0].Empty() {
+	for _, p := range a.parents {
+		if p.accs[0].Empty() {
 			continue
 		}
 		for s := range a.r.sets {
 			if a.r.sets[s].window == 0 {
-				fks, limits = append(fks, a.setKey(parent, s)), append(limits, setPage)
+				fks, limits = append(fks, a.setKey(p.key, s)), append(limits, setPage)
 			}
 		}
 	}

@@ -189,14 +189,14 @@ func (a *rollupApply) slideWindows(ctx context.Context, view *Pending) error {
 	var fks []Key
 	var limits []int
 	var stale []*window
-	for _, parent := range a.parents {
-		ws := a.windows[parent]
+	for _, p := range a.parents {
+		ws := p.windows
 		for s := range a.r.sets {
 			set := &a.r.sets[s]
 			if set.window == 0 {
 				continue
 			}
-			fk := a.setKey(parent, s)
+			fk := a.setKey(p.key, s)
 			ok, err := a.slide(&ws[s], s, changes[fk])
 			if err != nil {
 				return err

@@ -715,9 +715,11 @@ func (a *treeApply) entry(ctx context.Context, t int) error {
 		news := make([]*TreeRow, len(part))
 		oldOuts := make([][]Value, len(part))
 		newOuts := make([][]Value, len(part))
+		slab := make([]Value, 2*len(part)*tr.width) // one allocation for the page's outputs
 		for i, k := range part {
 			olds[i], news[i] = a.changed[t][k].old, a.changed[t][k].new
-			oldOuts[i], newOuts[i] = make([]Value, tr.width), make([]Value, tr.width)
+			oldOuts[i], slab = slab[:tr.width:tr.width], slab[tr.width:]
+			newOuts[i], slab = slab[:tr.width:tr.width], slab[tr.width:]
 		}
 		oldSat, err := a.eval(ctx, t, olds, before, oldOuts, nil)
 		if err != nil {

@@ -61,10 +61,21 @@ var errCorrupt = errors.New("corrupt roll-up accumulator")
 
 // Decode reads a state Append wrote, and returns the rest of b.
 func Decode(b []byte) (*State, []byte, error) {
-	if len(b) == 0 {
-		return nil, nil, errCorrupt
+	s := new(State)
+	rest, err := DecodeInto(s, b)
+	if err != nil {
+		return nil, nil, err
 	}
-	s := &State{fn: Func(b[0])}
+	return s, rest, nil
+}
+
+// DecodeInto is Decode into s, a zero State: a caller decoding several
+// states can hold them in one slice.
+func DecodeInto(s *State, b []byte) ([]byte, error) {
+	if len(b) == 0 {
+		return nil, errCorrupt
+	}
+	s.fn = Func(b[0])
 	r := reader{b: b[1:]}
 	s.n = r.varint()
 	switch s.fn {
@@ -94,12 +105,12 @@ func Decode(b []byte) (*State, []byte, error) {
 	case BoolAnd, BoolOr:
 		s.trues, s.falses = r.varint(), r.varint()
 	default:
-		return nil, nil, fmt.Errorf("%w: aggregate %d", errCorrupt, s.fn)
+		return nil, fmt.Errorf("%w: aggregate %d", errCorrupt, s.fn)
 	}
 	if r.err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", errCorrupt, r.err)
+		return nil, fmt.Errorf("%w: %w", errCorrupt, r.err)
 	}
-	return s, r.b, nil
+	return r.b, nil
 }
 
 // reader reads varints and bytes, keeping the first error.

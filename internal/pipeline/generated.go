@@ -169,8 +169,12 @@ func (g *generated) fill(ctx context.Context, txns []*cdc.Txn) error {
 		return err
 	}
 	var pending map[*genTable][]pendingRow
+	n := 0
 	for _, t := range txns {
-		if err := g.scan(t, &pending); err != nil {
+		n += len(t.Changes)
+	}
+	for _, t := range txns {
+		if err := g.scan(t, &pending, n); err != nil {
 			return err
 		}
 	}
@@ -178,8 +182,9 @@ func (g *generated) fill(ctx context.Context, txns []*cdc.Txn) error {
 }
 
 // scan extends t's changes on tables with generated columns, and adds the
-// rows whose values are computed to pending.
-func (g *generated) scan(t *cdc.Txn, pending *map[*genTable][]pendingRow) error {
+// rows whose values are computed to pending, room made for n rows of a
+// table at its first.
+func (g *generated) scan(t *cdc.Txn, pending *map[*genTable][]pendingRow, n int) error {
 	for i := range t.Changes {
 		c := &t.Changes[i]
 		switch c.Kind {
@@ -211,7 +216,11 @@ func (g *generated) scan(t *cdc.Txn, pending *map[*genTable][]pendingRow) error 
 			if *pending == nil {
 				*pending = map[*genTable][]pendingRow{}
 			}
-			(*pending)[r.t] = append((*pending)[r.t], row)
+			rows, ok := (*pending)[r.t]
+			if !ok {
+				rows = make([]pendingRow, 0, n)
+			}
+			(*pending)[r.t] = append(rows, row)
 		}
 	}
 	return nil
@@ -245,6 +254,13 @@ func (g *generated) typedInputs(ctx context.Context, r *genRelation) ([]plan.Gen
 // a table's shape midway).
 func (g *generated) compute(ctx context.Context, pending map[*genTable][]pendingRow) error {
 	for tab, all := range pending {
+		if !slices.ContainsFunc(all, func(row pendingRow) bool { return row.r != all[0].r }) {
+			// One shape, as almost always: no grouping.
+			if err := g.computeRows(ctx, tab, all[0].r, all); err != nil {
+				return err
+			}
+			continue
+		}
 		byRel := map[*genRelation][]pendingRow{}
 		var order []*genRelation
 		for _, row := range all {

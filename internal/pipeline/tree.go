@@ -448,7 +448,7 @@ func (l *TreeLayout) Mutations(m join.TreeMutations) (join.Mutations, error) {
 				continue
 			}
 			if s.PutLeft == nil {
-				s.PutLeft = map[join.Key]join.LeftState{}
+				s.PutLeft = make(map[join.Key]join.LeftState, len(m.Rows[t]))
 			}
 			s.PutLeft[k] = l.stateOf(t, row)
 		}

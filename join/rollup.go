@@ -944,9 +944,10 @@ type loadChild struct {
 func (l *RollupLoad) Page(rows [][]Value) (Mutations, error) {
 	r := l.r
 	nk, np := len(r.spec.Child), len(r.spec.Parent)
-	m := Mutations{PutLeft: make(map[Key]LeftState, len(rows))}
+	m := Mutations{PutLeft: make(map[Key]LeftState, len(rows)), AddSubs: make([]Subscription, 0, len(rows)*len(r.sets))}
 	a := &rollupApply{r: r}
 	children := make([]loadChild, 0, len(rows))
+	slab := make([]Key, len(rows)*len(r.sets)) // the children's members
 	for _, row := range rows {
 		if len(row) != nk+np+len(r.spec.Inputs) {
 			return m, fmt.Errorf("roll-up %s: a loaded row of %d values, want %d", r.spec.Name, len(row), nk+np+len(r.spec.Inputs))
@@ -964,7 +965,8 @@ func (l *RollupLoad) Page(rows [][]Value) (Mutations, error) {
 		if err != nil {
 			return m, fmt.Errorf("roll-up %s: parent key: %w", r.spec.Name, err)
 		}
-		members := make([]Key, len(r.sets))
+		members := slab[:len(r.sets):len(r.sets)]
+		slab = slab[len(r.sets):]
 		for s, set := range r.sets {
 			sub, ok, err := a.member(parent, &st, k, s, set)
 			if err != nil {
@@ -999,7 +1001,7 @@ func (l *RollupLoad) Page(rows [][]Value) (Mutations, error) {
 				}
 			}
 			if m.PutRight == nil {
-				m.PutRight = map[Key]RightState{}
+				m.PutRight = make(map[Key]RightState, len(children)/(j-i)) // about as many runs as this one
 			}
 			m.PutRight[run[0].parent] = RightState{Key: p.key, Values: []Value{TextValue(l.r.encode(p.accs, p.windows))}}
 		}

@@ -93,6 +93,14 @@ func benchW9CatchUp(t *testing.T, s sizes, rep *report) {
 		if err := testenv.DeleteKeys(context.Background(), d.Redis, "fkmat:"+d.Slot+":"); err != nil {
 			t.Fatal(err)
 		}
+		what := "W1"
+		switch yaml {
+		case w9YAML:
+			what = "W9"
+		case w9ScalarYAML:
+			what = "W9 without jsonb_agg"
+		}
+		t.Logf("%s: catch-up %.2f s, CPU fkmat %.2f s, redis-server %.2f s", what, catchUp.Seconds(), u.cpu, u.redisCPU)
 		return result{catchUp.Seconds(), u.cpu + u.redisCPU, mem}
 	}
 	var plain, rolled, scalar []result

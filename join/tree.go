@@ -82,6 +82,12 @@ type TreeTable struct {
 	// Absent are an entry's values when no row matches (a left join):
 	// NULL when nil (a roll-up's count is 0).
 	Absent []Value
+	// OwnKey says the root references the entry by the root's own key (a
+	// roll-up's results, keyed by parent): the entry's row of key k is
+	// reached from the root row of key k alone, if there is one, so a walk
+	// from it reads no references. It needs a left entry of the root, of
+	// the root's key families, with no entries of its own.
+	OwnKey bool
 }
 
 // TreeRow is a row of one table of a Tree: its key, its output values and,
@@ -228,6 +234,11 @@ func NewTree(spec TreeSpec) (*Tree, error) {
 			tr.hasInner[t] = tr.hasInner[t] || tr.hasInner[c]
 		}
 		slices.Sort(tr.subCols[t])
+	}
+	for t, tab := range spec.Tables {
+		if tab.OwnKey && (t == 0 || tab.From != 0 || tab.Type != Left || len(tr.children[t]) > 0 || !slices.Equal(tab.Key, spec.Tables[0].Key)) {
+			return nil, fmt.Errorf("%w %q: entry %d is keyed by the root's key, but is not a left entry of the root of its key's families without entries", ErrTreeSpec, spec.Name, t)
+		}
 	}
 	return tr, nil
 }
@@ -875,6 +886,18 @@ func (a *treeApply) walk(ctx context.Context, t int, keys []Key, from []int32,
 	}
 	child := a.tr.spec.Tables[t].From
 	page := a.tr.spec.PageSize
+	if a.tr.spec.Tables[t].OwnKey {
+		// Key k is referenced by the root row of key k, if any. One that
+		// does not exist has no target row: the column update the left
+		// entry's change makes of it writes nothing.
+		for start := 0; start < len(keys); start += page {
+			end := min(start+page, len(keys))
+			if err := a.walk(ctx, child, keys[start:end], from[start:end], fn); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	var buf []Key
 	var bufFrom []int32
 	flush := func() error {

@@ -20,8 +20,9 @@ type treeStore struct {
 	rows  []map[join.Key]join.TreeRow
 	refs  []map[join.Key]map[join.Key]bool // refs[e][parent][child]
 	reads int
-	// rowReads counts the GetRows calls by table.
-	rowReads map[int]int
+	// rowReads counts the GetRows calls by table, refReads the
+	// Referencing calls by entry.
+	rowReads, refReads map[int]int
 }
 
 func newTreeStore(n int) *treeStore {
@@ -49,6 +50,10 @@ func (s *treeStore) GetRows(_ context.Context, t int, keys []join.Key) (map[join
 
 func (s *treeStore) Referencing(_ context.Context, e int, parents, afters []join.Key, limit int) ([][]join.Key, error) {
 	s.reads++
+	if s.refReads == nil {
+		s.refReads = map[int]int{}
+	}
+	s.refReads[e]++
 	out := make([][]join.Key, len(parents))
 	for i, p := range parents {
 		var ks []join.Key
@@ -236,7 +241,7 @@ func (m *treeModel) spec(page int) join.TreeSpec {
 			tab.Values += len(m.tr.children[t])
 		}
 		if t > 0 {
-			tab.From, tab.Type = m.tr.parent[t-1]+1, m.tr.typ[t-1]
+			tab.From, tab.Type, tab.OwnKey = m.tr.parent[t-1]+1, m.tr.typ[t-1], m.tr.own[t-1]
 		}
 		s.Tables = append(s.Tables, tab)
 	}
@@ -316,6 +321,15 @@ func (m *treeModel) change(r *rand.Rand, t int) join.TreeChange {
 		}
 		return join.TextValue(strconv.Itoa(1 + r.IntN(7))) // 7 dangles
 	}
+	// A root row's foreign key to an entry keyed by the root's key is
+	// its key.
+	own := func(k int64, nr *modelRow) {
+		for j, e := range m.tr.children[t] {
+			if t == 0 && m.tr.own[e] {
+				nr.fks[j] = join.TextValue(strconv.FormatInt(k, 10))
+			}
+		}
+	}
 	old, exists := rows[key]
 	switch p := r.IntN(100); {
 	case p >= 3 && p < 6 && !exists:
@@ -325,9 +339,11 @@ func (m *treeModel) change(r *rand.Rand, t int) join.TreeChange {
 		for range m.tr.children[t] {
 			nr.fks = append(nr.fks, fk())
 		}
+		own(key, &nr)
 		c := join.TreeChange{Table: t, Kind: join.TreeUpsert, Row: m.treeRow(key, nr), IfPresent: true}
 		if to := int64(1 + r.IntN(8)); r.IntN(2) == 0 && to != key {
 			if _, taken := rows[to]; !taken {
+				own(to, &nr)
 				c.Kind, c.OldKey, c.Row = join.TreeKeyChange, c.Row.Key, m.treeRow(to, nr)
 			}
 		}
@@ -347,6 +363,7 @@ func (m *treeModel) change(r *rand.Rand, t int) join.TreeChange {
 		if r.IntN(2) == 0 {
 			nr.vals[0] = val()
 		}
+		own(to, &nr)
 		delete(rows, key)
 		rows[to] = nr
 		c := join.TreeChange{Table: t, Kind: join.TreeKeyChange, Row: m.treeRow(to, nr), OldKey: []join.Value{join.TextValue(strconv.FormatInt(key, 10))},
@@ -367,6 +384,7 @@ func (m *treeModel) change(r *rand.Rand, t int) join.TreeChange {
 	if exists && r.IntN(3) == 0 {
 		nr.fks = slices.Clone(old.fks) // only values change
 	}
+	own(key, &nr)
 	rows[key] = nr
 	c := join.TreeChange{Table: t, Kind: join.TreeUpsert, Row: m.treeRow(key, nr), Insert: !exists, IfPresent: exists && r.IntN(4) == 0}
 	if toast {
@@ -379,10 +397,12 @@ func (m *treeModel) change(r *rand.Rand, t int) join.TreeChange {
 // inner and left entries mixed) through random batches of every change
 // kind on every table (inserts, updates with unchanged TOAST values,
 // deletes, key changes, NULL and dangling foreign keys, several changes of
-// one row per batch, TRUNCATE), with pages of 1 to 3 keys and of 5000, and
-// with the foreign keys hidden or output: after every batch the target
-// equals the SQL join of the model, no upsert rewrites an equal row, and
-// the state's mutations are net (the strict store refuses the others).
+// one row per batch, TRUNCATE), with pages of 1 to 3 keys and of 5000,
+// with the foreign keys hidden or output, and with left entries of the
+// root keyed by the root's key (a roll-up's results), whose walks read no
+// references: after every batch the target equals the SQL join of the
+// model, no upsert rewrites an equal row, and the state's mutations are
+// net (the strict store refuses the others).
 func TestTreeRandomTrees(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -390,7 +410,7 @@ func TestTreeRandomTrees(t *testing.T) {
 	if testing.Short() {
 		trees = 40
 	}
-	var walked, noops, writes, replays uint64
+	var walked, noops, writes, replays, owned uint64
 	for seed := range trees {
 		r := rand.New(rand.NewPCG(uint64(seed), 7))
 		shape := randomTree(r)
@@ -453,6 +473,15 @@ func TestTreeRandomTrees(t *testing.T) {
 					t.Fatalf("%s: %v\nchanges: %s", what, err, describeTreeChanges(changes))
 				}
 			}
+			for e, own := range shape.own {
+				if own {
+					owned++
+					if n := store.refReads[e+1]; n > 0 {
+						t.Errorf("seed %d %s page %d: %d reads of the references of entry %d, which the root references by its own key",
+							seed, shape, variant.page, n, e)
+					}
+				}
+			}
 			walked += tree.Stats().Walked
 			writes += uint64(target.writes)
 			noops += uint64(target.noops)
@@ -463,6 +492,9 @@ func TestTreeRandomTrees(t *testing.T) {
 	}
 	if replays == 0 {
 		t.Fatal("no batch was replayed after a crash")
+	}
+	if owned == 0 {
+		t.Fatal("no tree has an entry keyed by the root's key")
 	}
 	t.Logf("%d root rows reached by walks; %d target writes, %d statements that wrote nothing; %d replays after a crash between the tables' commits",
 		walked, writes, noops, replays)
@@ -508,6 +540,9 @@ type tree struct {
 	typ    []join.JoinType
 	// children[t+1] are the entries referencing table t (-1: the left one).
 	children [][]int
+	// own[i] says the left table references entry i by its own key (a
+	// roll-up's results): its foreign key to it is its key.
+	own []bool
 }
 
 func randomTree(r *rand.Rand) tree {
@@ -527,6 +562,10 @@ func randomTree(r *rand.Rand) tree {
 		t.typ = append(t.typ, []join.JoinType{join.Inner, join.Left}[r.IntN(2)])
 		t.children[p+1] = append(t.children[p+1], i)
 	}
+	t.own = make([]bool, n)
+	for i, p := range t.parent {
+		t.own[i] = p == -1 && t.typ[i] == join.Left && len(t.children[i+1]) == 0 && r.IntN(2) == 0
+	}
 	return t
 }
 
@@ -534,6 +573,9 @@ func (t tree) String() string {
 	s := ""
 	for i, p := range t.parent {
 		s += fmt.Sprintf("[%d %s from %d]", i, t.typ[i], p)
+		if t.own[i] {
+			s += "(own key)"
+		}
 	}
 	return s
 }

@@ -316,7 +316,7 @@ func TreeLayoutOf(p *plan.JoinPlan) *TreeLayout {
 			}
 		}
 		l.Spec.Tables = append(l.Spec.Tables, join.TreeTable{Key: plan.Families(p.Left.Key), Values: l.carried.Shown[t],
-			From: 0, Type: join.Left, Absent: absent})
+			From: 0, Type: join.Left, Absent: absent, OwnKey: true})
 		l.children[0] = append(l.children[0], t)
 		pos := make([]int, len(p.Left.Key))
 		for i := range pos {

@@ -101,7 +101,7 @@ const (
 const estimateBasis = "rows: max(pg_class.reltuples, n_live_tup); widths: pg_stats.avg_width (the type's length where a column was never analyzed); " +
 	"Redis: 14 B per row plus its columns, 4 B per reference plus its keys (make bench W4: 65 B per order row, 18 B per subscription); " +
 	"a roll-up's results and accumulators per parent from its aggregates' widths (make bench W9); " +
-	"backfill: 900k rows and references per second, a roll-up's children counted three times (grouped again for the target and the results), plus 0.5 s per join (make bench W4 1.1M/s, W7 0.6-1.1M/s, on 2 cores). " +
+	"backfill: 900k rows and references per second, a roll-up's children counted twice more when grouped again for the target and the results, once when the load computes the results, plus 0.5 s per join (make bench W4 1.1M/s, W7 0.6-1.1M/s, on 2 cores). " +
 	"Expect the Redis estimate within 2x of the real state; the time varies with the machine"
 
 // Plan computes the RunPlan of cfg: which slot, publication, metadata
@@ -238,11 +238,12 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 		tp         *plan.TablePlan
 		// rollup, when set, is the roll-up whose results and accumulators
 		// per parent the table's rows are (rowBytes, rollupParentBytes);
-		// regroup says the backfill groups the table's rows twice more
-		// (the target's SQL, the results).
+		// regroup is how many times more the backfill groups the table's
+		// rows: the target's SQL, and the results' when the children's
+		// load does not compute them (join.Rollup.LoadsResults).
 		rollup   *plan.RollupPlan
 		rowBytes int64
-		regroup  bool
+		regroup  int64
 	}
 	var st []stateTable
 	if p.Edges == nil {
@@ -289,7 +290,10 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 			}
 			results := stateTable{name: "roll-up " + r.Table.Table.String() + " (results)", table: p.Left.Table, key: p.Left.Key,
 				cols: [][]plan.SourceColumn{slices.Concat(p.Left.Key, p.Left.Key)}, tp: &plan.TablePlan{}}
-			results.rollup, s.regroup = r, true
+			results.rollup, s.regroup = r, 2
+			if ro.LoadsResults() {
+				s.regroup = 1
+			}
 			st = append(st, s, results)
 		}
 	}
@@ -356,9 +360,7 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 		jc.Tables = append(jc.Tables, tc)
 		jc.RedisBytes += tc.StateBytes
 		jc.BackfillRows += kept
-		if s.regroup {
-			regrouped += 2 * kept
-		}
+		regrouped += s.regroup * kept
 	}
 	var refs int64
 	for _, t := range jc.Tables {

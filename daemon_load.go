@@ -173,10 +173,14 @@ func (l *loader) load(ctx context.Context, snapshot string) (int64, error) {
 	return total, nil
 }
 
-// addRollupLoads adds the loads of roll-up k of tree j: its results by
-// parent (the children grouped by the SQL of RollupResultsSQL) into the
-// tree's entry of them, and its children, with each parent's
-// accumulators, into its own state.
+// addRollupLoads adds the loads of roll-up k of tree j: its children, with
+// each parent's accumulators, into its own state, and its results by
+// parent into the tree's entry of them. The results come from the
+// children's load when it computes them (join.Rollup.LoadsResults: every
+// ordered aggregate has a LIMIT, or is min or max), else from the
+// children grouped by the SQL of RollupResultsSQL: a second grouping of
+// every child in the source, which took as much of its CPU as the
+// target's own.
 func (l *loader) addRollupLoads(ctx context.Context, prog *progress, snapshot string, j pipeline.Join, layout *pipeline.TreeLayout, k int,
 	add func(*task, func(context.Context) error)) {
 	p := j.Plan()
@@ -185,24 +189,53 @@ func (l *loader) addRollupLoads(ctx context.Context, prog *progress, snapshot st
 	children := results + len(p.Rollups)
 	name := r.Table.Table.String()
 	rows := rowsOrZero(ctx, l.source, r.Table.Table)
-	res := prog.add(p.Name, "roll-up results "+name, rowsOrZero(ctx, l.source, p.Left.Table))
-	add(res, func(ctx context.Context) error {
-		return l.loadQuery(ctx, snapshot, RollupResultsSQL(p, k), j.Stores()[results], res,
-			func(rows [][]join.Value) (join.Mutations, error) { return layout.Load(results, rows) }, nil,
-			fmt.Sprintf("load the results of the roll-up of %s of join %q", name, p.Name))
-	})
+	spec := pipeline.RollupSpecOf(p, k)
+	ro, roErr := join.NewRollup(spec)
+	fromLoad := roErr == nil && ro.LoadsResults()
+	if !fromLoad {
+		res := prog.add(p.Name, "roll-up results "+name, rowsOrZero(ctx, l.source, p.Left.Table))
+		add(res, func(ctx context.Context) error {
+			return l.loadQuery(ctx, snapshot, RollupResultsSQL(p, k), j.Stores()[results], res,
+				func(rows [][]join.Value) (join.Mutations, error) { return layout.Load(results, rows) }, nil,
+				fmt.Sprintf("load the results of the roll-up of %s of join %q", name, p.Name))
+		})
+	}
 	kids := prog.add(p.Name, "roll-up "+name, rows)
 	add(kids, func(ctx context.Context) error {
-		spec := pipeline.RollupSpecOf(p, k)
-		ro, err := join.NewRollup(spec)
-		if err != nil {
-			return err
+		if roErr != nil {
+			return roErr
 		}
 		ld := ro.Load()
 		cols := append(append(slices.Clone(r.Table.Key), r.Table.ForeignKey...), r.Inputs...)
 		query := selectColumns(&r.Table, cols) + " ORDER BY " + parentOrder(r.Table.ForeignKey, spec.Parent)
-		return l.loadQuery(ctx, snapshot, query, j.Stores()[children], kids, ld.Page, ld.Finish,
-			fmt.Sprintf("load the roll-up of %s of join %q", name, p.Name))
+		what := fmt.Sprintf("load the roll-up of %s of join %q", name, p.Name)
+		if !fromLoad {
+			return l.loadQuery(ctx, snapshot, query, j.Stores()[children], kids, ld.Page, ld.Finish, what)
+		}
+		// The results' rows: the parent key, then the aggregates, as
+		// RollupResultsSQL gives them.
+		resultRows := func(outs []join.RollupOutput) (join.Mutations, error) {
+			rows := make([][]join.Value, len(outs))
+			for i, o := range outs {
+				rows[i] = append(slices.Clip(o.Parent), o.Values...)
+			}
+			return layout.Load(results, rows)
+		}
+		stores := []loadTarget{{j.Stores()[children], kids.name}, {j.Stores()[results], kids.name + " results"}}
+		return l.loadQueryInto(ctx, snapshot, query, stores, kids,
+			func(rows [][]join.Value) ([]join.Mutations, error) {
+				m, outs, err := ld.PageResults(rows)
+				if err != nil {
+					return nil, err
+				}
+				rm, err := resultRows(outs)
+				return []join.Mutations{m, rm}, err
+			},
+			func() ([]join.Mutations, error) {
+				m, outs := ld.FinishResults()
+				rm, err := resultRows(outs)
+				return []join.Mutations{m, rm}, err
+			}, what)
 	})
 }
 
@@ -613,18 +646,61 @@ func (l *loader) loadRows(ctx context.Context, snapshot string, table *plan.Tabl
 // what the state holds beyond the rows, once they are all read.
 func (l *loader) loadQuery(ctx context.Context, snapshot, query string, store *redisstore.Store,
 	t *task, muts func(rows [][]join.Value) (join.Mutations, error), finish func() join.Mutations, what string) error {
-	err := func() error {
-		sp, err := store.NewSpool(ctx, "", t.total.Load())
-		if err != nil {
-			return err
-		}
-		defer func() { _ = sp.Close() }()
-		err = scanQueryParallel(ctx, l.source, snapshot, query, func(ctx context.Context, rows [][]join.Value) error {
+	var fin func() ([]join.Mutations, error)
+	if finish != nil {
+		fin = func() ([]join.Mutations, error) { return []join.Mutations{finish()}, nil }
+	}
+	return l.loadQueryInto(ctx, snapshot, query, []loadTarget{{store, t.name}}, t,
+		func(rows [][]join.Value) ([]join.Mutations, error) {
 			m, err := muts(rows)
+			return []join.Mutations{m}, err
+		}, fin, what)
+}
+
+// loadTarget is a state a query's rows are loaded into, and its name in
+// the log.
+type loadTarget struct {
+	store *redisstore.Store
+	name  string
+}
+
+// loadQueryInto is loadQuery into several states at once: muts and finish
+// give the mutations of each of stores, in order.
+func (l *loader) loadQueryInto(ctx context.Context, snapshot, query string, stores []loadTarget,
+	t *task, muts func(rows [][]join.Value) ([]join.Mutations, error), finish func() ([]join.Mutations, error), what string) error {
+	err := func() error {
+		spools := make([]*redisstore.Spool, len(stores))
+		defer func() {
+			for _, sp := range spools {
+				if sp != nil {
+					_ = sp.Close()
+				}
+			}
+		}()
+		for i, st := range stores {
+			sp, err := st.store.NewSpool(ctx, "", t.total.Load())
 			if err != nil {
 				return err
 			}
-			if err := sp.Add(ctx, m); err != nil {
+			spools[i] = sp
+		}
+		add := func(ctx context.Context, ms []join.Mutations) error {
+			if len(ms) != len(spools) {
+				return fmt.Errorf("%d mutations for %d states", len(ms), len(spools))
+			}
+			for i, m := range ms {
+				if err := spools[i].Add(ctx, m); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		err := scanQueryParallel(ctx, l.source, snapshot, query, func(ctx context.Context, rows [][]join.Value) error {
+			ms, err := muts(rows)
+			if err != nil {
+				return err
+			}
+			if err := add(ctx, ms); err != nil {
 				return err
 			}
 			t.advance(len(rows))
@@ -634,16 +710,22 @@ func (l *loader) loadQuery(ctx context.Context, snapshot, query string, store *r
 			return err
 		}
 		if finish != nil {
-			if err := sp.Add(ctx, finish()); err != nil {
+			ms, err := finish()
+			if err != nil {
+				return err
+			}
+			if err := add(ctx, ms); err != nil {
 				return err
 			}
 		}
-		if err := sp.Load(ctx); err != nil {
-			return err
+		for i, sp := range spools {
+			if err := sp.Load(ctx); err != nil {
+				return err
+			}
+			commands, entries := sp.Counts()
+			l.log.Debug("backfill wrote a table's state", "table", stores[i].name, "temporary_file_bytes", sp.FileBytes(),
+				"commands", commands, "rows_and_references", entries)
 		}
-		commands, entries := sp.Counts()
-		l.log.Debug("backfill wrote a table's state", "table", t.name, "temporary_file_bytes", sp.FileBytes(),
-			"commands", commands, "rows_and_references", entries)
 		return nil
 	}()
 	if err != nil {

@@ -942,6 +942,13 @@ type loadChild struct {
 // parent are next to each other, in this page and the pages around it
 // (children without a parent anywhere).
 func (l *RollupLoad) Page(rows [][]Value) (Mutations, error) {
+	m, _, err := l.PageResults(rows)
+	return m, err
+}
+
+// PageResults is Page, and returns the aggregates of the parents whose
+// state it returns too, when LoadsResults (else none).
+func (l *RollupLoad) PageResults(rows [][]Value) (Mutations, []RollupOutput, error) {
 	r := l.r
 	nk, np := len(r.spec.Child), len(r.spec.Parent)
 	m := Mutations{PutLeft: make(map[Key]LeftState, len(rows)), AddSubs: make([]Subscription, 0, len(rows)*len(r.sets))}
@@ -950,12 +957,12 @@ func (l *RollupLoad) Page(rows [][]Value) (Mutations, error) {
 	slab := make([]Key, len(rows)*len(r.sets)) // the children's members
 	for _, row := range rows {
 		if len(row) != nk+np+len(r.spec.Inputs) {
-			return m, fmt.Errorf("roll-up %s: a loaded row of %d values, want %d", r.spec.Name, len(row), nk+np+len(r.spec.Inputs))
+			return m, nil, fmt.Errorf("roll-up %s: a loaded row of %d values, want %d", r.spec.Name, len(row), nk+np+len(r.spec.Inputs))
 		}
 		st := LeftState{PK: row[:nk:nk], FK: row[nk : nk+np : nk+np], Values: row[nk+np:]}
 		k, err := EncodeKey(r.spec.Child, st.PK)
 		if err != nil {
-			return m, fmt.Errorf("roll-up %s: child key: %w", r.spec.Name, err)
+			return m, nil, fmt.Errorf("roll-up %s: child key: %w", r.spec.Name, err)
 		}
 		m.PutLeft[k] = st
 		if hasNull(st.FK) {
@@ -963,14 +970,14 @@ func (l *RollupLoad) Page(rows [][]Value) (Mutations, error) {
 		}
 		parent, err := EncodeKey(r.spec.Parent, st.FK)
 		if err != nil {
-			return m, fmt.Errorf("roll-up %s: parent key: %w", r.spec.Name, err)
+			return m, nil, fmt.Errorf("roll-up %s: parent key: %w", r.spec.Name, err)
 		}
 		members := slab[:len(r.sets):len(r.sets)]
 		slab = slab[len(r.sets):]
 		for s, set := range r.sets {
 			sub, ok, err := a.member(parent, &st, k, s, set)
 			if err != nil {
-				return m, err
+				return m, nil, err
 			}
 			if ok {
 				m.AddSubs = append(m.AddSubs, sub)
@@ -981,6 +988,7 @@ func (l *RollupLoad) Page(rows [][]Value) (Mutations, error) {
 	}
 	// The parents of the page, one run of children each: the first and
 	// the last may go on in other pages.
+	var outs []RollupOutput
 	for i := 0; i < len(children); {
 		j := i + 1
 		for j < len(children) && children[j].parent == children[i].parent {
@@ -990,24 +998,27 @@ func (l *RollupLoad) Page(rows [][]Value) (Mutations, error) {
 		if i == 0 || j == len(children) {
 			for c := range run {
 				if err := l.add(&run[c]); err != nil {
-					return m, err
+					return m, nil, err
 				}
 			}
 		} else {
 			p := l.r.newLoadParent(run[0].st.FK)
 			for c := range run {
 				if err := l.r.addChild(p, &run[c]); err != nil {
-					return m, err
+					return m, nil, err
 				}
 			}
 			if m.PutRight == nil {
 				m.PutRight = make(map[Key]RightState, len(children)/(j-i)) // about as many runs as this one
 			}
 			m.PutRight[run[0].parent] = RightState{Key: p.key, Values: []Value{TextValue(l.r.encode(p.accs, p.windows))}}
+			if l.r.LoadsResults() {
+				outs = append(outs, RollupOutput{Parent: p.key, Values: l.r.loadResults(p)})
+			}
 		}
 		i = j
 	}
-	return m, nil
+	return m, outs, nil
 }
 
 // newLoadParent returns the empty accumulators and windows of the parent
@@ -1058,11 +1069,49 @@ func (l *RollupLoad) add(c *loadChild) error {
 // Finish returns the accumulators of the parents at the ends of pages,
 // once every child is paged.
 func (l *RollupLoad) Finish() Mutations {
+	m, _ := l.FinishResults()
+	return m
+}
+
+// FinishResults is Finish, and returns those parents' aggregates when
+// LoadsResults (else none).
+func (l *RollupLoad) FinishResults() (Mutations, []RollupOutput) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	m := Mutations{PutRight: make(map[Key]RightState, len(l.accs))}
+	var outs []RollupOutput
 	for k, p := range l.accs {
 		m.PutRight[k] = RightState{Key: p.key, Values: []Value{TextValue(l.r.encode(p.accs, p.windows))}}
+		if l.r.LoadsResults() {
+			outs = append(outs, RollupOutput{Parent: p.key, Values: l.r.loadResults(p)})
+		}
 	}
-	return m
+	return m, outs
+}
+
+// LoadsResults says a load computes every parent's aggregates as it goes:
+// each ordered aggregate reads its parent's window (min, max, jsonb_agg …
+// LIMIT n), not the whole sorted set (jsonb_agg without LIMIT), which a
+// load does not keep.
+func (r *Rollup) LoadsResults() bool {
+	for _, s := range r.setOf {
+		if s >= 0 && r.sets[s].window == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// loadResults returns the aggregates of a parent a load holds whole.
+func (r *Rollup) loadResults(p *loadParent) []Value {
+	out := make([]Value, len(r.spec.Aggregates))
+	for i, ag := range r.spec.Aggregates {
+		if slot := r.scalar[i]; slot >= 0 {
+			text, null := p.accs[slot].Result()
+			out[i] = Value{Text: text, Null: null}
+			continue
+		}
+		out[i] = r.sets[r.setOf[i]].ordered(p.windows[r.setOf[i]], ag)
+	}
+	return out
 }

@@ -319,6 +319,37 @@ func rollupRandom(t *testing.T, seed uint64) {
 	// sizes, handed to the load in a random order.
 	loaded := jointest.NewStore()
 	ld := ro.Load()
+	// A load computes the parents' aggregates too when every ordered one
+	// reads a window: the aggregates but the jsonb_agg of all children.
+	var windowed []int
+	var wAggs []join.RollupAggregate
+	for i, a := range rollupAggs {
+		if a.Func != "jsonb_agg" || a.Limit > 0 {
+			windowed, wAggs = append(windowed, i), append(wAggs, a)
+		}
+	}
+	rw, err := join.NewRollup(join.RollupSpec{Name: "windowed", Parent: []join.Family{join.FamilyInt}, Child: []join.Family{join.FamilyInt},
+		ChildTypes: []string{"integer"}, Inputs: rollupInputs, NotNull: notNull, KeyInputs: []int{inID}, Aggregates: wAggs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ro.LoadsResults() || !rw.LoadsResults() {
+		t.Fatalf("LoadsResults: %v with a jsonb_agg of all children, %v without", ro.LoadsResults(), rw.LoadsResults())
+	}
+	wld := rw.Load()
+	loadedOuts := map[int][]join.Value{}
+	keep := func(outs []join.RollupOutput) {
+		for _, o := range outs {
+			p, err := strconv.Atoi(o.Parent[0].Text)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, dup := loadedOuts[p]; dup {
+				t.Fatalf("the load gave parent %d's aggregates twice", p)
+			}
+			loadedOuts[p] = slices.Clone(o.Values)
+		}
+	}
 	var rows [][]join.Value
 	var touch []join.RollupChange
 	for _, id := range slices.SortedFunc(maps.Keys(children), func(a, b int) int {
@@ -356,6 +387,11 @@ func rollupRandom(t *testing.T, seed uint64) {
 		if err := loaded.Apply(ctx, cloneMutations(m)); err != nil {
 			t.Fatal(err)
 		}
+		_, outs, err := wld.PageResults(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keep(outs)
 		// The load keeps nothing of a page once it has returned (the
 		// backfill drops its pages): what it keeps would show the
 		// scribbles.
@@ -373,6 +409,19 @@ func rollupRandom(t *testing.T, seed uint64) {
 	}
 	if err := loaded.Apply(ctx, fin); err != nil {
 		t.Fatal(err)
+	}
+	_, outs := wld.FinishResults()
+	keep(outs)
+	for p := range nParents + 1 {
+		var want []join.Value
+		if all := expected(t, children, p); all != nil {
+			for _, i := range windowed {
+				want = append(want, all[i])
+			}
+		}
+		if got := loadedOuts[p]; !slices.EqualFunc(got, want, join.Value.Equal) {
+			t.Fatalf("parent %d: the load computed %v, want %v", p, got, want)
+		}
 	}
 	// Both hold the same parents' states, byte for byte: accumulators and
 	// windows.

@@ -210,7 +210,15 @@ func (l *loader) addRollupLoads(ctx context.Context, prog *progress, snapshot st
 		query := selectColumns(&r.Table, cols) + " ORDER BY " + parentOrder(r.Table.ForeignKey, spec.Parent)
 		what := fmt.Sprintf("load the roll-up of %s of join %q", name, p.Name)
 		if !fromLoad {
-			return l.loadQuery(ctx, snapshot, query, j.Stores()[children], kids, ld.Page, ld.Finish, what)
+			return l.loadQuery(ctx, snapshot, query, j.Stores()[children], kids,
+				func(rows [][]join.Value) (join.Mutations, error) {
+					m, _, err := ld.Page(rows)
+					return m, err
+				},
+				func() join.Mutations {
+					m, _ := ld.Finish()
+					return m
+				}, what)
 		}
 		// The results' rows: the parent key, then the aggregates, as
 		// RollupResultsSQL gives them.
@@ -224,7 +232,7 @@ func (l *loader) addRollupLoads(ctx context.Context, prog *progress, snapshot st
 		stores := []loadTarget{{j.Stores()[children], kids.name}, {j.Stores()[results], kids.name + " results"}}
 		return l.loadQueryInto(ctx, snapshot, query, stores, kids,
 			func(rows [][]join.Value) ([]join.Mutations, error) {
-				m, outs, err := ld.PageResults(rows)
+				m, outs, err := ld.Page(rows)
 				if err != nil {
 					return nil, err
 				}
@@ -232,7 +240,7 @@ func (l *loader) addRollupLoads(ctx context.Context, prog *progress, snapshot st
 				return []join.Mutations{m, rm}, err
 			},
 			func() ([]join.Mutations, error) {
-				m, outs := ld.FinishResults()
+				m, outs := ld.Finish()
 				rm, err := resultRows(outs)
 				return []join.Mutations{m, rm}, err
 			}, what)

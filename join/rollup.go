@@ -750,12 +750,11 @@ func (a *rollupApply) outputs(ctx context.Context, view *Pending) ([]RollupOutpu
 		if !accs[0].Empty() {
 			out.Values = make([]Value, len(a.r.spec.Aggregates))
 			for i, ag := range a.r.spec.Aggregates {
-				if slot := a.r.scalar[i]; slot >= 0 {
-					text, null := accs[slot].Result()
-					out.Values[i] = Value{Text: text, Null: null}
+				if v, ok := a.r.kept(accs, p.windows, i); ok {
+					out.Values[i] = v
 					continue
 				}
-				v, err := a.ordered(sets, rows, p, i, ag)
+				v, err := a.ordered(sets, rows, p.key, i, ag)
 				if err != nil {
 					return nil, err
 				}
@@ -798,11 +797,8 @@ func (a *rollupApply) childOf(s int, mem Key) (Key, error) {
 // ordered computes ordered aggregate i of parent from its sorted set as
 // read: the first child's value (min, max) or the first children's
 // elements (jsonb_agg).
-func (a *rollupApply) ordered(sets map[Key][]Key, rows map[Key]LeftState, p *rollupParent, i int, ag RollupAggregate) (Value, error) {
-	if set := &a.r.sets[a.r.setOf[i]]; set.window > 0 {
-		return set.ordered(p.windows[a.r.setOf[i]], ag), nil
-	}
-	keys := sets[a.setKey(p.key, a.r.setOf[i])]
+func (a *rollupApply) ordered(sets map[Key][]Key, rows map[Key]LeftState, parent Key, i int, ag RollupAggregate) (Value, error) {
+	keys := sets[a.setKey(parent, a.r.setOf[i])]
 	if len(keys) == 0 {
 		return NullValue(), nil
 	}
@@ -941,15 +937,12 @@ type loadChild struct {
 // parent key, then its inputs, ordered by parent key: the children of a
 // parent are next to each other, in this page and the pages around it
 // (children without a parent anywhere).
-func (l *RollupLoad) Page(rows [][]Value) (Mutations, error) {
-	m, _, err := l.PageResults(rows)
-	return m, err
-}
-
-// PageResults is Page, and returns the aggregates of the parents whose
-// state it returns too, when LoadsResults (else none).
-func (l *RollupLoad) PageResults(rows [][]Value) (Mutations, []RollupOutput, error) {
+//
+// With the state, it returns the aggregates of the parents whose state it
+// holds whole, when LoadsResults (else none).
+func (l *RollupLoad) Page(rows [][]Value) (Mutations, []RollupOutput, error) {
 	r := l.r
+	results := r.LoadsResults()
 	nk, np := len(r.spec.Child), len(r.spec.Parent)
 	m := Mutations{PutLeft: make(map[Key]LeftState, len(rows)), AddSubs: make([]Subscription, 0, len(rows)*len(r.sets))}
 	a := &rollupApply{r: r}
@@ -1012,8 +1005,8 @@ func (l *RollupLoad) PageResults(rows [][]Value) (Mutations, []RollupOutput, err
 				m.PutRight = make(map[Key]RightState, len(children)/(j-i)) // about as many runs as this one
 			}
 			m.PutRight[run[0].parent] = RightState{Key: p.key, Values: []Value{TextValue(l.r.encode(p.accs, p.windows))}}
-			if l.r.LoadsResults() {
-				outs = append(outs, RollupOutput{Parent: p.key, Values: l.r.loadResults(p)})
+			if results {
+				outs = append(outs, RollupOutput{Parent: p.key, Values: l.r.results(p.accs, p.windows)})
 			}
 		}
 		i = j
@@ -1067,23 +1060,18 @@ func (l *RollupLoad) add(c *loadChild) error {
 }
 
 // Finish returns the accumulators of the parents at the ends of pages,
-// once every child is paged.
-func (l *RollupLoad) Finish() Mutations {
-	m, _ := l.FinishResults()
-	return m
-}
-
-// FinishResults is Finish, and returns those parents' aggregates when
-// LoadsResults (else none).
-func (l *RollupLoad) FinishResults() (Mutations, []RollupOutput) {
+// once every child is paged, and their aggregates when LoadsResults (else
+// none).
+func (l *RollupLoad) Finish() (Mutations, []RollupOutput) {
+	results := l.r.LoadsResults()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	m := Mutations{PutRight: make(map[Key]RightState, len(l.accs))}
 	var outs []RollupOutput
 	for k, p := range l.accs {
 		m.PutRight[k] = RightState{Key: p.key, Values: []Value{TextValue(l.r.encode(p.accs, p.windows))}}
-		if l.r.LoadsResults() {
-			outs = append(outs, RollupOutput{Parent: p.key, Values: l.r.loadResults(p)})
+		if results {
+			outs = append(outs, RollupOutput{Parent: p.key, Values: l.r.results(p.accs, p.windows)})
 		}
 	}
 	return m, outs
@@ -1102,16 +1090,26 @@ func (r *Rollup) LoadsResults() bool {
 	return true
 }
 
-// loadResults returns the aggregates of a parent a load holds whole.
-func (r *Rollup) loadResults(p *loadParent) []Value {
+// results returns the aggregates of a parent of accumulators accs and
+// windows ws, when LoadsResults.
+func (r *Rollup) results(accs []*agg.State, ws []window) []Value {
 	out := make([]Value, len(r.spec.Aggregates))
-	for i, ag := range r.spec.Aggregates {
-		if slot := r.scalar[i]; slot >= 0 {
-			text, null := p.accs[slot].Result()
-			out[i] = Value{Text: text, Null: null}
-			continue
-		}
-		out[i] = r.sets[r.setOf[i]].ordered(p.windows[r.setOf[i]], ag)
+	for i := range r.spec.Aggregates {
+		out[i], _ = r.kept(accs, ws, i)
 	}
 	return out
+}
+
+// kept returns aggregate i of a parent from its accumulators accs and
+// windows ws, and false when it reads the whole sorted set (a jsonb_agg of
+// all children).
+func (r *Rollup) kept(accs []*agg.State, ws []window, i int) (Value, bool) {
+	if slot := r.scalar[i]; slot >= 0 {
+		text, null := accs[slot].Result()
+		return Value{Text: text, Null: null}, true
+	}
+	if set := &r.sets[r.setOf[i]]; set.window > 0 {
+		return set.ordered(ws[r.setOf[i]], r.spec.Aggregates[i]), true
+	}
+	return Value{}, false
 }

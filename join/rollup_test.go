@@ -380,14 +380,14 @@ func rollupRandom(t *testing.T, seed uint64) {
 	}
 	r.Shuffle(len(pages), func(i, j int) { pages[i], pages[j] = pages[j], pages[i] })
 	for _, page := range pages {
-		m, err := ld.Page(page)
+		m, _, err := ld.Page(page)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := loaded.Apply(ctx, cloneMutations(m)); err != nil {
 			t.Fatal(err)
 		}
-		_, outs, err := wld.PageResults(page)
+		_, outs, err := wld.Page(page)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -401,7 +401,7 @@ func rollupRandom(t *testing.T, seed uint64) {
 			}
 		}
 	}
-	fin := ld.Finish()
+	fin, _ := ld.Finish()
 	for k, st := range fin.PutRight {
 		if enc, err := join.EncodeKey([]join.Family{join.FamilyInt}, st.Key); err != nil || enc != k {
 			t.Fatalf("a parent kept past its page has key %v: it was kept as a part of the page", st.Key)
@@ -410,7 +410,7 @@ func rollupRandom(t *testing.T, seed uint64) {
 	if err := loaded.Apply(ctx, fin); err != nil {
 		t.Fatal(err)
 	}
-	_, outs := wld.FinishResults()
+	_, outs := wld.Finish()
 	keep(outs)
 	for p := range nParents + 1 {
 		var want []join.Value

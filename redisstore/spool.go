@@ -232,7 +232,7 @@ func (sp *Spool) write(ctx context.Context, p *spoolPart, chunks []spoolChunk, s
 		return err
 	}
 	// The payloads are flushed at about 1 MiB: room for that from the
-	// start, not grown by doubling in every part (a third of a roll-up's
+	// start, not grown by doubling in every part (a fifth of a roll-up's
 	// backfill allocations).
 	w := spoolWriter{sp: sp, ctx: ctx, b: b, pipe: sp.s.rdb.Pipeline(), payloads: make([]byte, 0, min(size+size/4, 1<<20+1<<18))}
 	for start := 0; start < len(entries); {

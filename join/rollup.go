@@ -128,6 +128,12 @@ type RollupOutput struct {
 	// Values are the aggregates in the spec's order; nil when the parent
 	// has no children (count is 0, the others NULL).
 	Values []Value
+	// Known says Before are the parent's aggregates at the batch start, as
+	// the roll-up's state had them (nil: no children): set when the
+	// roll-up computes every aggregate from its accumulators and windows
+	// (LoadsResults) and no TRUNCATE cleared its state in the batch.
+	Known  bool
+	Before []Value
 }
 
 // NewRollup returns the Rollup of spec.
@@ -260,6 +266,8 @@ type rollupApply struct {
 	fetched map[Key]*RightState
 	// members are the sorted sets' changes: true added, false removed.
 	members map[Subscription]bool
+	// loads caches r.LoadsResults().
+	loads bool
 }
 
 // rollupParent is a parent a batch touched.
@@ -272,6 +280,9 @@ type rollupParent struct {
 	accs    []*agg.State
 	windows []window
 	stored  string
+	// before are its aggregates at the batch start (nil: none), when the
+	// roll-up computes them from its state (LoadsResults).
+	before []Value
 }
 
 // applySizeHint bounds the entries Apply sizes its first maps for, before
@@ -285,7 +296,8 @@ func (r *Rollup) Apply(ctx context.Context, store StateReader, changes []RollupC
 	// The maps are sized for the batch's children and parents: grown by
 	// rehashing, they took a tenth of W9's CPU per change.
 	n := min(len(changes), applySizeHint)
-	a := &rollupApply{r: r, store: store, base: make(map[Key]*LeftState, n), fetched: make(map[Key]*RightState, min(n, 1024))}
+	a := &rollupApply{r: r, store: store, base: make(map[Key]*LeftState, n), fetched: make(map[Key]*RightState, min(n, 1024)),
+		loads: r.LoadsResults()}
 	if err := a.prefetch(ctx, changes); err != nil {
 		return Mutations{}, nil, err
 	}
@@ -622,6 +634,9 @@ func (a *rollupApply) parent(ctx context.Context, k Key, vals []Value) (*rollupP
 				return nil, err
 			}
 			p.stored = st.Values[0].Text
+			if a.loads && !p.accs[0].Empty() {
+				p.before = a.r.results(p.accs, p.windows)
+			}
 		}
 	}
 	if p.accs == nil {
@@ -746,7 +761,7 @@ func (a *rollupApply) outputs(ctx context.Context, view *Pending) ([]RollupOutpu
 	outs := make([]RollupOutput, 0, len(a.parents))
 	for _, p := range a.parents {
 		accs := p.accs
-		out := RollupOutput{Parent: p.values}
+		out := RollupOutput{Parent: p.values, Known: a.loads && !a.cleared, Before: p.before}
 		if !accs[0].Empty() {
 			out.Values = make([]Value, len(a.r.spec.Aggregates))
 			for i, ag := range a.r.spec.Aggregates {
@@ -760,6 +775,9 @@ func (a *rollupApply) outputs(ctx context.Context, view *Pending) ([]RollupOutpu
 				}
 				out.Values[i] = v
 			}
+		}
+		if out.Known && (out.Before == nil) == (out.Values == nil) && ValuesEqual(out.Before, out.Values) {
+			continue // the batch left its aggregates as they were
 		}
 		outs = append(outs, out)
 	}

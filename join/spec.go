@@ -150,6 +150,11 @@ type Change struct {
 	// filtered table that left every input of the filter unchanged, so the
 	// row stays in the join, or out of it, as it was.
 	IfPresent bool
+	// Known marks a change whose row's values at the batch start the
+	// change carries (Before; nil: absent), as a roll-up knows its results
+	// from its own state: the tree does not read them.
+	Known  bool
+	Before []Value
 }
 
 // Output is one ordered piece of a batch's effect on the target table. The

@@ -128,6 +128,12 @@ type TreeChange struct {
 	Insert bool
 	// IfPresent: see Change.IfPresent.
 	IfPresent bool
+	// Known marks a change that carries its row as it was at the batch
+	// start (Before; nil: absent): when it is its key's first change in the
+	// batch and no earlier segment changed the key, the stored row is not
+	// read.
+	Known  bool
+	Before *TreeRow
 }
 
 // TreeStateReader reads a Tree's state as of the last committed batch.
@@ -366,9 +372,15 @@ func (a *treeApply) fold(ctx context.Context, changes []TreeChange) error {
 		encoded[i][0] = k
 		if !known[c.Table][k] {
 			known[c.Table][k] = true
-			if c.Insert && c.Kind == TreeUpsert {
+			switch {
+			case c.Insert && c.Kind == TreeUpsert:
 				a.changed[c.Table][k] = &treeChanged{}
-			} else {
+			case c.Known && c.Kind != TreeKeyChange && a.ov.unchanged(c.Table, k):
+				a.changed[c.Table][k] = &treeChanged{old: c.Before, new: c.Before}
+				if c.Before != nil {
+					a.ov.noteBase(c.Table, k, c.Before)
+				}
+			default:
 				keys[c.Table] = append(keys[c.Table], k)
 			}
 		}
@@ -1049,6 +1061,13 @@ func (o *treeOverlay) putRef(e int, s Subscription, add bool) {
 		o.removed[e][s.FK] = map[Key]bool{}
 	}
 	o.removed[e][s.FK][s.PK] = true
+}
+
+// unchanged reports whether the batch's earlier segments left row k of
+// table t as the batch started.
+func (o *treeOverlay) unchanged(t int, k Key) bool {
+	_, changed := o.rowChanges[t][k]
+	return !changed && !o.rowsCleared[t]
 }
 
 // rows reads rows of table t.

@@ -3,6 +3,7 @@ package join_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -410,7 +411,7 @@ func TestTreeRandomTrees(t *testing.T) {
 	if testing.Short() {
 		trees = 40
 	}
-	var walked, noops, writes, replays, owned uint64
+	var walked, noops, writes, replays, owned, known uint64
 	for seed := range trees {
 		r := rand.New(rand.NewPCG(uint64(seed), 7))
 		shape := randomTree(r)
@@ -432,8 +433,27 @@ func TestTreeRandomTrees(t *testing.T) {
 			br := rand.New(rand.NewPCG(uint64(seed), 11))
 			for b := range batches {
 				var changes []join.TreeChange
+				start := make([]map[int64]modelRow, len(m.rows))
+				for tab := range m.rows {
+					start[tab] = maps.Clone(m.rows[tab])
+				}
 				for range 1 + br.IntN(8) {
-					changes = append(changes, m.change(br, br.IntN(len(spec.Tables))))
+					tab := br.IntN(len(spec.Tables))
+					c := m.change(br, tab)
+					if (c.Kind == join.TreeUpsert || c.Kind == join.TreeDelete) && br.IntN(3) == 0 {
+						// The change carries the row as it was at the
+						// batch start (a roll-up's results): the tree
+						// takes it where no earlier change of the batch
+						// is in between.
+						key, _ := strconv.ParseInt(c.Row.Key[0].Text, 10, 64)
+						c.Known = true
+						if row, ok := start[tab][key]; ok {
+							before := m.treeRow(key, row)
+							c.Before = &before
+						}
+						known++
+					}
+					changes = append(changes, c)
 				}
 				what := fmt.Sprintf("seed %d %s page %d inline %v batch %d", seed, shape, variant.page, variant.inline, b)
 				muts, err := tree.Apply(ctx, store, changes, func(_ context.Context, o join.Output) error {
@@ -496,8 +516,11 @@ func TestTreeRandomTrees(t *testing.T) {
 	if owned == 0 {
 		t.Fatal("no tree has an entry keyed by the root's key")
 	}
-	t.Logf("%d root rows reached by walks; %d target writes, %d statements that wrote nothing; %d replays after a crash between the tables' commits",
-		walked, writes, noops, replays)
+	if known == 0 {
+		t.Fatal("no change carried its row's state")
+	}
+	t.Logf("%d root rows reached by walks; %d target writes, %d statements that wrote nothing; %d replays after a crash between the tables' commits; %d changes carried their row's state",
+		walked, writes, noops, replays, known)
 }
 
 func diffTreeTarget(got, want map[join.Key]join.Row) error {
@@ -526,7 +549,10 @@ func diffTreeTarget(got, want map[join.Key]join.Row) error {
 func describeTreeChanges(cs []join.TreeChange) string {
 	var b strings.Builder
 	for _, c := range cs {
-		fmt.Fprintf(&b, "\n  t%d %d key %v old %v values %v fks %v insert %v", c.Table, c.Kind, c.Row.Key, c.OldKey, c.Row.Values, c.Row.FKs, c.Insert)
+		fmt.Fprintf(&b, "\n  t%d %d key %v old %v values %v fks %v insert %v known %v", c.Table, c.Kind, c.Row.Key, c.OldKey, c.Row.Values, c.Row.FKs, c.Insert, c.Known)
+		if c.Before != nil {
+			fmt.Fprintf(&b, " before %v %v", c.Before.Values, c.Before.FKs)
+		}
 	}
 	return b.String()
 }

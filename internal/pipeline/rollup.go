@@ -109,8 +109,12 @@ func (t *Tree) rollupAt(n int) (k, results int) {
 
 // rollUp runs the batch's children's changes through their roll-ups. It
 // returns the tree's changes, with each roll-up's results appended as
-// changes of its entry, and the roll-ups' mutations.
-func (t *Tree) rollUp(ctx context.Context, changes []join.Change) ([]join.Change, []join.Mutations, error) {
+// changes of its entry, and the roll-ups' mutations. known says the
+// tree's tables are where the roll-ups are (no table is ahead after a
+// crash): a result then carries its parent's results before the batch,
+// which the entry's stored row holds too, unless held results of a large
+// transaction are in between.
+func (t *Tree) rollUp(ctx context.Context, changes []join.Change, known bool) ([]join.Change, []join.Mutations, error) {
 	if len(t.rollups) == 0 {
 		return changes, nil, nil
 	}
@@ -157,6 +161,7 @@ func (t *Tree) rollUp(ctx context.Context, changes []join.Change) ([]join.Change
 					c.Kind = join.RightDelete
 				}
 				if !t.holding && t.held[k] == nil {
+					c.Known, c.Before = known && o.Known, o.Before
 					kept = append(kept, c)
 					continue
 				}

@@ -134,7 +134,7 @@ func (t *Tree) apply(ctx context.Context, changes []join.Change, bound wal.LSN, 
 		}
 		changes = kept
 	}
-	changes, rolled, err := t.rollUp(ctx, changes)
+	changes, rolled, err := t.rollUp(ctx, changes, !t.ahead(bound))
 	if err != nil {
 		return join.Mutations{}, t.errorf(err)
 	}
@@ -399,8 +399,15 @@ func (l *TreeLayout) stateOf(t int, row *join.TreeRow) join.LeftState {
 func (l *TreeLayout) changes(in []join.Change) ([]join.TreeChange, error) {
 	out := make([]join.TreeChange, 0, len(in))
 	for _, c := range in {
-		tc := join.TreeChange{Table: c.Table, Insert: c.Insert, OldKey: c.OldKey, IfPresent: c.IfPresent}
+		tc := join.TreeChange{Table: c.Table, Insert: c.Insert, OldKey: c.OldKey, IfPresent: c.IfPresent, Known: c.Known}
 		var err error
+		if c.Known && c.Before != nil {
+			before, err := l.row(c.Table, c.Right.Key, c.Before)
+			if err != nil {
+				return nil, err
+			}
+			tc.Before = &before
+		}
 		switch c.Kind {
 		case join.LeftUpsert, join.RightUpsert, join.LeftKeyChange, join.RightKeyChange:
 			tc.Kind = join.TreeUpsert

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -73,9 +75,10 @@ type TableCost struct {
 	RefBytes    int64  `json:"state_bytes_per_reference"`
 	StateBytes  int64  `json:"state_bytes"`
 	WidthSource string `json:"width_source"` // pg_stats (analyzed) or types (not analyzed)
-	// Where is the table's filter; Kept the rows the planner expects it to
-	// keep (its selectivity from the table's statistics), which the state
-	// holds; SavedBytes the state the rows it leaves out do not take.
+	// Where is the table's filter; Kept the rows it keeps (its share of a
+	// sample of the table's pages; the planner's selectivity where the
+	// sample holds no row), which the state holds; SavedBytes the state the
+	// rows it leaves out do not take.
 	Where      string `json:"where,omitempty"`
 	Kept       int64  `json:"kept_rows,omitempty"`
 	SavedBytes int64  `json:"state_bytes_saved,omitempty"`
@@ -98,9 +101,10 @@ const (
 )
 
 // estimateBasis is RunPlan.Basis.
-const estimateBasis = "rows: max(pg_class.reltuples, n_live_tup); widths: pg_stats.avg_width (the type's length where a column was never analyzed); " +
+const estimateBasis = "rows: max(pg_class.reltuples, n_live_tup); widths: pg_stats.avg_width (the type's length where a column was never analyzed), " +
+	"a computed column's and a where's share from a sample of about 10k rows; " +
 	"Redis: 14 B per row plus its columns, 4 B per reference plus its keys (make bench W4: 65 B per order row, 18 B per subscription); " +
-	"a roll-up's results and accumulators per parent from its aggregates' widths (make bench W9); " +
+	"a roll-up's results, accumulators and sorted sets per parent from its aggregates' widths, 96 B per sorted set plus its key (make bench W9); " +
 	"backfill: 900k rows and references per second, a roll-up's children counted twice more when grouped again for the target and the results, once when the load computes the results, plus 0.5 s per join (make bench W4 1.1M/s, W7 0.6-1.1M/s, on 2 cores). " +
 	"Expect the Redis estimate within 2x of the real state; the time varies with the machine"
 
@@ -231,17 +235,19 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 	// Each table's state row: its key and the columns it keeps; each
 	// reference: the referencing row's key and its foreign key.
 	type stateTable struct {
-		name       string
-		table      config.TableName
-		cols, refs [][]plan.SourceColumn // refs: per edge from this table, its FK columns
-		key        []plan.SourceColumn
-		tp         *plan.TablePlan
+		name  string
+		table config.TableName
+		cols  [][]plan.SourceColumn
+		refs  []stateRef
+		key   []plan.SourceColumn
+		tp    *plan.TablePlan
 		// rollup, when set, is the roll-up whose results and accumulators
 		// per parent the table's rows are (rowBytes, rollupParentBytes);
 		// regroup is how many times more the backfill groups the table's
 		// rows: the target's SQL, and the results' when the children's
 		// load does not compute them (join.Rollup.LoadsResults).
 		rollup   *plan.RollupPlan
+		sets     int // the roll-up's sorted sets, one per parent each
 		rowBytes int64
 		regroup  int64
 	}
@@ -250,7 +256,7 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 		cols := slices.Concat(p.Left.Key, p.Left.ForeignKey, sourcesOf(p.Left.Values))
 		st = append(st,
 			stateTable{name: p.Left.Table.String(), table: p.Left.Table, cols: [][]plan.SourceColumn{cols}, key: p.Left.Key,
-				refs: [][]plan.SourceColumn{p.Left.ForeignKey}, tp: &p.Left},
+				refs: []stateRef{{cols: p.Left.ForeignKey}}, tp: &p.Left},
 			stateTable{name: p.Right.Table.String(), table: p.Right.Table,
 				cols: [][]plan.SourceColumn{slices.Concat(p.Right.Key, sourcesOf(p.Right.Values))}, key: p.Right.Key, tp: &p.Right})
 	} else {
@@ -264,12 +270,14 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 			}
 			for _, e := range p.Edges {
 				if e.Parent+1 == t {
-					s.refs = append(s.refs, e.Table.ForeignKey)
+					s.refs = append(s.refs, stateRef{cols: e.Table.ForeignKey})
 				}
 			}
 			for range p.Rollups {
 				if t == 0 {
-					s.refs = append(s.refs, p.Left.Key) // the reference to the roll-up's results
+					// The reference to the roll-up's results, by the
+					// row's own key: a sorted set of its own per row.
+					s.refs = append(s.refs, stateRef{cols: p.Left.Key, ownKey: true})
 				}
 			}
 			st = append(st, s)
@@ -285,12 +293,16 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 			if err != nil {
 				return jc, err
 			}
-			for range ro.Sets() {
-				s.refs = append(s.refs, r.Table.ForeignKey)
+			for _, order := range ro.SetOrders() {
+				ref := stateRef{order: true}
+				for _, in := range order {
+					ref.cols = append(ref.cols, r.Inputs[in])
+				}
+				s.refs = append(s.refs, ref)
 			}
 			results := stateTable{name: "roll-up " + r.Table.Table.String() + " (results)", table: p.Left.Table, key: p.Left.Key,
 				cols: [][]plan.SourceColumn{slices.Concat(p.Left.Key, p.Left.Key)}, tp: &plan.TablePlan{}}
-			results.rollup, s.regroup = r, 2
+			results.rollup, results.sets, s.regroup = r, ro.Sets(), 2
 			if ro.LoadsResults() {
 				s.regroup = 1
 			}
@@ -326,13 +338,25 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 			return jc, err
 		}
 		rows, widths, analyzed := ts.rows, ts.widths, ts.analyzed
+		if len(s.tp.Computed) > 0 {
+			if widths, err = withComputedWidths(ctx, source, s.tp, widths); err != nil {
+				return jc, err
+			}
+		}
 		if r := s.rollup; r != nil {
 			children, err := statsOf(r.Table.Table)
 			if err != nil {
 				return jc, err
 			}
-			s.rowBytes = rowOverhead + 2*width(children.widths, r.Table.ForeignKey) +
-				rollupParentBytes(r, children.widths, float64(children.rows)/float64(max(rows, 1)))
+			cw, err := withComputedWidths(ctx, source, &r.Table, children.widths)
+			if err != nil {
+				return jc, err
+			}
+			// Besides the results and accumulators, a sorted set per
+			// parent and order of the children.
+			s.rowBytes = rowOverhead + 2*width(cw, r.Table.ForeignKey) +
+				rollupParentBytes(r, cw, float64(children.rows)/float64(max(rows, 1))) +
+				int64(s.sets)*(setKeyOverhead+int64(len(jc.RedisPrefix))+width(cw, r.Table.ForeignKey))
 		}
 		tc := TableCost{Table: s.name, Rows: rows, RowBytes: rowOverhead + width(widths, s.cols[0]), WidthSource: "pg_stats"}
 		if s.rowBytes > 0 {
@@ -348,9 +372,15 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 			}
 			tc.Where, tc.Kept = s.tp.Where, kept
 		}
-		for _, fk := range s.refs {
+		for _, ref := range s.refs {
 			tc.References += kept
-			tc.RefBytes = refOverhead + width(widths, s.key) + width(widths, fk)
+			tc.RefBytes = refOverhead + width(widths, s.key) + width(widths, ref.cols)
+			switch {
+			case ref.order:
+				tc.RefBytes += int64(len(ref.cols)) // each order column's tag
+			case ref.ownKey:
+				tc.RefBytes += setKeyOverhead + int64(len(jc.RedisPrefix))
+			}
 			tc.StateBytes += kept * tc.RefBytes
 		}
 		tc.StateBytes += kept * tc.RowBytes
@@ -370,10 +400,68 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 	return jc, nil
 }
 
-// filteredRows is how many of a table's rows its filter keeps, as the
-// planner estimates from the table's statistics (the selectivity of the
-// where applied to rows).
+// stateRef is a kind of reference a table's state keeps per row: a member
+// of a sorted set per referenced key, holding the row's key and cols (the
+// foreign key of a join's reference; the order columns of a roll-up's
+// sorted set, each tagged, when order). ownKey: a reference by the row's
+// own key, whose sorted set is the row's alone (a roll-up's results).
+type stateRef struct {
+	cols          []plan.SourceColumn
+	order, ownKey bool
+}
+
+// withComputedWidths returns widths with the average widths of the
+// columns fkmat computes for tp (their text, as the state keeps it),
+// sampled from its first sampleRows rows that pass its where; a computed
+// column of no sampled row keeps computedWidth.
+func withComputedWidths(ctx context.Context, db *pgxpool.Pool, tp *plan.TablePlan, widths map[string]int64) (map[string]int64, error) {
+	var cols []string
+	var names []string
+	for _, c := range tp.Computed {
+		if c.Name == tp.FilterColumn() {
+			continue
+		}
+		names = append(names, c.Name)
+		cols = append(cols, "avg(octet_length(("+pgx.Identifier{"t", c.Name}.Sanitize()+")::text))::float8")
+	}
+	if len(cols) == 0 {
+		return widths, nil
+	}
+	avgs := make([]*float64, len(cols))
+	dest := make([]any, len(cols))
+	for i := range avgs {
+		dest[i] = &avgs[i]
+	}
+	q := "SELECT " + strings.Join(cols, ", ") + " FROM (SELECT * FROM " + plan.FromSQL(tp) + " s LIMIT " + fmt.Sprint(sampleRows) + ") t"
+	if err := db.QueryRow(ctx, q).Scan(dest...); err != nil {
+		return nil, fmt.Errorf("sample the computed columns of %s: %w", tp.Table, err)
+	}
+	out := maps.Clone(widths)
+	for i, name := range names {
+		if avgs[i] != nil {
+			out[name] = int64(math.Ceil(*avgs[i]))
+		}
+	}
+	return out, nil
+}
+
+// filteredRows is how many of a table's rows its filter keeps: the share
+// of a sample of its pages (sampleRows rows or so) that passes, or, when
+// the sample holds no row, the planner's estimate from the table's
+// statistics (the selectivity of the where applied to rows).
 func filteredRows(ctx context.Context, db *pgxpool.Pool, tp *plan.TablePlan, rows int64) (int64, error) {
+	if rows > 0 {
+		pct := min(100, 100*float64(sampleRows)/float64(rows))
+		var passed, sampled int64
+		q := "SELECT count(*) FILTER (WHERE (" + tp.Where + ")), count(*) FROM " +
+			tableIdent(tp.Table) + " AS " + pgx.Identifier{tp.Table.Name}.Sanitize() + fmt.Sprintf(" TABLESAMPLE SYSTEM (%g)", pct)
+		if err := db.QueryRow(ctx, q).Scan(&passed, &sampled); err != nil {
+			return 0, fmt.Errorf("sample the rows the where of %s keeps: %w", tp.Table, err)
+		}
+		if sampled > 0 {
+			return int64(float64(rows) * float64(passed) / float64(sampled)), nil
+		}
+	}
 	var all, kept float64
 	explain := func(q string) (float64, error) {
 		var out []map[string]map[string]any
@@ -416,7 +504,11 @@ func width(widths map[string]int64, cols []plan.SourceColumn) int64 {
 		switch {
 		case seen[c.Name]:
 		case c.Expr != "":
-			n += computedWidth // a computed column has no statistics
+			if w, ok := widths[c.Name]; ok {
+				n += w // sampled (withComputedWidths)
+			} else {
+				n += computedWidth // a computed column has no statistics
+			}
 		default:
 			n += widths[c.Name]
 		}
@@ -436,7 +528,7 @@ func width(widths map[string]int64, cols []plan.SourceColumn) int64 {
 // results per customer, for count, sum, max and the 5 latest as JSON).
 func rollupParentBytes(r *plan.RollupPlan, widths map[string]int64, perParent float64) int64 {
 	input := func(i int) int64 {
-		if r.Inputs[i].Expr != "" {
+		if _, sampled := widths[r.Inputs[i].Name]; r.Inputs[i].Expr != "" && !sampled {
 			return 2 * computedWidth
 		}
 		return width(widths, r.Inputs[i:i+1])
@@ -471,8 +563,18 @@ const (
 	jsonElementOverhead = 4
 )
 
-// computedWidth is the width a computed column is estimated at.
+// computedWidth is the width a computed column is estimated at when no row
+// was sampled.
 const computedWidth = 16
+
+// sampleRows is about how many rows check --plan samples from a table to
+// estimate what its where keeps and how wide its computed columns are.
+const sampleRows = 10_000
+
+// setKeyOverhead is what a sorted set's key costs besides its members and
+// the state's prefix (W9: 144 B per customer's set of one member, with a
+// prefix of 48 B).
+const setKeyOverhead = 96
 
 // columnWidths is each column's average width in bytes: pg_stats.avg_width
 // where the table was analyzed, else the type's length (16 for a type of

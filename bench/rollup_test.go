@@ -51,45 +51,36 @@ var w9ScalarSQL = w9SQL[:strings.Index(w9SQL, ",\n\t(SELECT jsonb_agg")] + "\n\t
 // growth over the backfill and catch-up). Then the backfill of W9 at its
 // own size (W9Orders orders over W9Customers customers), beside the
 // INSERT … SELECT … GROUP BY of its SQL. FKMAT_BENCH_W9=backfill runs the
-// backfill alone.
+// backfill alone, FKMAT_BENCH_W9=catchup the catch-up alone.
 func benchW9(t *testing.T, s sizes, rep *report) {
 	if os.Getenv("FKMAT_BENCH_W9") != "backfill" {
 		benchW9CatchUp(t, s, rep)
 	}
-	benchW9Backfill(t, s, rep)
+	if os.Getenv("FKMAT_BENCH_W9") != "catchup" {
+		benchW9Backfill(t, s, rep)
+	}
 }
 
-// benchW9CatchUp is W9's catch-up beside W1's.
+// benchW9CatchUp is W9's catch-up beside W1's. With
+// FKMAT_BENCH_W9_BASE=<an fkmat binary>, each W9 run is preceded by one of
+// that build (W1, W9 base, W9, W9 without jsonb_agg base, W9 without
+// jsonb_agg, twice), and the log gives both builds' CPU per change.
 func benchW9CatchUp(t *testing.T, s sizes, rep *report) {
 	type result struct {
 		catchUp, cpu, mem float64
 	}
-	measure := func(yaml, sql string) result {
+	base := os.Getenv("FKMAT_BENCH_W9_BASE")
+	measure := func(yaml, sql, bin string) result {
 		w := w1(s)
 		if yaml != "" {
 			w.yaml, w.oracleTarget, w.oracleSQL = yaml, `SELECT * FROM customer_stats`, sql
 		}
 		d := newDB(t, w)
+		d.bin = bin
 		mem0 := d.redisInfo("memory", "used_memory")
 		_, catchUp, u := d.catchUp(w, "catchup")
 		mem := d.redisInfo("memory", "used_memory") - mem0
-		// Where the bytes are, by state and kind (MEMORY USAGE, and the
-		// keys' encodings): the log says it.
-		prefixes := []string{redisstore.Prefix(d.Slot, "orders_enriched")}
-		if yaml != "" {
-			prefixes = nil
-			for tab := range 3 {
-				prefixes = append(prefixes, redisstore.TablePrefix(d.Slot, "customer_stats", tab))
-			}
-		}
-		for _, prefix := range prefixes {
-			k := d.redisKeysOf(prefix)
-			for _, kind := range []byte{redisstore.KindLeft, redisstore.KindRight, redisstore.KindSubs} {
-				if k.bytes[kind] > 0 {
-					t.Logf("%s %c: %.1f MB, %s", prefix, kind, k.bytes[kind]/1e6, k.encodingSummary(kind))
-				}
-			}
-		}
+		d.logW9Keys(yaml != "")
 		if err := testenv.DeleteKeys(context.Background(), d.Redis, "fkmat:"+d.Slot+":"); err != nil {
 			t.Fatal(err)
 		}
@@ -100,14 +91,24 @@ func benchW9CatchUp(t *testing.T, s sizes, rep *report) {
 		case w9ScalarYAML:
 			what = "W9 without jsonb_agg"
 		}
-		t.Logf("%s: catch-up %.2f s, CPU fkmat %.2f s, redis-server %.2f s", what, catchUp.Seconds(), u.cpu, u.redisCPU)
+		if bin != "" {
+			what += " (base)"
+		}
+		t.Logf("%s: catch-up %.2f s, CPU fkmat %.2f s, redis-server %.2f s, %.1f ms per 1k changes",
+			what, catchUp.Seconds(), u.cpu, u.redisCPU, 1e6*(u.cpu+u.redisCPU)/float64(w1(s).changes()))
 		return result{catchUp.Seconds(), u.cpu + u.redisCPU, mem}
 	}
 	var plain, rolled, scalar []result
 	for range 2 {
-		plain = append(plain, measure("", ""))
-		rolled = append(rolled, measure(w9YAML, w9SQL))
-		scalar = append(scalar, measure(w9ScalarYAML, w9ScalarSQL))
+		plain = append(plain, measure("", "", ""))
+		if base != "" {
+			measure(w9YAML, w9SQL, base)
+		}
+		rolled = append(rolled, measure(w9YAML, w9SQL, ""))
+		if base != "" {
+			measure(w9ScalarYAML, w9ScalarSQL, base)
+		}
+		scalar = append(scalar, measure(w9ScalarYAML, w9ScalarSQL, ""))
 	}
 	n := float64(w1(s).changes())
 	ratio := func(rs []result, f func(result) float64) float64 {
@@ -135,6 +136,27 @@ func benchW9CatchUp(t *testing.T, s sizes, rep *report) {
 	rep.target("W9 roll-up: Redis ≤ 1.5x W1's two-table state", ratio(rolled, mem), "<=", 1.5, "x")
 }
 
+// logW9Keys logs where the Redis bytes of W1's join or W9's (rolled) are,
+// by state and kind: MEMORY USAGE, and the keys' encodings.
+func (d *db) logW9Keys(rolled bool) {
+	d.b.Helper()
+	prefixes := []string{redisstore.Prefix(d.Slot, "orders_enriched")}
+	if rolled {
+		prefixes = nil
+		for tab := range 3 {
+			prefixes = append(prefixes, redisstore.TablePrefix(d.Slot, "customer_stats", tab))
+		}
+	}
+	for _, prefix := range prefixes {
+		k := d.redisKeysOf(prefix)
+		for _, kind := range []byte{redisstore.KindLeft, redisstore.KindRight, redisstore.KindSubs} {
+			if k.bytes[kind] > 0 {
+				d.b.Logf("%s %c: %.1f MB, %s", prefix, kind, k.bytes[kind]/1e6, k.encodingSummary(kind))
+			}
+		}
+	}
+}
+
 // benchW9Backfill is W9's backfill beside the SQL's INSERT … SELECT.
 func benchW9Backfill(t *testing.T, s sizes, rep *report) {
 	name := "W9 roll-up"
@@ -159,6 +181,7 @@ func benchW9Backfill(t *testing.T, s sizes, rep *report) {
 	u := d.backfill()
 	mem := d.settledMemory().used - mem0.used
 	d.assertJoin("customer_stats")
+	d.logW9Keys(true)
 	rep.row(name, "check --plan: estimated Redis memory / INFO used_memory growth of the backfill", planBytes/mem, "x",
 		fmt.Sprintf("estimate %.0f MB, used_memory growth %.0f MB", planBytes/1e6, mem/1e6), false)
 	rep.row(name, "check --plan: estimated backfill time / real", planSeconds/u.took.Seconds(), "x",

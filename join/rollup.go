@@ -119,6 +119,10 @@ type RollupChange struct {
 	// IfPresent applies an upsert only to a row the state holds: its
 	// filter's inputs did not change.
 	IfPresent bool
+	// Insert marks an upsert of a row that did not exist just before it
+	// (see Change.Insert): as its key's first change in the batch, the
+	// child is known absent at the batch start and not read.
+	Insert bool
 }
 
 // RollupOutput is a parent's new aggregates.
@@ -243,6 +247,16 @@ func (r *Rollup) checkInputs(agg int, cols ...int) error {
 // its min, max and jsonb_agg aggregates, shared by those ordered alike.
 func (r *Rollup) Sets() int { return len(r.sets) }
 
+// SetOrders returns, per sorted set, the inputs its members are ordered by
+// (none for a jsonb_agg without ORDER BY: by the child's key alone).
+func (r *Rollup) SetOrders() [][]int {
+	out := make([][]int, len(r.sets))
+	for s := range r.sets {
+		out[s] = slices.Clone(r.sets[s].cols)
+	}
+	return out
+}
+
 // Spec returns the roll-up's spec.
 func (r *Rollup) Spec() RollupSpec { return r.spec }
 
@@ -353,7 +367,7 @@ func (a *rollupApply) prefetch(ctx context.Context, changes []RollupChange) erro
 		if c.Kind == LeftTruncate {
 			break // the store does not count after it
 		}
-		for _, vals := range [][]Value{c.Key, c.OldKey} {
+		for j, vals := range [][]Value{c.OldKey, c.Key} {
 			if vals == nil {
 				continue
 			}
@@ -362,8 +376,10 @@ func (a *rollupApply) prefetch(ctx context.Context, changes []RollupChange) erro
 				return fmt.Errorf("roll-up %s: child key: %w", a.r.spec.Name, err)
 			}
 			if _, ok := a.base[k]; !ok {
-				a.base[k] = nil
-				keys = append(keys, k)
+				a.base[k] = nil // absent, unless read
+				if j == 0 || !c.Insert || c.Kind != LeftUpsert {
+					keys = append(keys, k)
+				}
 			}
 		}
 	}

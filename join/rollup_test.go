@@ -268,8 +268,10 @@ func rollupRandom(t *testing.T, seed uint64) {
 				if p := r.IntN(nParents + 2); p < nParents+1 {
 					next.parent = &p // nParents itself is a parent that never exists: dangling
 				}
+				// An insert (the row did not exist just before) says so
+				// most of the time, as pgoutput's INSERT does.
 				ch := join.RollupChange{Kind: join.LeftUpsert, Key: []join.Value{join.TextValue(strconv.Itoa(id))},
-					Parent: parentValues(next.parent), Values: slices.Clone(next.vals), Absent: !next.in}
+					Parent: parentValues(next.parent), Values: slices.Clone(next.vals), Absent: !next.in, Insert: !exists && r.IntN(4) != 0}
 				if exists && c.in && r.IntN(3) == 0 {
 					// An update leaving elem unchanged and TOASTed; the
 					// filter's inputs unchanged too: presence kept.
@@ -504,4 +506,21 @@ func cloneMutations(m join.Mutations) join.Mutations {
 		c.PutRight[k] = join.RightState{Key: slices.Clone(st.Key), Values: slices.Clone(st.Values)}
 	}
 	return c
+}
+
+// TestRollupSetOrders: aggregates ordered alike share a sorted set
+// (max(id) and the newest children by id); min and max of one input, and
+// a jsonb_agg without ORDER BY, have sets of their own.
+func TestRollupSetOrders(t *testing.T) {
+	ro, err := join.NewRollup(join.RollupSpec{Name: "orders", Parent: []join.Family{join.FamilyInt}, Child: []join.Family{join.FamilyInt},
+		ChildTypes: []string{"bigint"}, Inputs: []string{"bigint", "numeric", "jsonb"}, NotNull: []bool{true, false, false}, KeyInputs: []int{0},
+		Aggregates: []join.RollupAggregate{{Func: "count", Input: -1}, {Func: "max", Input: 0}, {Func: "sum", Input: 1},
+			{Func: "jsonb_agg", Input: 2, OrderBy: []int{0}, Desc: []bool{true}, Limit: 5}, {Func: "min", Input: 0},
+			{Func: "jsonb_agg", Input: 2}, {Func: "max", Input: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ro.SetOrders(), [][]int{{0}, {0}, {}, {1}}; ro.Sets() != len(want) || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("%d sets ordered by %v, want %v", ro.Sets(), got, want)
+	}
 }

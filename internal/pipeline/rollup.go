@@ -126,7 +126,7 @@ func (t *Tree) rollUp(ctx context.Context, changes []join.Change, known bool) ([
 			kept = append(kept, c)
 			continue
 		}
-		rc := join.RollupChange{Kind: c.Kind, Key: c.Left.PK, Parent: c.Left.FK, Values: c.Left.Values, IfPresent: c.IfPresent}
+		rc := join.RollupChange{Kind: c.Kind, Key: c.Left.PK, Parent: c.Left.FK, Values: c.Left.Values, IfPresent: c.IfPresent, Insert: c.Insert}
 		switch c.Kind {
 		case join.LeftTruncate, join.RightTruncate:
 			rc.Kind = join.LeftTruncate

@@ -119,10 +119,6 @@ type RollupChange struct {
 	// IfPresent applies an upsert only to a row the state holds: its
 	// filter's inputs did not change.
 	IfPresent bool
-	// Insert marks an upsert of a row that did not exist just before it
-	// (see Change.Insert): as its key's first change in the batch, the
-	// child is known absent at the batch start and not read.
-	Insert bool
 }
 
 // RollupOutput is a parent's new aggregates.
@@ -282,6 +278,10 @@ type rollupApply struct {
 	members map[Subscription]bool
 	// loads caches r.LoadsResults().
 	loads bool
+	// states and ptrs are the rest of the slabs take cuts accumulators
+	// from.
+	states []agg.State
+	ptrs   []*agg.State
 }
 
 // rollupParent is a parent a batch touched.
@@ -359,7 +359,10 @@ func (a *rollupApply) view(m *Mutations) (*Pending, error) {
 }
 
 // prefetch reads the stored state of every child the batch names, in one
-// round trip.
+// round trip. An inserted child is read too, unlike the two-table engine's
+// (Change.Insert): the accumulators count, so a batch applied again over
+// a state that already has it must find it, as after a frozen daemon's
+// late commit of the batch its successor replays.
 func (a *rollupApply) prefetch(ctx context.Context, changes []RollupChange) error {
 	var keys []Key
 	for i := range changes {
@@ -367,7 +370,7 @@ func (a *rollupApply) prefetch(ctx context.Context, changes []RollupChange) erro
 		if c.Kind == LeftTruncate {
 			break // the store does not count after it
 		}
-		for j, vals := range [][]Value{c.OldKey, c.Key} {
+		for _, vals := range [][]Value{c.Key, c.OldKey} {
 			if vals == nil {
 				continue
 			}
@@ -376,10 +379,8 @@ func (a *rollupApply) prefetch(ctx context.Context, changes []RollupChange) erro
 				return fmt.Errorf("roll-up %s: child key: %w", a.r.spec.Name, err)
 			}
 			if _, ok := a.base[k]; !ok {
-				a.base[k] = nil // absent, unless read
-				if j == 0 || !c.Insert || c.Kind != LeftUpsert {
-					keys = append(keys, k)
-				}
+				a.base[k] = nil
+				keys = append(keys, k)
 			}
 		}
 	}
@@ -646,7 +647,7 @@ func (a *rollupApply) parent(ctx context.Context, k Key, vals []Value) (*rollupP
 		}
 		if st != nil {
 			var err error
-			if p.accs, p.windows, err = a.r.decode(*st); err != nil {
+			if p.accs, p.windows, err = a.r.decode(*st, a.take()); err != nil {
 				return nil, err
 			}
 			p.stored = st.Values[0].Text
@@ -656,28 +657,42 @@ func (a *rollupApply) parent(ctx context.Context, k Key, vals []Value) (*rollupP
 		}
 	}
 	if p.accs == nil {
-		p.accs = make([]*agg.State, 0, len(a.r.funcs))
-		for _, fn := range a.r.funcs {
-			p.accs = append(p.accs, agg.New(fn))
+		p.accs, p.windows = a.take(), a.r.newWindows()
+		for i, fn := range a.r.funcs {
+			*p.accs[i] = *agg.New(fn)
 		}
-		p.windows = a.r.newWindows()
 	}
 	a.touched[k] = p
 	a.parents = append(a.parents, p)
 	return p, nil
 }
 
-// decode reads a parent's stored accumulators and windows.
-func (r *Rollup) decode(st RightState) ([]*agg.State, []window, error) {
+// take returns a parent's accumulators, zero, from the batch's slabs: a
+// batch allocates them a few times, not once per parent.
+func (a *rollupApply) take() []*agg.State {
+	n := len(a.r.funcs)
+	if len(a.states) < n {
+		size := n * max(len(a.fetched), 64)
+		a.states, a.ptrs = make([]agg.State, size), make([]*agg.State, size)
+	}
+	accs := a.ptrs[:n:n]
+	for i := range accs {
+		accs[i] = &a.states[i]
+	}
+	a.states, a.ptrs = a.states[n:], a.ptrs[n:]
+	return accs
+}
+
+// decode reads a parent's stored accumulators and windows into accs
+// (zero, one per aggregate function).
+func (r *Rollup) decode(st RightState, accs []*agg.State) ([]*agg.State, []window, error) {
 	if len(st.Values) != 1 {
 		return nil, nil, fmt.Errorf("roll-up %s: a stored parent has %d values", r.spec.Name, len(st.Values))
 	}
 	text := st.Values[0].Text
 	b := []byte(text)
-	accs := make([]*agg.State, len(r.funcs))
-	states := make([]agg.State, len(r.funcs)) // one allocation for the parent's
 	for i, fn := range r.funcs {
-		s := &states[i]
+		s := accs[i]
 		rest, err := agg.DecodeInto(s, b)
 		if err != nil {
 			return nil, nil, fmt.Errorf("roll-up %s: %w", r.spec.Name, err)

@@ -268,10 +268,8 @@ func rollupRandom(t *testing.T, seed uint64) {
 				if p := r.IntN(nParents + 2); p < nParents+1 {
 					next.parent = &p // nParents itself is a parent that never exists: dangling
 				}
-				// An insert (the row did not exist just before) says so
-				// most of the time, as pgoutput's INSERT does.
 				ch := join.RollupChange{Kind: join.LeftUpsert, Key: []join.Value{join.TextValue(strconv.Itoa(id))},
-					Parent: parentValues(next.parent), Values: slices.Clone(next.vals), Absent: !next.in, Insert: !exists && r.IntN(4) != 0}
+					Parent: parentValues(next.parent), Values: slices.Clone(next.vals), Absent: !next.in}
 				if exists && c.in && r.IntN(3) == 0 {
 					// An update leaving elem unchanged and TOASTed; the
 					// filter's inputs unchanged too: presence kept.

@@ -118,15 +118,26 @@ func (t *Tree) rollUp(ctx context.Context, changes []join.Change, known bool) ([
 	if len(t.rollups) == 0 {
 		return changes, nil, nil
 	}
+	// Each roll-up's changes and the tree's, sized exactly: a batch of
+	// children alone keeps only the results.
+	counts := make([]int, len(t.rollups))
+	trees := 0
+	for _, c := range changes {
+		if k, _ := t.rollupAt(c.Table); k >= 0 {
+			counts[k]++
+		} else {
+			trees++
+		}
+	}
 	per := make([][]join.RollupChange, len(t.rollups))
-	kept := make([]join.Change, 0, len(changes))
+	kept := make([]join.Change, 0, trees)
 	for _, c := range changes {
 		k, _ := t.rollupAt(c.Table)
 		if k < 0 {
 			kept = append(kept, c)
 			continue
 		}
-		rc := join.RollupChange{Kind: c.Kind, Key: c.Left.PK, Parent: c.Left.FK, Values: c.Left.Values, IfPresent: c.IfPresent, Insert: c.Insert}
+		rc := join.RollupChange{Kind: c.Kind, Key: c.Left.PK, Parent: c.Left.FK, Values: c.Left.Values, IfPresent: c.IfPresent}
 		switch c.Kind {
 		case join.LeftTruncate, join.RightTruncate:
 			rc.Kind = join.LeftTruncate
@@ -137,7 +148,7 @@ func (t *Tree) rollUp(ctx context.Context, changes []join.Change, known bool) ([
 			return nil, nil, fmt.Errorf("roll-up %d: change kind %s", k, c.Kind)
 		}
 		if per[k] == nil {
-			per[k] = make([]join.RollupChange, 0, len(changes))
+			per[k] = make([]join.RollupChange, 0, counts[k])
 		}
 		per[k] = append(per[k], rc)
 	}
@@ -150,6 +161,7 @@ func (t *Tree) rollUp(ctx context.Context, changes []join.Change, known bool) ([
 				return nil, nil, err
 			}
 			muts[k] = m
+			kept = slices.Grow(kept, len(outs)+1)
 			if m.ClearLeft {
 				// Every parent's results so far are void.
 				delete(t.held, k)

@@ -193,6 +193,13 @@ func (c *Case) cleanup(t testing.TB) {
 	defer cancel()
 	c.Pool.Close()
 	env := c.Env
+	if t.Failed() {
+		// A test that failed between pausing or stopping a server and
+		// bringing it back would fail every later test of the process.
+		if err := env.revive(ctx); err != nil {
+			t.Errorf("testenv: bring the servers back: %v", err)
+		}
+	}
 	// Slots keep WAL and block DROP DATABASE: terminate their walsenders and
 	// drop them first. Retried, since a walsender may take a moment to exit.
 	var lastErr error
@@ -318,6 +325,31 @@ func (e *Env) StartPostgres(ctx context.Context) error {
 	}
 	e.admin.Reset()
 	return waitPostgres(ctx, e.AdminURL)
+}
+
+// revive unpauses or starts Postgres and Redis where a test left them
+// paused or stopped.
+func (e *Env) revive(ctx context.Context) error {
+	for _, c := range []struct {
+		name      string
+		container *testcontainers.DockerContainer
+		start     func(context.Context) error
+	}{{"postgres", e.pg, e.StartPostgres}, {"redis", e.rd, e.StartRedis}} {
+		st, err := c.container.State(ctx)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+		switch {
+		case st.Paused:
+			err = dockerPause(ctx, "unpause", c.container)
+		case !st.Running:
+			err = c.start(ctx)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+	}
+	return nil
 }
 
 // RestartPostgres stops and starts Postgres, keeping its data and port.

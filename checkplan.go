@@ -331,6 +331,20 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 		stats[t] = &tableStats{rows: rows, widths: widths, analyzed: analyzed}
 		return stats[t], nil
 	}
+	// The widths of a table plan's computed columns, sampled once (a
+	// roll-up's children are costed as rows and as their parents').
+	sampled := map[*plan.TablePlan]map[string]int64{}
+	computedWidths := func(tp *plan.TablePlan, widths map[string]int64) (map[string]int64, error) {
+		if len(tp.Computed) == 0 {
+			return widths, nil
+		}
+		if w, ok := sampled[tp]; ok {
+			return w, nil
+		}
+		w, err := withComputedWidths(ctx, source, tp, widths)
+		sampled[tp] = w
+		return w, err
+	}
 	var regrouped int64 // rows a roll-up's backfill groups again
 	for _, s := range st {
 		ts, err := statsOf(s.table)
@@ -338,17 +352,15 @@ func joinCost(ctx context.Context, source, target *pgxpool.Pool, slot string, p 
 			return jc, err
 		}
 		rows, widths, analyzed := ts.rows, ts.widths, ts.analyzed
-		if len(s.tp.Computed) > 0 {
-			if widths, err = withComputedWidths(ctx, source, s.tp, widths); err != nil {
-				return jc, err
-			}
+		if widths, err = computedWidths(s.tp, widths); err != nil {
+			return jc, err
 		}
 		if r := s.rollup; r != nil {
 			children, err := statsOf(r.Table.Table)
 			if err != nil {
 				return jc, err
 			}
-			cw, err := withComputedWidths(ctx, source, &r.Table, children.widths)
+			cw, err := computedWidths(&r.Table, children.widths)
 			if err != nil {
 				return jc, err
 			}

@@ -125,7 +125,8 @@ func (t *Tree) Resume(ctx context.Context) (Resumed, error) {
 // they have); the target has it already. A fan-out writes no state, so a
 // large transaction needs no pages of partial state.
 func (t *Tree) apply(ctx context.Context, changes []join.Change, bound wal.LSN, emit func(context.Context, join.Output) error) (join.Mutations, error) {
-	if t.ahead(bound) {
+	ahead := t.ahead(bound)
+	if ahead {
 		kept := make([]join.Change, 0, len(changes))
 		for _, c := range changes {
 			if t.tables[c.Table].store == nil || t.tables[c.Table].store.Checkpoint() < bound {
@@ -134,7 +135,7 @@ func (t *Tree) apply(ctx context.Context, changes []join.Change, bound wal.LSN, 
 		}
 		changes = kept
 	}
-	changes, rolled, err := t.rollUp(ctx, changes, !t.ahead(bound))
+	changes, rolled, err := t.rollUp(ctx, changes, !ahead)
 	if err != nil {
 		return join.Mutations{}, t.errorf(err)
 	}
